@@ -1,0 +1,451 @@
+//! The bus contract: every NATS subject, JetStream stream and consumer name hark uses, derived
+//! from one [`Namespace`], and the functions that create or update the streams and consumers.
+//!
+//! Nobody else formats a subject string. Two installations with different namespaces share a
+//! nats-server without seeing each other's messages: their subjects start with different first
+//! tokens and their streams have different names.
+//!
+//! | stream       | subjects                          | retention  | consumed by                         |
+//! |--------------|-----------------------------------|------------|-------------------------------------|
+//! | `CHAT_IN`    | `<ns>.chat.in.<platform>`         | limits     | `control` (all task-control replicas) |
+//! | `CHAT_OUT`   | `<ns>.chat.out.<platform>.<bot>`  | work queue | `gateway_<platform>_<bot>`          |
+//! | `CHAT_RECEIPT` | `<ns>.chat.receipt`             | work queue | `control`                           |
+//! | `TASK_RUN`   | `<ns>.task.run`                   | work queue | `workers` (all workers)             |
+//! | `TASK_EVENTS`| `<ns>.task.event.<task id>`       | limits     | ephemeral watchers                  |
+//!
+//! Core NATS (no stream): `<ns>.task.cancel.<task id>` and `<ns>.control.<op>` (request/reply in
+//! the queue group `<ns>.control`).
+
+use std::{fmt, str::FromStr, time::Duration};
+
+use async_nats::{
+    HeaderMap,
+    jetstream::{
+        self,
+        consumer::{AckPolicy, pull},
+        stream::{self, RetentionPolicy, StorageType},
+    },
+};
+use bytes::Bytes;
+
+use crate::domain::TaskId;
+
+/// The header JetStream deduplicates on.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Why a bus operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "`{0}` is not a namespace: expected 1 to 32 characters of a-z, 0-9, _ or - (e.g. `hark`)"
+    )]
+    Namespace(String),
+    #[error(
+        "`{0}` cannot be part of a NATS subject: it must be non-empty and contain no `.`, `*`, `>` or spaces"
+    )]
+    Token(String),
+    #[error("cannot create or update JetStream stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        source: async_nats::Error,
+    },
+    #[error("cannot create or update JetStream consumer {consumer} on {stream}: {source}")]
+    Consumer {
+        stream: String,
+        consumer: String,
+        source: async_nats::Error,
+    },
+    #[error("cannot publish to {subject}: {source}")]
+    Publish {
+        subject: String,
+        source: async_nats::Error,
+    },
+}
+
+/// The first token of every subject and the prefix of every stream name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Namespace(String);
+
+impl FromStr for Namespace {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ok = (1..=32).contains(&s.len())
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        if ok {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err(Error::Namespace(s.to_owned()))
+        }
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A control request a worker sends to task-control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlOp {
+    Claim,
+    Heartbeat,
+    Checkpoint,
+    Ask,
+    Complete,
+    Fail,
+    Send,
+}
+
+impl ControlOp {
+    pub const ALL: [ControlOp; 7] = [
+        ControlOp::Claim,
+        ControlOp::Heartbeat,
+        ControlOp::Checkpoint,
+        ControlOp::Ask,
+        ControlOp::Complete,
+        ControlOp::Fail,
+        ControlOp::Send,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlOp::Claim => "claim",
+            ControlOp::Heartbeat => "heartbeat",
+            ControlOp::Checkpoint => "checkpoint",
+            ControlOp::Ask => "ask",
+            ControlOp::Complete => "complete",
+            ControlOp::Fail => "fail",
+            ControlOp::Send => "send",
+        }
+    }
+}
+
+/// Checks that `s` can stand as one subject token.
+pub fn token(s: &str) -> Result<&str, Error> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && !s
+            .chars()
+            .any(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(s)
+    } else {
+        Err(Error::Token(s.to_owned()))
+    }
+}
+
+/// Every name on the bus, for one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    ns: Namespace,
+    /// Upper-cased namespace, the prefix of stream names.
+    stream_prefix: String,
+}
+
+impl Names {
+    pub fn new(ns: Namespace) -> Self {
+        let stream_prefix = ns.0.to_ascii_uppercase();
+        Self { ns, stream_prefix }
+    }
+
+    pub fn namespace(&self) -> &Namespace {
+        &self.ns
+    }
+
+    // Subjects.
+
+    pub fn chat_in(&self, platform: &str) -> Result<String, Error> {
+        Ok(format!("{}.chat.in.{}", self.ns, token(platform)?))
+    }
+
+    pub fn chat_in_all(&self) -> String {
+        format!("{}.chat.in.>", self.ns)
+    }
+
+    pub fn chat_out(&self, platform: &str, bot_id: &str) -> Result<String, Error> {
+        Ok(format!(
+            "{}.chat.out.{}.{}",
+            self.ns,
+            token(platform)?,
+            token(bot_id)?
+        ))
+    }
+
+    pub fn chat_out_all(&self) -> String {
+        format!("{}.chat.out.>", self.ns)
+    }
+
+    pub fn chat_receipt(&self) -> String {
+        format!("{}.chat.receipt", self.ns)
+    }
+
+    pub fn task_run(&self) -> String {
+        format!("{}.task.run", self.ns)
+    }
+
+    pub fn task_event(&self, task: TaskId) -> String {
+        format!("{}.task.event.{task}", self.ns)
+    }
+
+    pub fn task_events_all(&self) -> String {
+        format!("{}.task.event.>", self.ns)
+    }
+
+    pub fn task_cancel(&self, task: TaskId) -> String {
+        format!("{}.task.cancel.{task}", self.ns)
+    }
+
+    pub fn control(&self, op: ControlOp) -> String {
+        format!("{}.control.{}", self.ns, op.as_str())
+    }
+
+    pub fn control_all(&self) -> String {
+        format!("{}.control.*", self.ns)
+    }
+
+    /// The queue group every task-control replica answers control requests in.
+    pub fn control_queue_group(&self) -> String {
+        format!("{}.control", self.ns)
+    }
+
+    // Streams.
+
+    pub fn chat_in_stream(&self) -> String {
+        format!("{}_CHAT_IN", self.stream_prefix)
+    }
+
+    pub fn chat_out_stream(&self) -> String {
+        format!("{}_CHAT_OUT", self.stream_prefix)
+    }
+
+    pub fn chat_receipt_stream(&self) -> String {
+        format!("{}_CHAT_RECEIPT", self.stream_prefix)
+    }
+
+    pub fn task_run_stream(&self) -> String {
+        format!("{}_TASK_RUN", self.stream_prefix)
+    }
+
+    pub fn task_events_stream(&self) -> String {
+        format!("{}_TASK_EVENTS", self.stream_prefix)
+    }
+
+    // Durable consumers.
+
+    /// Shared by all task-control replicas on `CHAT_IN` and `CHAT_RECEIPT`.
+    pub const CONTROL_CONSUMER: &'static str = "control";
+    /// Shared by all workers on `TASK_RUN`.
+    pub const WORKER_CONSUMER: &'static str = "workers";
+
+    /// The consumer of one bot's outbound messages, used by the gateway that holds the bot.
+    pub fn gateway_consumer(&self, platform: &str, bot_id: &str) -> Result<String, Error> {
+        Ok(format!("gateway_{}_{}", token(platform)?, token(bot_id)?))
+    }
+
+    // Deduplication ids.
+
+    pub fn chat_in_msg_id(platform: &str, bot_id: &str, message_id: &str) -> String {
+        format!("{platform}:{bot_id}:{message_id}")
+    }
+
+    pub fn run_job_msg_id(task: TaskId, generation: u64) -> String {
+        format!("{task}:{generation}")
+    }
+
+    pub fn task_event_msg_id(task: TaskId, generation: u64) -> String {
+        format!("{task}:{generation}")
+    }
+
+    /// The stream configurations, in the order [`ensure`] creates them.
+    pub fn stream_configs(&self) -> Vec<stream::Config> {
+        let day = Duration::from_secs(86_400);
+        let base = |name: String, subjects: Vec<String>, retention, max_age| stream::Config {
+            name,
+            subjects,
+            retention,
+            max_age,
+            storage: StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        vec![
+            base(
+                self.chat_in_stream(),
+                vec![self.chat_in_all()],
+                RetentionPolicy::Limits,
+                7 * day,
+            ),
+            base(
+                self.chat_out_stream(),
+                vec![self.chat_out_all()],
+                RetentionPolicy::WorkQueue,
+                7 * day,
+            ),
+            base(
+                self.chat_receipt_stream(),
+                vec![self.chat_receipt()],
+                RetentionPolicy::WorkQueue,
+                7 * day,
+            ),
+            base(
+                self.task_run_stream(),
+                vec![self.task_run()],
+                RetentionPolicy::WorkQueue,
+                30 * day,
+            ),
+            stream::Config {
+                max_messages_per_subject: 1000,
+                ..base(
+                    self.task_events_stream(),
+                    vec![self.task_events_all()],
+                    RetentionPolicy::Limits,
+                    day,
+                )
+            },
+        ]
+    }
+}
+
+/// A durable pull consumer's settings: explicit acks, redelivery after `ack_wait`.
+pub fn durable(
+    name: &str,
+    filter_subject: String,
+    ack_wait: Duration,
+    max_deliver: i64,
+) -> pull::Config {
+    pull::Config {
+        durable_name: Some(name.to_owned()),
+        filter_subject,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait,
+        max_deliver,
+        max_ack_pending: 10_000,
+        ..Default::default()
+    }
+}
+
+/// Creates or updates every stream and the consumers shared by task-control and workers.
+/// Safe to call from every replica at every start.
+pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error> {
+    for config in names.stream_configs() {
+        let stream = config.name.clone();
+        js.create_or_update_stream(config)
+            .await
+            .map_err(|e| Error::Stream {
+                stream,
+                source: e.into(),
+            })?;
+    }
+    let ack_wait = Duration::from_secs(30);
+    ensure_consumer(
+        js,
+        &names.chat_in_stream(),
+        durable(Names::CONTROL_CONSUMER, names.chat_in_all(), ack_wait, 20),
+    )
+    .await?;
+    ensure_consumer(
+        js,
+        &names.chat_receipt_stream(),
+        durable(Names::CONTROL_CONSUMER, names.chat_receipt(), ack_wait, 20),
+    )
+    .await?;
+    ensure_consumer(
+        js,
+        &names.task_run_stream(),
+        durable(Names::WORKER_CONSUMER, names.task_run(), ack_wait, -1),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Creates the consumer, or updates it when it exists with other settings.
+pub async fn ensure_consumer(
+    js: &jetstream::Context,
+    stream: &str,
+    config: pull::Config,
+) -> Result<jetstream::consumer::Consumer<pull::Config>, Error> {
+    let consumer = config.durable_name.clone().unwrap_or_default();
+    js.create_consumer_on_stream(config, stream)
+        .await
+        .map_err(|e| Error::Consumer {
+            stream: stream.to_owned(),
+            consumer,
+            source: e.into(),
+        })
+}
+
+/// Publishes to a stream with a deduplication id and waits for the stream's ack.
+pub async fn publish(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<jetstream::publish::PublishAck, Error> {
+    let mut headers = HeaderMap::new();
+    headers.insert(MSG_ID_HEADER, msg_id);
+    let fail = |subject: &str, e: async_nats::Error| Error::Publish {
+        subject: subject.to_owned(),
+        source: e,
+    };
+    let ack = js
+        .publish_with_headers(subject.clone(), headers, payload)
+        .await
+        .map_err(|e| fail(&subject, e.into()))?;
+    ack.await.map_err(|e| fail(&subject, e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(ns: &str) -> Names {
+        Names::new(ns.parse().expect("namespace"))
+    }
+
+    #[test]
+    fn every_name_starts_with_the_namespace() {
+        let n = names("blue");
+        let task = TaskId::new();
+        let subjects = [
+            n.chat_in("qq").expect("subject"),
+            n.chat_out("qq", "42").expect("subject"),
+            n.chat_receipt(),
+            n.task_run(),
+            n.task_event(task),
+            n.task_cancel(task),
+            n.control(ControlOp::Claim),
+            n.control_queue_group(),
+        ];
+        for s in subjects {
+            assert!(s.starts_with("blue."), "{s}");
+        }
+        for config in n.stream_configs() {
+            assert!(config.name.starts_with("BLUE_"), "{}", config.name);
+            for subject in config.subjects {
+                assert!(subject.starts_with("blue."), "{subject}");
+            }
+        }
+    }
+
+    #[test]
+    fn subject_tokens_cannot_smuggle_wildcards() {
+        let n = names("hark");
+        for bad in ["", "a.b", "*", ">", "a b"] {
+            assert!(n.chat_in(bad).is_err(), "{bad:?} accepted");
+            assert!(n.chat_out("qq", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        for good in ["hark", "test-1", "a_b"] {
+            assert!(good.parse::<Namespace>().is_ok(), "{good}");
+        }
+        for bad in ["", "Hark", "a.b", "a b", "x>", &"n".repeat(33)] {
+            assert!(bad.parse::<Namespace>().is_err(), "{bad:?}");
+        }
+    }
+}

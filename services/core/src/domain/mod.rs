@@ -1,0 +1,15 @@
+//! The task model, pure and without I/O.
+//!
+//! Values are parsed once where data enters (a chat frame, a gRPC request, a bus payload) into the
+//! newtypes of [`ids`]; inside hark nothing re-validates a string. [`lifecycle`] holds the task
+//! state machine of DESIGN.md as one transition function.
+
+pub mod duration;
+pub mod ids;
+pub mod lifecycle;
+
+pub use duration::HumanDuration;
+pub use ids::{Handle, IdError, Owner, QuestionId, Role, StreamId, TaskId, TaskRef};
+pub use lifecycle::{
+    Event, QuestionOutcome, TaskState, TimeoutPolicy, TransitionError, transition,
+};

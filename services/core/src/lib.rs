@@ -1,0 +1,13 @@
+//! What every hark service shares.
+//!
+//! - [`domain`] is the task model without I/O: the id newtypes parsed where data enters, the task
+//!   lifecycle as one transition function, question outcomes and roles.
+//! - [`config`] reads the one TOML file and its `HARK_…` environment overrides.
+//! - [`bus`] owns every NATS subject, JetStream stream and consumer name, derived from one
+//!   namespace, and creates the streams and consumers.
+//! - [`codec`] encodes and decodes the protobuf payloads that travel on the bus.
+
+pub mod bus;
+pub mod codec;
+pub mod config;
+pub mod domain;

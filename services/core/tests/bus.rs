@@ -1,0 +1,195 @@
+//! The bus contract against the real nats-server with JetStream.
+//!
+//! Each test uses its own namespace, so tests run in parallel on one server, and deletes its
+//! streams when done.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures_util::StreamExt;
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    domain::TaskId,
+};
+use hark_proto::v1 as pb;
+
+fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+struct TestBus {
+    js: jetstream::Context,
+    names: Names,
+}
+
+impl TestBus {
+    async fn start() -> Self {
+        let client = async_nats::connect(nats_url()).await.expect(
+            "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
+        );
+        let js = jetstream::new(client);
+        let ns = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let names = Names::new(ns.parse().expect("namespace"));
+        bus::ensure(&js, &names).await.expect("streams are created");
+        Self { js, names }
+    }
+
+    async fn workers(&self) -> PullConsumer {
+        self.js
+            .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())
+            .await
+            .expect("workers consumer exists")
+    }
+
+    async fn stop(self) {
+        for config in self.names.stream_configs() {
+            let _ = self.js.delete_stream(&config.name).await;
+        }
+    }
+}
+
+async fn publish_job(
+    bus: &TestBus,
+    task: TaskId,
+    generation: u64,
+) -> jetstream::publish::PublishAck {
+    let job = pb::RunJob {
+        task_id: task.to_string(),
+        generation,
+        reason: pb::RunReason::Start as i32,
+        ..Default::default()
+    };
+    bus::publish(
+        &bus.js,
+        bus.names.task_run(),
+        &Names::run_job_msg_id(task, generation),
+        codec::encode(job),
+    )
+    .await
+    .expect("publish is acked")
+}
+
+async fn fetch_all(consumer: &PullConsumer) -> Vec<jetstream::Message> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(100)
+        .expires(Duration::from_millis(500))
+        .messages()
+        .await
+        .expect("fetch starts");
+    let mut out = Vec::new();
+    while let Some(message) = batch.next().await {
+        out.push(message.expect("message arrives"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn ensure_creates_every_stream_and_can_run_again() {
+    let bus = TestBus::start().await;
+    bus::ensure(&bus.js, &bus.names)
+        .await
+        .expect("second ensure succeeds");
+    for config in bus.names.stream_configs() {
+        let mut stream = bus
+            .js
+            .get_stream(&config.name)
+            .await
+            .expect("stream exists");
+        let info = stream.info().await.expect("stream info");
+        assert_eq!(info.config.subjects, config.subjects);
+        assert_eq!(info.config.retention, config.retention);
+    }
+    bus.stop().await;
+}
+
+#[tokio::test]
+async fn two_namespaces_on_one_server_never_see_each_others_jobs() {
+    let a = TestBus::start().await;
+    let b = TestBus::start().await;
+    let task = TaskId::new();
+    publish_job(&a, task, 1).await;
+
+    let seen_by_b = fetch_all(&b.workers().await).await;
+    assert!(
+        seen_by_b.is_empty(),
+        "namespace b received {} jobs of a",
+        seen_by_b.len()
+    );
+
+    let seen_by_a = fetch_all(&a.workers().await).await;
+    assert_eq!(seen_by_a.len(), 1);
+    let job: pb::RunJob = codec::decode(&seen_by_a[0].payload).expect("job decodes");
+    assert_eq!(job.task_id, task.to_string());
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_published_twice_with_one_msg_id_is_delivered_once() {
+    let bus = TestBus::start().await;
+    let task = TaskId::new();
+    let first = publish_job(&bus, task, 3).await;
+    let second = publish_job(&bus, task, 3).await;
+    assert!(!first.duplicate);
+    assert!(
+        second.duplicate,
+        "the second publish must be recognised as a duplicate"
+    );
+    let next_generation = publish_job(&bus, task, 4).await;
+    assert!(!next_generation.duplicate);
+
+    let jobs = fetch_all(&bus.workers().await).await;
+    let generations: Vec<u64> = jobs
+        .iter()
+        .map(|m| {
+            codec::decode::<pb::RunJob>(&m.payload)
+                .expect("decodes")
+                .generation
+        })
+        .collect();
+    assert_eq!(generations, vec![3, 4]);
+    bus.stop().await;
+}
+
+#[tokio::test]
+async fn an_acked_job_leaves_the_work_queue_and_an_unacked_one_comes_back() {
+    let bus = TestBus::start().await;
+    let consumer = bus.workers().await;
+    // A short ack wait so that the unacked job is redelivered quickly.
+    let short = bus::durable(
+        Names::WORKER_CONSUMER,
+        bus.names.task_run(),
+        Duration::from_secs(1),
+        -1,
+    );
+    bus::ensure_consumer(&bus.js, &bus.names.task_run_stream(), short)
+        .await
+        .expect("consumer is updated");
+
+    publish_job(&bus, TaskId::new(), 1).await;
+    publish_job(&bus, TaskId::new(), 1).await;
+    let first = fetch_all(&consumer).await;
+    assert_eq!(first.len(), 2);
+    first[0].double_ack().await.expect("ack is confirmed");
+    // first[1] is neither acked nor nacked: it must come back after the ack wait.
+    let mut redelivered = Vec::new();
+    for _ in 0..20 {
+        redelivered = fetch_all(&consumer).await;
+        if !redelivered.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(redelivered.len(), 1);
+    assert_eq!(redelivered[0].payload, first[1].payload);
+    redelivered[0].double_ack().await.expect("ack is confirmed");
+
+    let mut stream = bus
+        .js
+        .get_stream(bus.names.task_run_stream())
+        .await
+        .expect("stream");
+    assert_eq!(stream.info().await.expect("info").state.messages, 0);
+    bus.stop().await;
+}

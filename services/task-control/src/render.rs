@@ -1,0 +1,137 @@
+//! The plain, short texts hark writes into chats.
+
+use hark_core::domain::TaskId;
+
+/// A platform message longer than this is split.
+pub const PART_CHARS: usize = 1000;
+/// At most this many parts are sent; the rest is cut.
+pub const MAX_PARTS: usize = 5;
+
+/// The chat message that carries a question: the task, the handle to answer with, the question,
+/// and its context after it.
+pub fn question(
+    task: TaskId,
+    handle: &str,
+    text: &str,
+    context: &str,
+    context_label: &str,
+) -> String {
+    let mut out = format!("[task {} · #{handle}] {}", task.short(), text.trim());
+    if !context.trim().is_empty() {
+        out.push('\n');
+        out.push_str(context_label);
+        out.push(' ');
+        out.push_str(context.trim());
+    }
+    out
+}
+
+/// Splits a long text into at most [`MAX_PARTS`] parts of at most [`PART_CHARS`] characters,
+/// preferring to break at a line end. Text beyond the last part is cut and marked with `…`.
+pub fn parts(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.trim().chars().collect();
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < chars.len() && parts.len() < MAX_PARTS {
+        let mut end = (start + PART_CHARS).min(chars.len());
+        if end < chars.len() {
+            if parts.len() + 1 == MAX_PARTS {
+                end = start + PART_CHARS - 1;
+                let mut last: String = chars[start..end].iter().collect();
+                last.push('…');
+                parts.push(last);
+                break;
+            }
+            if let Some(nl) = chars[start..end].iter().rposition(|c| *c == '\n')
+                && nl > PART_CHARS / 2
+            {
+                end = start + nl + 1;
+            }
+        }
+        parts.push(
+            chars[start..end]
+                .iter()
+                .collect::<String>()
+                .trim_end()
+                .to_owned(),
+        );
+        start = end;
+    }
+    if parts.is_empty() {
+        parts.push(String::new());
+    }
+    parts
+}
+
+/// The chat message for a task that finished.
+pub fn completed(task: TaskId, result: &str) -> String {
+    format!("[task {} done]\n{}", task.short(), result.trim())
+}
+
+pub fn failed(task: TaskId, error: &str) -> String {
+    format!("[task {} failed] {}", task.short(), error.trim())
+}
+
+pub fn cancelled(task: TaskId, reason: &str) -> String {
+    if reason.trim().is_empty() {
+        format!("[task {} cancelled]", task.short())
+    } else {
+        format!("[task {} cancelled] {}", task.short(), reason.trim())
+    }
+}
+
+/// What the model receives when its question expired without an answer.
+pub fn expiry_notice(waited: std::time::Duration) -> String {
+    format!(
+        "No answer came within {}. Continue without it: make a reasonable assumption and say so, or ask again if you cannot go on.",
+        hark_core::domain::HumanDuration(std::time::Duration::from_secs(waited.as_secs()))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_question_shows_its_handle_and_its_context_after_it() {
+        let id = TaskId::new();
+        let text = question(
+            id,
+            "a3f9",
+            "Which city?",
+            "for the weather report",
+            "[上下文]",
+        );
+        assert!(text.contains("#a3f9"));
+        assert!(text.contains(&id.short()));
+        let q = text.find("Which city?").expect("question shown");
+        let c = text
+            .find("[上下文] for the weather report")
+            .expect("context shown");
+        assert!(q < c);
+        assert!(!question(id, "a3f9", "Q", "  ", "[上下文]").contains("[上下文]"));
+    }
+
+    #[test]
+    fn long_text_is_split_into_at_most_five_parts_of_at_most_1000_chars() {
+        assert_eq!(parts("short"), vec!["short".to_owned()]);
+        let long = "字".repeat(2500);
+        let split = parts(&long);
+        assert_eq!(split.len(), 3);
+        assert!(split.iter().all(|p| p.chars().count() <= PART_CHARS));
+        assert_eq!(split.concat().chars().count(), 2500);
+
+        let huge = "x".repeat(7000);
+        let split = parts(&huge);
+        assert_eq!(split.len(), MAX_PARTS);
+        assert!(split.iter().all(|p| p.chars().count() <= PART_CHARS));
+        assert!(split.last().expect("parts").ends_with('…'));
+    }
+
+    #[test]
+    fn splitting_prefers_line_ends() {
+        let text = format!("{}\n{}", "a".repeat(700), "b".repeat(700));
+        let split = parts(&text);
+        assert_eq!(split, vec!["a".repeat(700), "b".repeat(700)]);
+    }
+}

@@ -1,0 +1,138 @@
+//! The Postgres store of tasks, checkpoints, questions, instructions, the transition audit, the
+//! applied inbound ids and the outbox.
+//!
+//! Every state change is one transaction that ends in a compare-and-set on `(state, generation)`
+//! and reports whether it won. Messages the change implies (a run job, a chat message, a task
+//! event) are written to the outbox in the same transaction and relayed to NATS after the
+//! commit, so a crash between the two loses nothing.
+
+mod connect;
+mod ops;
+mod rows;
+
+pub use connect::{connect, migrate};
+pub use ops::{
+    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, Resume, TaskFilter,
+    TellDelivery,
+};
+pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
+
+use hark_core::domain::{Event, QuestionOutcome, TaskState, TransitionError};
+
+/// Why a store operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("cannot migrate the database: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "cannot create database `{name}` (create it by hand, or give the user CREATEDB): {source}"
+    )]
+    CreateDatabase { name: String, source: sqlx::Error },
+    #[error("`{0}` is not a usable database URL: {1}")]
+    DatabaseUrl(String, String),
+    #[error("no task {0}")]
+    TaskNotFound(String),
+    #[error("`{prefix}` matches {count} tasks; give more of the id")]
+    AmbiguousTask { prefix: String, count: usize },
+    #[error("no question {0}")]
+    QuestionNotFound(String),
+    #[error("task {task} has no open question")]
+    NoOpenQuestion { task: String },
+    #[error("question {id} is closed ({outcome})")]
+    QuestionClosed {
+        id: String,
+        outcome: QuestionOutcome,
+    },
+    #[error("task {task} is {state}: it cannot take `{event}`")]
+    WrongState {
+        task: String,
+        state: TaskState,
+        event: Event,
+    },
+    #[error("task {task} is no longer held under generation {generation} by {worker}")]
+    LeaseLost {
+        task: String,
+        generation: i64,
+        worker: String,
+    },
+    #[error("task {task} was cancelled")]
+    Cancelled { task: String },
+    #[error(
+        "task {task} is {state} at generation {current}; the job for generation {job} is stale"
+    )]
+    StaleJob {
+        task: String,
+        state: TaskState,
+        current: i64,
+        job: i64,
+    },
+    #[error("round {round} of task {task} is not valid JSON: {message}")]
+    BadRound {
+        task: String,
+        round: i32,
+        message: String,
+    },
+}
+
+impl Error {
+    /// Whether trying again later may succeed (the database was unreachable or a serialization
+    /// conflict), as opposed to a decision that stands.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Database(e) => !matches!(
+                e,
+                sqlx::Error::RowNotFound | sqlx::Error::ColumnDecode { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    fn wrong_state(task: impl ToString, err: TransitionError) -> Self {
+        Error::WrongState {
+            task: task.to_string(),
+            state: err.from,
+            event: err.event,
+        }
+    }
+}
+
+/// Access to the task store. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: sqlx::PgPool,
+    names: hark_core::bus::Names,
+    /// Woken after every commit that wrote to the outbox, so the relay publishes at once.
+    outbox_ready: std::sync::Arc<tokio::sync::Notify>,
+    /// The label put before a question's context in the chat.
+    context_label: String,
+}
+
+impl Store {
+    pub fn new(
+        pool: sqlx::PgPool,
+        names: hark_core::bus::Names,
+        context_label: impl Into<String>,
+    ) -> Self {
+        Self {
+            pool,
+            names,
+            outbox_ready: Default::default(),
+            context_label: context_label.into(),
+        }
+    }
+
+    pub fn pool(&self) -> &sqlx::PgPool {
+        &self.pool
+    }
+
+    pub fn names(&self) -> &hark_core::bus::Names {
+        &self.names
+    }
+
+    /// Resolves when a commit wrote to the outbox.
+    pub fn outbox_ready(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.outbox_ready.clone()
+    }
+}

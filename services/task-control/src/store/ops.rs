@@ -1,0 +1,1159 @@
+//! The store's operations. Every state change goes through [`cas`]: one statement that moves the
+//! task from `(state, generation)` to the next state, writes the audit row and the outbox
+//! messages, and reports whether it won.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hark_core::{
+    bus::Names,
+    codec,
+    domain::{
+        Event, Handle, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+        transition,
+    },
+};
+use hark_proto::v1 as pb;
+use sqlx::{PgConnection, types::Json};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{
+    ChatRoute, Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, TransitionRow,
+};
+use crate::render;
+
+macro_rules! task_columns {
+    () => {
+        "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
+    attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
+    created_at, updated_at, finished_at"
+    };
+}
+
+macro_rules! question_columns {
+    () => {
+        "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
+    stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
+    chat_message_id"
+    };
+}
+
+/// A task to create.
+#[derive(Debug, Clone)]
+pub struct NewTask {
+    pub owner: Owner,
+    pub goal: String,
+    pub chat: Option<ChatRoute>,
+    /// Default deadline of its questions.
+    pub ask_timeout: Duration,
+    pub on_timeout: TimeoutPolicy,
+    /// Idempotency key: creating twice with one key returns the first task.
+    pub request_id: Option<String>,
+}
+
+/// What a worker receives when its claim wins.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub task: TaskRow,
+    pub lease: Lease,
+    pub rounds: Vec<RoundRow>,
+    pub resume: Option<Resume>,
+    pub instructions: Vec<Instruction>,
+}
+
+/// The result of the pending ask_user call of a resumed task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    pub question_id: QuestionId,
+    pub tool_call_id: String,
+    pub expired: bool,
+    pub text: String,
+}
+
+/// What the agent asked, with the round that ends in the ask_user call.
+#[derive(Debug, Clone)]
+pub struct AskInput {
+    pub round: i32,
+    pub messages: serde_json::Value,
+    pub consumed_instructions: Vec<Uuid>,
+    pub tool_call_id: String,
+    pub question: String,
+    pub context: String,
+    /// Overrides the task's deadline for this question.
+    pub timeout: Option<Duration>,
+}
+
+/// An answer to apply.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// `platform:user_id`, or the API caller.
+    pub answerer: String,
+    pub text: String,
+    /// The inbound message (or request) id; the same key applied twice changes nothing.
+    pub inbound_key: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum AnswerOutcome {
+    Applied {
+        task: Box<TaskRow>,
+        question: Box<QuestionRow>,
+    },
+    /// This inbound message was applied before; nothing changed.
+    Duplicate,
+}
+
+/// When a told instruction reaches the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TellDelivery {
+    NextRound,
+    OnResume,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxEntry {
+    pub id: i64,
+    pub subject: String,
+    pub msg_id: String,
+    pub payload: Vec<u8>,
+}
+
+/// Which tasks to list, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct TaskFilter {
+    pub owner: Option<Owner>,
+    pub states: Vec<TaskState>,
+    pub platform: Option<String>,
+    pub stream: Option<String>,
+    /// Only tasks created before this one (the paging cursor).
+    pub before: Option<TaskId>,
+    pub limit: i64,
+}
+
+/// A message to publish once the transaction commits.
+#[derive(Debug, Clone)]
+struct Outgoing {
+    subject: String,
+    msg_id: String,
+    payload: Bytes,
+}
+
+/// One compare-and-set transition.
+#[derive(Debug)]
+struct Cas<'a> {
+    task: TaskId,
+    from: TaskState,
+    generation: i64,
+    event: Event,
+    /// When set, the row's worker must be this one (lease-guarded writes).
+    worker_guard: Option<&'a str>,
+    /// The worker that holds the task after a claim.
+    new_worker: Option<&'a str>,
+    lease: Duration,
+    result: Option<&'a str>,
+    error: Option<&'a str>,
+    attempt_inc: i32,
+    rounds: i32,
+    actor: &'a str,
+    detail: &'a str,
+    outbox: Vec<Outgoing>,
+}
+
+impl<'a> Cas<'a> {
+    fn new(task: TaskId, from: TaskState, generation: i64, event: Event, actor: &'a str) -> Self {
+        Self {
+            task,
+            from,
+            generation,
+            event,
+            worker_guard: None,
+            new_worker: None,
+            lease: Duration::ZERO,
+            result: None,
+            error: None,
+            attempt_inc: 0,
+            rounds: 0,
+            actor,
+            detail: "",
+            outbox: Vec::new(),
+        }
+    }
+}
+
+fn now_ts() -> prost_types::Timestamp {
+    let now = OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: now.nanosecond() as i32,
+    }
+}
+
+impl Store {
+    fn event_msg(&self, task: TaskId, state: TaskState, generation: i64, cause: Event) -> Outgoing {
+        let event = pb::TaskEvent {
+            task_id: task.to_string(),
+            state: state.to_proto() as i32,
+            generation: generation as u64,
+            cause: cause.as_str().to_owned(),
+            at: Some(now_ts()),
+            ..Default::default()
+        };
+        Outgoing {
+            subject: self.names.task_event(task),
+            msg_id: Names::task_event_msg_id(task, generation as u64),
+            payload: codec::encode(event),
+        }
+    }
+
+    fn run_msg(&self, task: TaskId, generation: i64, reason: pb::RunReason) -> Outgoing {
+        let job = pb::RunJob {
+            task_id: task.to_string(),
+            generation: generation as u64,
+            reason: reason as i32,
+            ..Default::default()
+        };
+        Outgoing {
+            subject: self.names.task_run(),
+            msg_id: Names::run_job_msg_id(task, generation as u64),
+            payload: codec::encode(job),
+        }
+    }
+
+    /// Chat messages for `route`, one per part of `text`. `None` when the route's names cannot
+    /// form a subject (they were checked when the task was created, so this does not happen).
+    fn chat_msgs(
+        &self,
+        route: &ChatRoute,
+        text: &str,
+        question: Option<QuestionId>,
+    ) -> Vec<Outgoing> {
+        let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
+            tracing::warn!(
+                platform = route.platform,
+                bot = route.bot_id,
+                "chat route cannot form a subject"
+            );
+            return Vec::new();
+        };
+        let pieces = if question.is_some() {
+            vec![text.to_owned()]
+        } else {
+            render::parts(text)
+        };
+        pieces
+            .into_iter()
+            .map(|piece| {
+                let id = Uuid::now_v7().to_string();
+                let message = pb::OutboundMessage {
+                    id: id.clone(),
+                    route: Some(pb::ChatRoute {
+                        platform: route.platform.clone(),
+                        bot_id: route.bot_id.clone(),
+                        stream: route.stream.clone(),
+                        origin_message_id: route.origin_message_id.clone().unwrap_or_default(),
+                    }),
+                    text: piece,
+                    reply_to_message_id: String::new(),
+                    question_id: question.map(|q| q.to_string()).unwrap_or_default(),
+                    ..Default::default()
+                };
+                Outgoing {
+                    subject: subject.clone(),
+                    msg_id: id,
+                    payload: codec::encode(message),
+                }
+            })
+            .collect()
+    }
+
+    /// Moves a task by one event if it is still at `(from, generation)`. Returns the new row,
+    /// or `None` when another writer got there first. The audit row and the outbox messages are
+    /// written by the same statement, so they exist exactly when the move won.
+    async fn cas(
+        &self,
+        conn: &mut PgConnection,
+        mut change: Cas<'_>,
+    ) -> Result<Option<TaskRow>, Error> {
+        let to = transition(change.from, change.event)
+            .map_err(|e| Error::wrong_state(change.task, e))?;
+        let next_generation = change.generation + 1;
+        change
+            .outbox
+            .push(self.event_msg(change.task, to, next_generation, change.event));
+        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = change
+            .outbox
+            .into_iter()
+            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
+            .unzip();
+        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        let sql = concat!(
+            "WITH t AS (
+                UPDATE tasks SET
+                    state = $4,
+                    generation = generation + 1,
+                    updated_at = now(),
+                    worker_id = CASE WHEN $4 = 'running' THEN $6 ELSE NULL END,
+                    lease_until = CASE WHEN $4 = 'running' THEN now() + $7 * interval '1 millisecond' ELSE NULL END,
+                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    running_since = CASE WHEN $4 = 'running' THEN now() ELSE NULL END,
+                    attempt = attempt + $8,
+                    rounds = greatest(rounds, $9),
+                    result = coalesce($10, result),
+                    error = coalesce($11, error),
+                    finished_at = CASE WHEN $4 IN ('completed', 'failed', 'cancelled') THEN now() ELSE NULL END
+                WHERE id = $1 AND state = $2 AND generation = $3 AND ($5::text IS NULL OR worker_id = $5)
+                RETURNING ", task_columns!(), "
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, $2, state, $12, generation, $13, $14 FROM t
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT s, m, p FROM unnest($15::text[], $16::text[], $17::bytea[]) AS x(s, m, p)
+                WHERE EXISTS (SELECT 1 FROM t)
+            )
+            SELECT * FROM t"
+        );
+        let row = sqlx::query_as::<_, TaskRow>(sql)
+            .bind(change.task.as_uuid())
+            .bind(change.from.as_str())
+            .bind(change.generation)
+            .bind(to.as_str())
+            .bind(change.worker_guard)
+            .bind(change.new_worker)
+            .bind(change.lease.as_millis() as i64)
+            .bind(change.attempt_inc)
+            .bind(change.rounds)
+            .bind(change.result)
+            .bind(change.error)
+            .bind(change.event.as_str())
+            .bind(change.actor)
+            .bind(change.detail)
+            .bind(subjects)
+            .bind(msg_ids)
+            .bind(payloads)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row)
+    }
+
+    fn notify_outbox(&self) {
+        self.outbox_ready.notify_one();
+    }
+
+    async fn enqueue(&self, conn: &mut PgConnection, outbox: Vec<Outgoing>) -> Result<(), Error> {
+        if outbox.is_empty() {
+            return Ok(());
+        }
+        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = outbox
+            .into_iter()
+            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
+            .unzip();
+        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        sqlx::query(
+            "INSERT INTO outbox (subject, msg_id, payload)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])",
+        )
+        .bind(subjects)
+        .bind(msg_ids)
+        .bind(payloads)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    // Creating and reading.
+
+    /// Creates a task in `pending` and queues its first run.
+    pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
+        let id = TaskId::new();
+        let mut tx = self.pool.begin().await?;
+        let chat = new.chat.as_ref();
+        let sql = concat!(
+            "INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state, on_timeout,
+                                ask_timeout_s, request_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10)
+             ON CONFLICT (request_id) DO NOTHING
+             RETURNING ", task_columns!(), ""
+        );
+        let created = sqlx::query_as::<_, TaskRow>(sql)
+            .bind(id.as_uuid())
+            .bind(new.owner.as_str())
+            .bind(chat.map(|c| c.platform.as_str()))
+            .bind(chat.map(|c| c.bot_id.as_str()))
+            .bind(chat.map(|c| c.stream.as_str()))
+            .bind(chat.and_then(|c| c.origin_message_id.as_deref()))
+            .bind(&new.goal)
+            .bind(new.on_timeout.as_str())
+            .bind(i32::try_from(new.ask_timeout.as_secs()).unwrap_or(i32::MAX))
+            .bind(new.request_id.as_deref())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(task) = created else {
+            // The request id was used before: return that task.
+            let sql = concat!(
+                "SELECT ",
+                task_columns!(),
+                " FROM tasks WHERE request_id = $1"
+            );
+            let existing = sqlx::query_as::<_, TaskRow>(sql)
+                .bind(new.request_id.as_deref())
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            return Ok(existing);
+        };
+        sqlx::query(
+            "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
+             VALUES ($1, NULL, 'pending', 'create', $2, $3)",
+        )
+        .bind(id.as_uuid())
+        .bind(task.generation)
+        .bind(new.owner.as_str())
+        .execute(&mut *tx)
+        .await?;
+        let outbox = vec![
+            self.event_msg(id, TaskState::Pending, task.generation, Event::Claim)
+                .with_cause("create"),
+            self.run_msg(id, task.generation, pb::RunReason::Start),
+        ];
+        self.enqueue(&mut tx, outbox).await?;
+        tx.commit().await?;
+        self.notify_outbox();
+        Ok(task)
+    }
+
+    pub async fn get_task(&self, id: TaskId) -> Result<TaskRow, Error> {
+        let sql = concat!("SELECT ", task_columns!(), " FROM tasks WHERE id = $1");
+        sqlx::query_as::<_, TaskRow>(sql)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| Error::TaskNotFound(id.to_string()))
+    }
+
+    /// Finds the one task whose id is `reference` or starts with it.
+    pub async fn resolve_task(
+        &self,
+        reference: &hark_core::domain::TaskRef,
+    ) -> Result<TaskRow, Error> {
+        let prefix = match reference {
+            hark_core::domain::TaskRef::Full(id) => return self.get_task(*id).await,
+            hark_core::domain::TaskRef::Prefix(p) => p,
+        };
+        let sql = concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE replace(id::text, '-', '') LIKE $1 || '%' ORDER BY id LIMIT 2"
+        );
+        let mut rows = sqlx::query_as::<_, TaskRow>(sql)
+            .bind(prefix)
+            .fetch_all(&self.pool)
+            .await?;
+        match rows.len() {
+            0 => Err(Error::TaskNotFound(prefix.clone())),
+            1 => Ok(rows.remove(0)),
+            count => Err(Error::AmbiguousTask {
+                prefix: prefix.clone(),
+                count,
+            }),
+        }
+    }
+
+    pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRow>, Error> {
+        let sql = concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks
+             WHERE ($1::text IS NULL OR owner = $1)
+               AND (cardinality($2::text[]) = 0 OR state = ANY($2))
+               AND ($3::text IS NULL OR platform = $3)
+               AND ($4::text IS NULL OR stream = $4)
+               AND ($5::uuid IS NULL OR id < $5)
+             ORDER BY id DESC LIMIT $6"
+        );
+        let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+        Ok(sqlx::query_as::<_, TaskRow>(sql)
+            .bind(filter.owner.as_ref().map(Owner::as_str))
+            .bind(states)
+            .bind(filter.platform.as_deref())
+            .bind(filter.stream.as_deref())
+            .bind(filter.before.map(|t| t.as_uuid()))
+            .bind(filter.limit.clamp(1, 500))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub async fn questions_of(&self, task: TaskId) -> Result<Vec<QuestionRow>, Error> {
+        let sql = concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions WHERE task_id = $1 ORDER BY asked_at, id"
+        );
+        Ok(sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(task.as_uuid())
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub async fn get_question(&self, id: QuestionId) -> Result<QuestionRow, Error> {
+        let sql = concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions WHERE id = $1"
+        );
+        sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| Error::QuestionNotFound(id.to_string()))
+    }
+
+    /// The open questions `owner` may answer in one stream, oldest first.
+    pub async fn open_questions_in_stream(
+        &self,
+        platform: &str,
+        stream: &str,
+        owner: &Owner,
+    ) -> Result<Vec<QuestionRow>, Error> {
+        let sql = concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions
+             WHERE platform = $1 AND stream = $2 AND owner = $3 AND outcome = 'open'
+             ORDER BY asked_at, id"
+        );
+        Ok(sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(platform)
+            .bind(stream)
+            .bind(owner.as_str())
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    pub async fn transitions_of(&self, task: TaskId) -> Result<Vec<TransitionRow>, Error> {
+        Ok(sqlx::query_as::<_, TransitionRow>(
+            "SELECT from_state, to_state, event, generation, actor, detail, at
+             FROM transitions WHERE task_id = $1 ORDER BY id",
+        )
+        .bind(task.as_uuid())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub async fn rounds_of(&self, task: TaskId) -> Result<Vec<RoundRow>, Error> {
+        Ok(sqlx::query_as::<_, RoundRow>(
+            "SELECT round, messages FROM checkpoints WHERE task_id = $1 ORDER BY round",
+        )
+        .bind(task.as_uuid())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    // Worker operations.
+
+    /// Takes a pending task for `worker` if the job's generation is still current.
+    pub async fn claim(
+        &self,
+        task: TaskId,
+        job_generation: i64,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Claimed, Error> {
+        let mut tx = self.pool.begin().await?;
+        let mut change = Cas::new(
+            task,
+            TaskState::Pending,
+            job_generation,
+            Event::Claim,
+            worker,
+        );
+        change.new_worker = Some(worker);
+        change.lease = lease;
+        let Some(row) = self.cas(&mut tx, change).await? else {
+            drop(tx);
+            let current = self.get_task(task).await?;
+            return Err(match current.state {
+                TaskState::Cancelled => Error::Cancelled {
+                    task: task.to_string(),
+                },
+                state => Error::StaleJob {
+                    task: task.to_string(),
+                    state,
+                    current: current.generation,
+                    job: job_generation,
+                },
+            });
+        };
+        let rounds = sqlx::query_as::<_, RoundRow>(
+            "SELECT round, messages FROM checkpoints WHERE task_id = $1 ORDER BY round",
+        )
+        .bind(task.as_uuid())
+        .fetch_all(&mut *tx)
+        .await?;
+        let last_round = rounds.last().map_or(0, |r| r.round);
+        let sql = concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1"
+        );
+        let last_question = sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(task.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await?;
+        let resume = last_question
+            .filter(|q| q.round >= last_round)
+            .and_then(|q| resume_of(&q));
+        let instructions = pending_instructions(&mut tx, task).await?;
+        tx.commit().await?;
+        self.notify_outbox();
+        Ok(Claimed {
+            lease: Lease {
+                task,
+                generation: row.generation,
+                worker_id: worker.to_owned(),
+            },
+            task: row,
+            rounds,
+            resume,
+            instructions,
+        })
+    }
+
+    /// Explains why a lease-guarded write did not match.
+    async fn refusal(&self, lease: &Lease) -> Error {
+        match self.get_task(lease.task).await {
+            Ok(task) if task.state == TaskState::Cancelled => Error::Cancelled {
+                task: lease.task.to_string(),
+            },
+            Ok(_) => Error::LeaseLost {
+                task: lease.task.to_string(),
+                generation: lease.generation,
+                worker: lease.worker_id.clone(),
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// Renews the lease; returns the instructions not yet consumed.
+    pub async fn heartbeat(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<Vec<Instruction>, Error> {
+        let renewed = sqlx::query(
+            "UPDATE tasks SET lease_until = now() + $4 * interval '1 millisecond'
+             WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3",
+        )
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(duration.as_millis() as i64)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if renewed == 0 {
+            return Err(self.refusal(lease).await);
+        }
+        let mut conn = self.pool.acquire().await?;
+        pending_instructions(&mut conn, lease.task).await
+    }
+
+    /// Stores one round under the lease. Storing the same round again changes nothing.
+    pub async fn checkpoint(
+        &self,
+        lease: &Lease,
+        round: i32,
+        messages: &serde_json::Value,
+        consumed_instructions: &[Uuid],
+    ) -> Result<(), Error> {
+        let held: bool = sqlx::query_scalar(
+            "WITH t AS (
+                UPDATE tasks SET rounds = greatest(rounds, $4), updated_at = now()
+                WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
+                RETURNING id
+            ), c AS (
+                INSERT INTO checkpoints (task_id, round, messages) SELECT id, $4, $5 FROM t
+                ON CONFLICT DO NOTHING
+            ), i AS (
+                UPDATE instructions SET consumed_round = $4
+                WHERE task_id = $1 AND id = ANY($6) AND consumed_round IS NULL AND EXISTS (SELECT 1 FROM t)
+            )
+            SELECT EXISTS (SELECT 1 FROM t)",
+        )
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(round)
+        .bind(Json(messages))
+        .bind(consumed_instructions)
+        .fetch_one(&self.pool)
+        .await?;
+        if held {
+            Ok(())
+        } else {
+            Err(self.refusal(lease).await)
+        }
+    }
+
+    /// Suspends the task on a question: running → waiting_input, the round that ends in the
+    /// ask_user call, and the question row, all committed before the question is queued for the
+    /// chat (through the outbox, in the same transaction).
+    pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
+        let mut tx = self.pool.begin().await?;
+        let sql = concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE id = $1 FOR UPDATE"
+        );
+        let task = sqlx::query_as::<_, TaskRow>(sql)
+            .bind(lease.task.as_uuid())
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| Error::TaskNotFound(lease.task.to_string()))?;
+        if task.state != TaskState::Running
+            || task.generation != lease.generation
+            || task.worker_id.as_deref() != Some(&lease.worker_id)
+        {
+            drop(tx);
+            return Err(self.refusal(lease).await);
+        }
+        let chat = task.chat();
+        let handle = match &chat {
+            Some(route) => pick_handle(&mut tx, route, &task.owner).await?,
+            None => Handle::random().to_string(),
+        };
+        let question_id = QuestionId::new();
+        let timeout = input.timeout.unwrap_or(Duration::from_secs(
+            u64::try_from(task.ask_timeout_s).unwrap_or(0),
+        ));
+        let deadline_ms: Option<i64> = (task.on_timeout != TimeoutPolicy::Never
+            && !timeout.is_zero())
+        .then_some(timeout.as_millis() as i64);
+
+        let mut change = Cas::new(
+            task.id,
+            TaskState::Running,
+            task.generation,
+            Event::Ask,
+            &lease.worker_id,
+        );
+        change.worker_guard = Some(&lease.worker_id);
+        change.rounds = input.round;
+        change.detail = &input.question;
+        if let Some(route) = &chat {
+            let text = render::question(
+                task.id,
+                &handle,
+                &input.question,
+                &input.context,
+                &self.context_label,
+            );
+            change
+                .outbox
+                .extend(self.chat_msgs(route, &text, Some(question_id)));
+        }
+        if self.cas(&mut tx, change).await?.is_none() {
+            drop(tx);
+            return Err(self.refusal(lease).await);
+        }
+        sqlx::query("INSERT INTO checkpoints (task_id, round, messages) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+            .bind(task.id.as_uuid())
+            .bind(input.round)
+            .bind(Json(&input.messages))
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE instructions SET consumed_round = $3
+             WHERE task_id = $1 AND id = ANY($2) AND consumed_round IS NULL",
+        )
+        .bind(task.id.as_uuid())
+        .bind(&input.consumed_instructions)
+        .bind(input.round)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE questions SET outcome = 'superseded', closed_at = now() WHERE task_id = $1 AND outcome = 'open'",
+        )
+        .bind(task.id.as_uuid())
+        .execute(&mut *tx)
+        .await?;
+        let sql = concat!(
+            "INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner, platform,
+                                    bot_id, stream, deadline)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                     CASE WHEN $12::bigint IS NULL THEN NULL ELSE now() + $12 * interval '1 millisecond' END)
+             RETURNING ", question_columns!(), ""
+        );
+        let question = sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(question_id.as_uuid())
+            .bind(task.id.as_uuid())
+            .bind(&handle)
+            .bind(&input.question)
+            .bind(&input.context)
+            .bind(&input.tool_call_id)
+            .bind(input.round)
+            .bind(task.owner.as_str())
+            .bind(chat.as_ref().map(|c| c.platform.as_str()))
+            .bind(chat.as_ref().map(|c| c.bot_id.as_str()))
+            .bind(chat.as_ref().map(|c| c.stream.as_str()))
+            .bind(deadline_ms)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.notify_outbox();
+        Ok(question)
+    }
+
+    /// Applies an answer to an open question: the question becomes answered and the task goes
+    /// from waiting_input to pending with its resume job queued, in one transaction.
+    pub async fn answer(
+        &self,
+        question: QuestionId,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(key) = &answer.inbound_key {
+            let fresh = sqlx::query(
+                "INSERT INTO applied_inbound (key, question_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            )
+            .bind(key)
+            .bind(question.as_uuid())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if fresh == 0 {
+                return Ok(AnswerOutcome::Duplicate);
+            }
+        }
+        let found: Option<(Uuid, String, i64, String)> = sqlx::query_as(
+            "SELECT t.id, t.state, t.generation, q.outcome FROM questions q JOIN tasks t ON t.id = q.task_id
+             WHERE q.id = $1",
+        )
+        .bind(question.as_uuid())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((task_uuid, state, generation, outcome)) = found else {
+            return Err(Error::QuestionNotFound(question.to_string()));
+        };
+        let task_id = TaskId::from_uuid(task_uuid);
+        let outcome: QuestionOutcome = outcome.parse().unwrap_or(QuestionOutcome::Cancelled);
+        if !outcome.is_open() {
+            return Err(Error::QuestionClosed {
+                id: question.to_string(),
+                outcome,
+            });
+        }
+        let state: TaskState = state
+            .parse()
+            .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
+        let mut change = Cas::new(task_id, state, generation, Event::Answer, &answer.answerer);
+        change
+            .outbox
+            .push(self.run_msg(task_id, generation + 1, pb::RunReason::ResumeReply));
+        let Some(task) = self.cas(&mut tx, change).await? else {
+            // A cancel or an expiry won the race; say what became of the question.
+            drop(tx);
+            let now = self.get_question(question).await?;
+            return Err(Error::QuestionClosed {
+                id: question.to_string(),
+                outcome: now.outcome,
+            });
+        };
+        let sql = concat!(
+            "UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = $2, answer = $3,
+                                  inbound_message_id = $4
+             WHERE id = $1 AND outcome = 'open'
+             RETURNING ", question_columns!(), ""
+        );
+        let question_row = sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(question.as_uuid())
+            .bind(&answer.answerer)
+            .bind(&answer.text)
+            .bind(answer.inbound_key.as_deref())
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or_else(|| Error::QuestionClosed {
+                id: question.to_string(),
+                outcome: QuestionOutcome::Cancelled,
+            })?;
+        tx.commit().await?;
+        self.notify_outbox();
+        Ok(AnswerOutcome::Applied {
+            task: Box::new(task),
+            question: Box::new(question_row),
+        })
+    }
+
+    /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
+    /// is told. Retries when another transition races it, since a cancel must win eventually.
+    pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
+        for _ in 0..16 {
+            let current = self.get_task(task).await?;
+            let mut tx = self.pool.begin().await?;
+            let mut change = Cas::new(
+                task,
+                current.state,
+                current.generation,
+                Event::Cancel,
+                actor,
+            );
+            change.detail = reason;
+            change.error = Some(if reason.is_empty() {
+                "cancelled"
+            } else {
+                reason
+            });
+            if let Some(route) = current.chat() {
+                change.outbox.extend(self.chat_msgs(
+                    &route,
+                    &render::cancelled(task, reason),
+                    None,
+                ));
+            }
+            let Some(row) = self.cas(&mut tx, change).await? else {
+                continue;
+            };
+            sqlx::query(
+                "UPDATE questions SET outcome = 'cancelled', closed_at = now() WHERE task_id = $1 AND outcome = 'open'",
+            )
+            .bind(task.as_uuid())
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            self.notify_outbox();
+            return Ok(row);
+        }
+        Err(Error::Database(sqlx::Error::Protocol(format!(
+            "cancelling task {task} kept losing races; try again"
+        ))))
+    }
+
+    /// Ends a running task with its final answer, sent to its chat.
+    pub async fn complete(
+        &self,
+        lease: &Lease,
+        final_round: Option<(i32, &serde_json::Value)>,
+        result: &str,
+    ) -> Result<TaskRow, Error> {
+        let mut tx = self.pool.begin().await?;
+        let chat = self.chat_of(lease.task).await?;
+        let mut change = Cas::new(
+            lease.task,
+            TaskState::Running,
+            lease.generation,
+            Event::Finish,
+            &lease.worker_id,
+        );
+        change.worker_guard = Some(&lease.worker_id);
+        change.result = Some(result);
+        change.rounds = final_round.map_or(0, |(n, _)| n);
+        if let Some(route) = chat {
+            change.outbox.extend(self.chat_msgs(
+                &route,
+                &render::completed(lease.task, result),
+                None,
+            ));
+        }
+        let Some(row) = self.cas(&mut tx, change).await? else {
+            drop(tx);
+            return Err(self.refusal(lease).await);
+        };
+        if let Some((round, messages)) = final_round {
+            sqlx::query("INSERT INTO checkpoints (task_id, round, messages) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                .bind(lease.task.as_uuid())
+                .bind(round)
+                .bind(Json(messages))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.notify_outbox();
+        Ok(row)
+    }
+
+    /// Ends a running task as failed, telling its chat why.
+    pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
+        let chat = self.chat_of(lease.task).await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut change = Cas::new(
+            lease.task,
+            TaskState::Running,
+            lease.generation,
+            Event::Fail,
+            &lease.worker_id,
+        );
+        change.worker_guard = Some(&lease.worker_id);
+        change.error = Some(error);
+        change.detail = error;
+        if let Some(route) = chat {
+            change
+                .outbox
+                .extend(self.chat_msgs(&route, &render::failed(lease.task, error), None));
+        }
+        let Some(row) = self.cas(&mut conn, change).await? else {
+            return Err(self.refusal(lease).await);
+        };
+        self.notify_outbox();
+        Ok(row)
+    }
+
+    /// Queues a progress message to the task's chat, if the lease still holds.
+    pub async fn send(&self, lease: &Lease, text: &str) -> Result<bool, Error> {
+        let Some(route) = self.chat_of(lease.task).await? else {
+            return Ok(false);
+        };
+        let outbox = self.chat_msgs(&route, text, None);
+        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = outbox
+            .into_iter()
+            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
+            .unzip();
+        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        let held: bool = sqlx::query_scalar(
+            "WITH t AS (
+                SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
+            ), o AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT s, m, p FROM unnest($4::text[], $5::text[], $6::bytea[]) AS x(s, m, p)
+                WHERE EXISTS (SELECT 1 FROM t)
+            )
+            SELECT EXISTS (SELECT 1 FROM t)",
+        )
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(subjects)
+        .bind(msg_ids)
+        .bind(payloads)
+        .fetch_one(&self.pool)
+        .await?;
+        if !held {
+            return Err(self.refusal(lease).await);
+        }
+        self.notify_outbox();
+        Ok(true)
+    }
+
+    async fn chat_of(&self, task: TaskId) -> Result<Option<ChatRoute>, Error> {
+        Ok(self.get_task(task).await?.chat())
+    }
+
+    /// Records an instruction for a task that has not ended.
+    pub async fn tell(
+        &self,
+        task: TaskId,
+        text: &str,
+        author: &str,
+    ) -> Result<(Uuid, TellDelivery), Error> {
+        let id = Uuid::now_v7();
+        let state: Option<String> = sqlx::query_scalar(
+            "WITH t AS (SELECT id, state FROM tasks WHERE id = $1 AND state IN ('pending', 'running', 'waiting_input'))
+             , i AS (INSERT INTO instructions (id, task_id, text, author) SELECT $2, id, $3, $4 FROM t)
+             SELECT state FROM t",
+        )
+        .bind(task.as_uuid())
+        .bind(id)
+        .bind(text)
+        .bind(author)
+        .fetch_optional(&self.pool)
+        .await?;
+        match state.as_deref() {
+            Some("running") => Ok((id, TellDelivery::NextRound)),
+            Some(_) => Ok((id, TellDelivery::OnResume)),
+            None => {
+                let current = self.get_task(task).await?;
+                Err(Error::WrongState {
+                    task: task.to_string(),
+                    state: current.state,
+                    event: Event::Claim,
+                })
+            }
+        }
+    }
+
+    // The outbox.
+
+    /// The oldest unrelayed messages. Rows taken by another relay are skipped.
+    pub async fn outbox_batch(&self, limit: i64) -> Result<Vec<OutboxEntry>, Error> {
+        Ok(sqlx::query_as::<_, OutboxEntry>(
+            "SELECT id, subject, msg_id, payload FROM outbox ORDER BY id LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Forgets messages NATS has acknowledged.
+    pub async fn outbox_done(&self, ids: &[i64]) -> Result<(), Error> {
+        sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+            .bind(ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+impl Outgoing {
+    fn with_cause(mut self, cause: &str) -> Self {
+        if let Ok(mut event) = codec::decode::<pb::TaskEvent>(&self.payload) {
+            event.cause = cause.to_owned();
+            self.payload = codec::encode(event);
+        }
+        self
+    }
+}
+
+fn resume_of(question: &QuestionRow) -> Option<Resume> {
+    let (expired, text) = match question.outcome {
+        QuestionOutcome::Answered => (false, question.answer.clone().unwrap_or_default()),
+        QuestionOutcome::Expired => {
+            let waited = question
+                .deadline
+                .map(|d| (d - question.asked_at).unsigned_abs())
+                .unwrap_or_default();
+            (true, render::expiry_notice(waited))
+        }
+        _ => return None,
+    };
+    Some(Resume {
+        question_id: question.id,
+        tool_call_id: question.tool_call_id.clone(),
+        expired,
+        text,
+    })
+}
+
+async fn pending_instructions(
+    conn: &mut PgConnection,
+    task: TaskId,
+) -> Result<Vec<Instruction>, Error> {
+    Ok(sqlx::query_as::<_, Instruction>(
+        "SELECT id, text, author FROM instructions WHERE task_id = $1 AND consumed_round IS NULL ORDER BY created_at, id",
+    )
+    .bind(task.as_uuid())
+    .fetch_all(conn)
+    .await?)
+}
+
+/// A handle no other open question of this owner in this stream uses.
+async fn pick_handle(
+    conn: &mut PgConnection,
+    route: &ChatRoute,
+    owner: &Owner,
+) -> Result<String, Error> {
+    let taken: Vec<String> = sqlx::query_scalar(
+        "SELECT handle FROM questions WHERE platform = $1 AND stream = $2 AND owner = $3 AND outcome = 'open'",
+    )
+    .bind(&route.platform)
+    .bind(&route.stream)
+    .bind(owner.as_str())
+    .fetch_all(conn)
+    .await?;
+    loop {
+        let handle = Handle::random().to_string();
+        if !taken.contains(&handle) {
+            return Ok(handle);
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Rows as they come out of Postgres, already parsed into domain types.
+
+use hark_core::domain::{Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+/// The chat a task talks in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatRoute {
+    pub platform: String,
+    pub bot_id: String,
+    pub stream: String,
+    pub origin_message_id: Option<String>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TaskRow {
+    #[sqlx(try_from = "Uuid")]
+    pub id: TaskId,
+    #[sqlx(try_from = "String")]
+    pub owner: Owner,
+    pub platform: Option<String>,
+    pub bot_id: Option<String>,
+    pub stream: Option<String>,
+    pub origin_message_id: Option<String>,
+    pub goal: String,
+    #[sqlx(try_from = "String")]
+    pub state: TaskState,
+    pub generation: i64,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub lease_until: Option<OffsetDateTime>,
+    #[sqlx(try_from = "String")]
+    pub on_timeout: TimeoutPolicy,
+    pub ask_timeout_s: i32,
+    pub rounds: i32,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub run_ms: i64,
+    pub running_since: Option<OffsetDateTime>,
+    pub created_at: OffsetDateTime,
+    pub updated_at: OffsetDateTime,
+    pub finished_at: Option<OffsetDateTime>,
+}
+
+impl TaskRow {
+    pub fn chat(&self) -> Option<ChatRoute> {
+        match (&self.platform, &self.stream) {
+            (Some(platform), Some(stream)) => Some(ChatRoute {
+                platform: platform.clone(),
+                bot_id: self.bot_id.clone().unwrap_or_default(),
+                stream: stream.clone(),
+                origin_message_id: self.origin_message_id.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QuestionRow {
+    #[sqlx(try_from = "Uuid")]
+    pub id: QuestionId,
+    #[sqlx(try_from = "Uuid")]
+    pub task_id: TaskId,
+    pub handle: String,
+    pub text: String,
+    pub context: String,
+    pub tool_call_id: String,
+    pub round: i32,
+    #[sqlx(try_from = "String")]
+    pub owner: Owner,
+    pub platform: Option<String>,
+    pub bot_id: Option<String>,
+    pub stream: Option<String>,
+    #[sqlx(try_from = "String")]
+    pub outcome: QuestionOutcome,
+    pub asked_at: OffsetDateTime,
+    pub deadline: Option<OffsetDateTime>,
+    pub reminded_at: Option<OffsetDateTime>,
+    pub closed_at: Option<OffsetDateTime>,
+    pub answerer: Option<String>,
+    pub answer: Option<String>,
+    pub inbound_message_id: Option<String>,
+    pub chat_message_id: Option<String>,
+}
+
+/// One checkpointed round.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RoundRow {
+    pub round: i32,
+    pub messages: sqlx::types::Json<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Instruction {
+    pub id: Uuid,
+    pub text: String,
+    pub author: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TransitionRow {
+    pub from_state: Option<String>,
+    pub to_state: String,
+    pub event: String,
+    pub generation: i64,
+    pub actor: String,
+    pub detail: String,
+    pub at: OffsetDateTime,
+}
+
+/// A worker's right to a running task: it must match the row for any write to succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub task: TaskId,
+    pub generation: i64,
+    pub worker_id: String,
+}

@@ -1,0 +1,553 @@
+//! The task store against the real Postgres, each test in a database of its own.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use common::TestDb;
+use hark_control::store::{
+    Answer, AnswerOutcome, AskInput, ChatRoute, Error, Lease, NewTask, Store, TaskFilter, TaskRow,
+};
+use hark_core::{
+    codec,
+    domain::{Owner, QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
+};
+use hark_proto::v1 as pb;
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn owner() -> Owner {
+    "qq:10001".parse().expect("owner")
+}
+
+fn group_chat() -> ChatRoute {
+    ChatRoute {
+        platform: "qq".into(),
+        bot_id: "42".into(),
+        stream: "group:777".into(),
+        origin_message_id: Some("m-1".into()),
+    }
+}
+
+async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
+    store
+        .create_task(&NewTask {
+            owner: owner(),
+            goal: "plan a trip".into(),
+            chat,
+            ask_timeout: Duration::from_secs(600),
+            on_timeout: TimeoutPolicy::Resume,
+            request_id: None,
+        })
+        .await
+        .expect("task created")
+}
+
+/// Creates a task, claims it and makes it ask; returns the task's lease and the question id.
+async fn waiting_task(store: &Store) -> (TaskRow, hark_core::domain::QuestionId) {
+    let task = new_task(store, Some(group_chat())).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    let question = store
+        .ask(&claimed.lease, &ask_input(1, "call-1"))
+        .await
+        .expect("ask succeeds");
+    (store.get_task(task.id).await.expect("task"), question.id)
+}
+
+fn ask_input(round: i32, call: &str) -> AskInput {
+    AskInput {
+        round,
+        messages: json!([{"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
+            "function": {"name": "ask_user", "arguments": "{\"question\":\"Which city?\"}"}}],
+            "reasoning_content": "provider extra kept as is"}]),
+        consumed_instructions: vec![],
+        tool_call_id: call.into(),
+        question: "Which city?".into(),
+        context: "for the weather".into(),
+        timeout: None,
+    }
+}
+
+fn answer(text: &str, key: &str) -> Answer {
+    Answer {
+        answerer: "qq:10001".into(),
+        text: text.into(),
+        inbound_key: Some(key.into()),
+    }
+}
+
+/// Every run job in the outbox, as (task id, generation, reason).
+async fn run_jobs(store: &Store) -> Vec<(String, u64, i32)> {
+    store
+        .outbox_batch(10_000)
+        .await
+        .expect("outbox")
+        .into_iter()
+        .filter(|e| e.subject == store.names().task_run())
+        .map(|e| {
+            let job: pb::RunJob = codec::decode(&e.payload).expect("run job decodes");
+            (job.task_id, job.generation, job.reason)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn connecting_creates_a_missing_database_and_migrating_twice_is_harmless() {
+    let db = TestDb::new().await;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&db.name)
+            .fetch_one(db.store.pool())
+            .await
+            .expect("query");
+    assert!(exists);
+    hark_control::store::migrate(db.store.pool())
+        .await
+        .expect("second migration is a no-op");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn sixteen_concurrent_claims_of_one_pending_task_have_exactly_one_winner() {
+    let db = TestDb::new().await;
+    let task = new_task(&db.store, None).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(16));
+    let mut handles = Vec::new();
+    for i in 0..16 {
+        let store = db.store.clone();
+        let barrier = barrier.clone();
+        handles.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .claim(task.id, task.generation, &format!("worker-{i}"), LEASE)
+                .await
+        }));
+    }
+    let mut winners = Vec::new();
+    for handle in handles {
+        match handle.await.expect("claim task") {
+            Ok(claimed) => winners.push(claimed),
+            Err(Error::StaleJob { state, .. }) => assert_eq!(state, TaskState::Running),
+            Err(other) => panic!("unexpected claim error: {other}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one claim must win");
+    let row = db.store.get_task(task.id).await.expect("task");
+    assert_eq!(row.state, TaskState::Running);
+    assert_eq!(
+        row.worker_id.as_deref(),
+        Some(winners[0].lease.worker_id.as_str())
+    );
+    assert_eq!(row.generation, task.generation + 1);
+    let claims = db
+        .store
+        .transitions_of(task.id)
+        .await
+        .expect("audit")
+        .into_iter()
+        .filter(|t| t.event == "claim")
+        .count();
+    assert_eq!(claims, 1, "the audit shows one claim");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_answer_racing_a_cancel_never_leaves_the_task_both_answered_and_cancelled() {
+    let db = TestDb::new().await;
+    let mut answered_first = 0;
+    let mut cancelled_first = 0;
+    for i in 0..100 {
+        let (task, question) = waiting_task(&db.store).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let (s1, s2, b1, b2) = (db.store.clone(), db.store.clone(), barrier.clone(), barrier);
+        let answering = tokio::spawn(async move {
+            b1.wait().await;
+            s1.answer(question, &answer("Paris", &format!("qq:42:msg-{i}")))
+                .await
+        });
+        let cancelling = tokio::spawn(async move {
+            b2.wait().await;
+            s2.cancel(task.id, "qq:10001", "changed my mind").await
+        });
+        let answered = answering.await.expect("answer task");
+        let cancelled = cancelling
+            .await
+            .expect("cancel task")
+            .expect("a cancel always ends the task");
+        assert_eq!(cancelled.state, TaskState::Cancelled);
+
+        let q = db.store.get_question(question).await.expect("question");
+        let resumes: Vec<_> = run_jobs(&db.store)
+            .await
+            .into_iter()
+            .filter(|(t, _, reason)| {
+                *t == task.id.to_string() && *reason == pb::RunReason::ResumeReply as i32
+            })
+            .collect();
+        match answered {
+            Ok(AnswerOutcome::Applied { .. }) => {
+                answered_first += 1;
+                // The answer won while the task waited; the cancel then ended the pending task.
+                assert_eq!(q.outcome, QuestionOutcome::Answered);
+                assert_eq!(resumes.len(), 1);
+            }
+            Err(Error::QuestionClosed { outcome, .. }) => {
+                cancelled_first += 1;
+                assert_eq!(outcome, QuestionOutcome::Cancelled);
+                assert_eq!(q.outcome, QuestionOutcome::Cancelled);
+                assert!(q.answer.is_none(), "a lost answer must not be recorded");
+                assert!(resumes.is_empty(), "a lost answer must not queue a resume");
+            }
+            other => panic!("unexpected answer result: {other:?}"),
+        }
+        let final_task = db.store.get_task(task.id).await.expect("task");
+        assert_eq!(final_task.state, TaskState::Cancelled);
+        // The task can never come back to life afterwards.
+        let late = db
+            .store
+            .claim(task.id, final_task.generation, "w2", LEASE)
+            .await;
+        assert!(late.is_err(), "a cancelled task must not be claimable");
+    }
+    assert_eq!(answered_first + cancelled_first, 100);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn the_same_inbound_message_applied_twice_changes_nothing_the_second_time() {
+    let db = TestDb::new().await;
+    let (task, question) = waiting_task(&db.store).await;
+    let first = db
+        .store
+        .answer(question, &answer("Paris", "qq:42:msg-9"))
+        .await
+        .expect("first");
+    assert!(matches!(first, AnswerOutcome::Applied { .. }));
+    let after_first = db.store.get_task(task.id).await.expect("task");
+    let jobs_after_first = run_jobs(&db.store).await;
+    let audit_after_first = db.store.transitions_of(task.id).await.expect("audit").len();
+
+    let second = db
+        .store
+        .answer(question, &answer("London", "qq:42:msg-9"))
+        .await
+        .expect("the duplicate is not an error");
+    assert!(matches!(second, AnswerOutcome::Duplicate));
+
+    let after_second = db.store.get_task(task.id).await.expect("task");
+    assert_eq!(after_second.generation, after_first.generation);
+    assert_eq!(after_second.state, TaskState::Pending);
+    assert_eq!(run_jobs(&db.store).await, jobs_after_first);
+    assert_eq!(
+        db.store.transitions_of(task.id).await.expect("audit").len(),
+        audit_after_first
+    );
+    let q = db.store.get_question(question).await.expect("question");
+    assert_eq!(q.answer.as_deref(), Some("Paris"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_resumed_claim_returns_the_checkpoint_and_the_answer_for_the_pending_tool_call() {
+    let db = TestDb::new().await;
+    let (task, question) = waiting_task(&db.store).await;
+    let (_, told) = db
+        .store
+        .tell(task.id, "prefer trains", "qq:10001")
+        .await
+        .expect("tell");
+    assert_eq!(told, hark_control::store::TellDelivery::OnResume);
+    let AnswerOutcome::Applied { task: resumed, .. } = db
+        .store
+        .answer(question, &answer("Paris", "k1"))
+        .await
+        .expect("answer")
+    else {
+        panic!("answer not applied");
+    };
+    assert_eq!(resumed.state, TaskState::Pending);
+    let jobs = run_jobs(&db.store).await;
+    assert!(jobs.contains(&(
+        task.id.to_string(),
+        resumed.generation as u64,
+        pb::RunReason::ResumeReply as i32
+    )));
+
+    let claimed = db
+        .store
+        .claim(task.id, resumed.generation, "w2", LEASE)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.rounds.len(), 1);
+    assert_eq!(
+        claimed.rounds[0].messages.0[0]["reasoning_content"],
+        json!("provider extra kept as is"),
+        "provider extras survive the checkpoint"
+    );
+    let resume = claimed.resume.expect("the answer is handed over");
+    assert_eq!(resume.tool_call_id, "call-1");
+    assert_eq!(resume.text, "Paris");
+    assert!(!resume.expired);
+    assert_eq!(claimed.instructions.len(), 1);
+    assert_eq!(claimed.instructions[0].text, "prefer trains");
+
+    // Once the round with the tool result is stored, a later claim no longer repeats the answer.
+    let ids = vec![claimed.instructions[0].id];
+    db.store
+        .checkpoint(
+            &claimed.lease,
+            2,
+            &json!([{"role": "tool", "tool_call_id": "call-1", "content": "Paris"}]),
+            &ids,
+        )
+        .await
+        .expect("checkpoint");
+    let hb = db
+        .store
+        .heartbeat(&claimed.lease, LEASE)
+        .await
+        .expect("heartbeat");
+    assert!(
+        hb.is_empty(),
+        "a consumed instruction is not handed over again"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_stale_worker_is_refused_once_the_task_moved_on() {
+    let db = TestDb::new().await;
+    let task = new_task(&db.store, Some(group_chat())).await;
+    let claimed = db
+        .store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim");
+    let stale = Lease {
+        generation: claimed.lease.generation - 1,
+        ..claimed.lease.clone()
+    };
+    let other = Lease {
+        worker_id: "w9".into(),
+        ..claimed.lease.clone()
+    };
+    for lease in [&stale, &other] {
+        assert!(matches!(
+            db.store.checkpoint(lease, 1, &json!([]), &[]).await,
+            Err(Error::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            db.store.heartbeat(lease, LEASE).await,
+            Err(Error::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            db.store.complete(lease, None, "done").await,
+            Err(Error::LeaseLost { .. })
+        ));
+    }
+    // The stale claim job itself is refused too.
+    assert!(matches!(
+        db.store.claim(task.id, task.generation, "w2", LEASE).await,
+        Err(Error::StaleJob { .. })
+    ));
+
+    db.store.cancel(task.id, "admin", "").await.expect("cancel");
+    assert!(matches!(
+        db.store
+            .checkpoint(&claimed.lease, 1, &json!([]), &[])
+            .await,
+        Err(Error::Cancelled { .. })
+    ));
+    assert!(matches!(
+        db.store.ask(&claimed.lease, &ask_input(1, "c")).await,
+        Err(Error::Cancelled { .. })
+    ));
+    assert!(
+        db.store
+            .rounds_of(task.id)
+            .await
+            .expect("rounds")
+            .is_empty(),
+        "nothing was written"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn creating_twice_with_one_request_id_returns_the_first_task() {
+    let db = TestDb::new().await;
+    let new = NewTask {
+        owner: owner(),
+        goal: "g".into(),
+        chat: None,
+        ask_timeout: Duration::from_secs(60),
+        on_timeout: TimeoutPolicy::Fail,
+        request_id: Some("req-1".into()),
+    };
+    let a = db.store.create_task(&new).await.expect("create");
+    let b = db.store.create_task(&new).await.expect("create again");
+    assert_eq!(a.id, b.id);
+    assert_eq!(run_jobs(&db.store).await.len(), 1, "one start job");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_chat() {
+    let db = TestDb::new().await;
+    let task = new_task(&db.store, Some(group_chat())).await;
+    let claimed = db
+        .store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim");
+    let long = "x".repeat(2500);
+    let done = db
+        .store
+        .complete(
+            &claimed.lease,
+            Some((1, &json!([{"role": "assistant", "content": "ok"}]))),
+            &long,
+        )
+        .await
+        .expect("complete");
+    assert_eq!(done.state, TaskState::Completed);
+    assert!(done.finished_at.is_some());
+
+    let audit: Vec<String> = db
+        .store
+        .transitions_of(task.id)
+        .await
+        .expect("audit")
+        .into_iter()
+        .map(|t| t.event)
+        .collect();
+    assert_eq!(audit, ["create", "claim", "finish"]);
+
+    let outbox = db.store.outbox_batch(100).await.expect("outbox");
+    let events: Vec<i32> = outbox
+        .iter()
+        .filter(|e| e.subject == db.store.names().task_event(task.id))
+        .map(|e| {
+            codec::decode::<pb::TaskEvent>(&e.payload)
+                .expect("event")
+                .state
+        })
+        .collect();
+    assert_eq!(
+        events,
+        [
+            pb::TaskState::Pending as i32,
+            pb::TaskState::Running as i32,
+            pb::TaskState::Completed as i32
+        ]
+    );
+    let chat_subject = db.store.names().chat_out("qq", "42").expect("subject");
+    let parts: Vec<pb::OutboundMessage> = outbox
+        .iter()
+        .filter(|e| e.subject == chat_subject)
+        .map(|e| codec::decode(&e.payload).expect("outbound"))
+        .collect();
+    assert_eq!(parts.len(), 3, "2500 characters go out in three parts");
+    assert!(parts.iter().all(|p| p.text.chars().count() <= 1000));
+    assert_eq!(
+        parts[0].route.as_ref().map(|r| r.stream.as_str()),
+        Some("group:777")
+    );
+
+    let ids: Vec<i64> = outbox.iter().map(|e| e.id).collect();
+    db.store.outbox_done(&ids).await.expect("outbox cleared");
+    assert!(db.store.outbox_batch(100).await.expect("outbox").is_empty());
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_question_is_queued_for_its_chat_with_handle_and_context_in_the_ask_transaction() {
+    let db = TestDb::new().await;
+    let (task, question) = waiting_task(&db.store).await;
+    assert_eq!(task.state, TaskState::WaitingInput);
+    let q = db.store.get_question(question).await.expect("question");
+    assert!(
+        q.deadline.is_some(),
+        "the resume policy gives the question a deadline"
+    );
+    let open = db
+        .store
+        .open_questions_in_stream("qq", "group:777", &owner())
+        .await
+        .expect("open questions");
+    assert_eq!(open.len(), 1);
+    let subject = db.store.names().chat_out("qq", "42").expect("subject");
+    let shown: Vec<pb::OutboundMessage> = db
+        .store
+        .outbox_batch(100)
+        .await
+        .expect("outbox")
+        .into_iter()
+        .filter(|e| e.subject == subject)
+        .map(|e| codec::decode(&e.payload).expect("outbound"))
+        .collect();
+    assert_eq!(shown.len(), 1);
+    assert_eq!(shown[0].question_id, question.to_string());
+    assert!(shown[0].text.contains(&format!("#{}", q.handle)));
+    assert!(shown[0].text.contains("Which city?"));
+    assert!(shown[0].text.contains("[上下文] for the weather"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_task_is_found_by_a_unique_prefix_and_listed_newest_first() {
+    let db = TestDb::new().await;
+    let a = new_task(&db.store, None).await;
+    let b = new_task(&db.store, Some(group_chat())).await;
+    let found = db
+        .store
+        .resolve_task(&b.id.short().parse::<TaskRef>().expect("prefix"))
+        .await;
+    // Two UUIDv7 ids made in the same millisecond can share 8 hex digits; the full id always works.
+    match found {
+        Ok(row) => assert_eq!(row.id, b.id),
+        Err(Error::AmbiguousTask { .. }) => {}
+        Err(other) => panic!("unexpected: {other}"),
+    }
+    let full = db
+        .store
+        .resolve_task(&TaskRef::Full(a.id))
+        .await
+        .expect("full id");
+    assert_eq!(full.id, a.id);
+    assert!(matches!(
+        db.store
+            .resolve_task(&"ffffffff".parse::<TaskRef>().expect("prefix"))
+            .await,
+        Err(Error::TaskNotFound(_))
+    ));
+    let listed = db
+        .store
+        .list_tasks(&TaskFilter {
+            owner: Some(owner()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        listed.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [b.id, a.id]
+    );
+    let in_stream = db
+        .store
+        .list_tasks(&TaskFilter {
+            stream: Some("group:777".into()),
+            states: vec![TaskState::Pending],
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(in_stream.len(), 1);
+    db.drop().await;
+}

@@ -11,3 +11,4 @@ pub mod bus;
 pub mod codec;
 pub mod config;
 pub mod domain;
+pub mod failpoint;

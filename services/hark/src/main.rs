@@ -8,6 +8,7 @@ use hark_core::{
     bus::{self, Names},
     config::Config,
 };
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +30,8 @@ enum Command {
     Migrate,
     /// Print the effective configuration (file, then environment overrides) as TOML.
     Config,
+    /// Run task-control: the gRPC API, chat commands, answer routing, timers and worker requests.
+    Control,
 }
 
 #[tokio::main]
@@ -49,11 +52,53 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&config);
     match cli.command {
         Command::Migrate => migrate(&config).await,
+        Command::Control => {
+            let app = hark_control::app::App::build(config).await?;
+            tracing::info!(grpc = %app.grpc_addr(), "task-control started");
+            app.run_until_stopped(shutdown_on_signal()).await?;
+            Ok(())
+        }
         Command::Config => {
             print!("{}", toml::to_string_pretty(&config)?);
             Ok(())
         }
     }
+}
+
+/// A token cancelled by the first SIGINT or SIGTERM; a second signal exits at once.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let trigger = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("stopping; a second signal exits at once");
+        trigger.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }
 
 fn init_tracing(config: &Config) {

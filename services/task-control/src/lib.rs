@@ -2,7 +2,19 @@
 //!
 //! - [`store`] is the Postgres store: tasks, checkpoints, questions, instructions, the audit of
 //!   transitions, applied inbound ids and the outbox, with every state change a compare-and-set.
+//! - [`chat`] interprets inbound chat messages: commands, and answers routed to open questions.
+//! - [`control`] answers the requests of agent workers over NATS.
+//! - [`api`] serves `hark.v1.TaskService` over gRPC, with health and reflection.
+//! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
+//!   and relays the outbox.
 //! - [`render`] writes the short texts hark puts into chats.
 
+pub mod api;
+pub mod app;
+pub mod chat;
+pub mod control;
+pub mod convert;
 pub mod render;
+pub mod shared;
 pub mod store;
+pub mod timers;

@@ -80,11 +80,55 @@ pub fn cancelled(task: TaskId, reason: &str) -> String {
     }
 }
 
+/// `text` cut to `max` characters, with `…` when cut, on one line.
+pub fn clip(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+/// One line about a checkpointed round: what the assistant said and which tools it called.
+pub fn round_summary(messages: &serde_json::Value) -> String {
+    let mut said = String::new();
+    let mut tools = Vec::new();
+    for message in messages.as_array().into_iter().flatten() {
+        if message["role"] != "assistant" {
+            continue;
+        }
+        if let Some(text) = message["content"].as_str()
+            && said.is_empty()
+        {
+            said = clip(text, 60);
+        }
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            if let Some(name) = call["function"]["name"].as_str() {
+                tools.push(name.to_owned());
+            }
+        }
+    }
+    match (said.is_empty(), tools.is_empty()) {
+        (true, true) => "(no assistant message)".into(),
+        (false, true) => said,
+        (true, false) => format!("called {}", tools.join(", ")),
+        (false, false) => format!("{said} · called {}", tools.join(", ")),
+    }
+}
+
+/// A duration rounded to whole seconds, as `1h30m` or `45s`.
+pub fn human(duration: std::time::Duration) -> String {
+    hark_core::domain::HumanDuration(std::time::Duration::from_secs(duration.as_secs())).to_string()
+}
+
 /// What the model receives when its question expired without an answer.
 pub fn expiry_notice(waited: std::time::Duration) -> String {
     format!(
         "No answer came within {}. Continue without it: make a reasonable assumption and say so, or ask again if you cannot go on.",
-        hark_core::domain::HumanDuration(std::time::Duration::from_secs(waited.as_secs()))
+        human(waited)
     )
 }
 

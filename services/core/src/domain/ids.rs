@@ -30,15 +30,14 @@ pub enum IdError {
 }
 
 macro_rules! uuid_id {
-    ($(#[$doc:meta])* $name:ident, $err:ident) => {
+    ($(#[$doc:meta])* $name:ident, $err:ident, $make:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(Uuid);
 
         impl $name {
-            /// A new, time-ordered id.
             pub fn new() -> Self {
-                Self(Uuid::now_v7())
+                Self($make)
             }
 
             pub fn from_uuid(uuid: Uuid) -> Self {
@@ -86,14 +85,17 @@ macro_rules! uuid_id {
 }
 
 uuid_id!(
-    /// A task's id: a UUIDv7, so ids sort by creation time.
+    /// A task's id: a random UUID, so that its first 8 hex characters, which chat replies show,
+    /// tell tasks apart (a time-ordered id would share them across a minute).
     TaskId,
-    TaskId
+    TaskId,
+    Uuid::new_v4()
 );
 uuid_id!(
-    /// A question's id.
+    /// A question's id: time-ordered, so questions page in the order they were asked.
     QuestionId,
-    QuestionId
+    QuestionId,
+    Uuid::now_v7()
 );
 
 /// A task named by a person: its full id or a prefix of its hex digits (hyphens ignored).

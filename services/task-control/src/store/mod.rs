@@ -6,14 +6,33 @@
 //! event) are written to the outbox in the same transaction and relayed to NATS after the
 //! commit, so a crash between the two loses nothing.
 
+/// The columns of `tasks`, in the order of [`TaskRow`].
+macro_rules! task_columns {
+    () => {
+        "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
+    attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
+    created_at, updated_at, finished_at"
+    };
+}
+
+/// The columns of `questions`, in the order of [`QuestionRow`].
+macro_rules! question_columns {
+    () => {
+        "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
+    stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
+    chat_message_id"
+    };
+}
+
 mod connect;
 mod ops;
 mod rows;
+mod timers;
 
 pub use connect::{connect, migrate};
 pub use ops::{
-    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, Resume, TaskFilter,
-    TellDelivery,
+    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, QuestionFilter, Resume,
+    TaskFilter, TellDelivery,
 };
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 

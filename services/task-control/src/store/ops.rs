@@ -23,22 +23,6 @@ use super::{
 };
 use crate::render;
 
-macro_rules! task_columns {
-    () => {
-        "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
-    attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
-    created_at, updated_at, finished_at"
-    };
-}
-
-macro_rules! question_columns {
-    () => {
-        "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
-    stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
-    chat_message_id"
-    };
-}
-
 /// A task to create.
 #[derive(Debug, Clone)]
 pub struct NewTask {
@@ -133,7 +117,7 @@ pub struct TaskFilter {
 
 /// A message to publish once the transaction commits.
 #[derive(Debug, Clone)]
-struct Outgoing {
+pub(super) struct Outgoing {
     subject: String,
     msg_id: String,
     payload: Bytes,
@@ -141,27 +125,33 @@ struct Outgoing {
 
 /// One compare-and-set transition.
 #[derive(Debug)]
-struct Cas<'a> {
-    task: TaskId,
-    from: TaskState,
-    generation: i64,
-    event: Event,
+pub(super) struct Cas<'a> {
+    pub(super) task: TaskId,
+    pub(super) from: TaskState,
+    pub(super) generation: i64,
+    pub(super) event: Event,
     /// When set, the row's worker must be this one (lease-guarded writes).
-    worker_guard: Option<&'a str>,
+    pub(super) worker_guard: Option<&'a str>,
     /// The worker that holds the task after a claim.
-    new_worker: Option<&'a str>,
-    lease: Duration,
-    result: Option<&'a str>,
-    error: Option<&'a str>,
-    attempt_inc: i32,
-    rounds: i32,
-    actor: &'a str,
-    detail: &'a str,
-    outbox: Vec<Outgoing>,
+    pub(super) new_worker: Option<&'a str>,
+    pub(super) lease: Duration,
+    pub(super) result: Option<&'a str>,
+    pub(super) error: Option<&'a str>,
+    pub(super) attempt_inc: i32,
+    pub(super) rounds: i32,
+    pub(super) actor: &'a str,
+    pub(super) detail: &'a str,
+    pub(super) outbox: Vec<Outgoing>,
 }
 
 impl<'a> Cas<'a> {
-    fn new(task: TaskId, from: TaskState, generation: i64, event: Event, actor: &'a str) -> Self {
+    pub(super) fn new(
+        task: TaskId,
+        from: TaskState,
+        generation: i64,
+        event: Event,
+        actor: &'a str,
+    ) -> Self {
         Self {
             task,
             from,
@@ -190,12 +180,18 @@ fn now_ts() -> prost_types::Timestamp {
 }
 
 impl Store {
-    fn event_msg(&self, task: TaskId, state: TaskState, generation: i64, cause: Event) -> Outgoing {
+    pub(super) fn event_msg(
+        &self,
+        task: TaskId,
+        state: TaskState,
+        generation: i64,
+        cause: &str,
+    ) -> Outgoing {
         let event = pb::TaskEvent {
             task_id: task.to_string(),
             state: state.to_proto() as i32,
             generation: generation as u64,
-            cause: cause.as_str().to_owned(),
+            cause: cause.to_owned(),
             at: Some(now_ts()),
             ..Default::default()
         };
@@ -206,7 +202,7 @@ impl Store {
         }
     }
 
-    fn run_msg(&self, task: TaskId, generation: i64, reason: pb::RunReason) -> Outgoing {
+    pub(super) fn run_msg(&self, task: TaskId, generation: i64, reason: pb::RunReason) -> Outgoing {
         let job = pb::RunJob {
             task_id: task.to_string(),
             generation: generation as u64,
@@ -222,11 +218,12 @@ impl Store {
 
     /// Chat messages for `route`, one per part of `text`. `None` when the route's names cannot
     /// form a subject (they were checked when the task was created, so this does not happen).
-    fn chat_msgs(
+    pub(super) fn chat_msgs(
         &self,
         route: &ChatRoute,
         text: &str,
         question: Option<QuestionId>,
+        reply_to: Option<&str>,
     ) -> Vec<Outgoing> {
         let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
             tracing::warn!(
@@ -254,7 +251,7 @@ impl Store {
                         origin_message_id: route.origin_message_id.clone().unwrap_or_default(),
                     }),
                     text: piece,
-                    reply_to_message_id: String::new(),
+                    reply_to_message_id: reply_to.unwrap_or_default().to_owned(),
                     question_id: question.map(|q| q.to_string()).unwrap_or_default(),
                     ..Default::default()
                 };
@@ -270,7 +267,7 @@ impl Store {
     /// Moves a task by one event if it is still at `(from, generation)`. Returns the new row,
     /// or `None` when another writer got there first. The audit row and the outbox messages are
     /// written by the same statement, so they exist exactly when the move won.
-    async fn cas(
+    pub(super) async fn cas(
         &self,
         conn: &mut PgConnection,
         mut change: Cas<'_>,
@@ -280,7 +277,7 @@ impl Store {
         let next_generation = change.generation + 1;
         change
             .outbox
-            .push(self.event_msg(change.task, to, next_generation, change.event));
+            .push(self.event_msg(change.task, to, next_generation, change.event.as_str()));
         let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = change
             .outbox
             .into_iter()
@@ -338,11 +335,15 @@ impl Store {
         Ok(row)
     }
 
-    fn notify_outbox(&self) {
+    pub(super) fn notify_outbox(&self) {
         self.outbox_ready.notify_one();
     }
 
-    async fn enqueue(&self, conn: &mut PgConnection, outbox: Vec<Outgoing>) -> Result<(), Error> {
+    pub(super) async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        outbox: Vec<Outgoing>,
+    ) -> Result<(), Error> {
         if outbox.is_empty() {
             return Ok(());
         }
@@ -414,8 +415,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         let outbox = vec![
-            self.event_msg(id, TaskState::Pending, task.generation, Event::Claim)
-                .with_cause("create"),
+            self.event_msg(id, TaskState::Pending, task.generation, "create"),
             self.run_msg(id, task.generation, pb::RunReason::Start),
         ];
         self.enqueue(&mut tx, outbox).await?;
@@ -470,8 +470,8 @@ impl Store {
                AND (cardinality($2::text[]) = 0 OR state = ANY($2))
                AND ($3::text IS NULL OR platform = $3)
                AND ($4::text IS NULL OR stream = $4)
-               AND ($5::uuid IS NULL OR id < $5)
-             ORDER BY id DESC LIMIT $6"
+               AND ($5::uuid IS NULL OR (created_at, id) < (SELECT created_at, id FROM tasks WHERE id = $5))
+             ORDER BY created_at DESC, id DESC LIMIT $6"
         );
         let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
         Ok(sqlx::query_as::<_, TaskRow>(sql)
@@ -622,7 +622,7 @@ impl Store {
     }
 
     /// Explains why a lease-guarded write did not match.
-    async fn refusal(&self, lease: &Lease) -> Error {
+    pub(super) async fn refusal(&self, lease: &Lease) -> Error {
         match self.get_task(lease.task).await {
             Ok(task) if task.state == TaskState::Cancelled => Error::Cancelled {
                 task: lease.task.to_string(),
@@ -750,9 +750,12 @@ impl Store {
                 &input.context,
                 &self.context_label,
             );
-            change
-                .outbox
-                .extend(self.chat_msgs(route, &text, Some(question_id)));
+            change.outbox.extend(self.chat_msgs(
+                route,
+                &text,
+                Some(question_id),
+                route.origin_message_id.as_deref(),
+            ));
         }
         if self.cas(&mut tx, change).await?.is_none() {
             drop(tx);
@@ -879,6 +882,7 @@ impl Store {
                 outcome: QuestionOutcome::Cancelled,
             })?;
         tx.commit().await?;
+        hark_core::failpoint::hit("answer.after_commit");
         self.notify_outbox();
         Ok(AnswerOutcome::Applied {
             task: Box::new(task),
@@ -909,6 +913,7 @@ impl Store {
                 change.outbox.extend(self.chat_msgs(
                     &route,
                     &render::cancelled(task, reason),
+                    None,
                     None,
                 ));
             }
@@ -954,6 +959,7 @@ impl Store {
                 &route,
                 &render::completed(lease.task, result),
                 None,
+                None,
             ));
         }
         let Some(row) = self.cas(&mut tx, change).await? else {
@@ -988,9 +994,12 @@ impl Store {
         change.error = Some(error);
         change.detail = error;
         if let Some(route) = chat {
-            change
-                .outbox
-                .extend(self.chat_msgs(&route, &render::failed(lease.task, error), None));
+            change.outbox.extend(self.chat_msgs(
+                &route,
+                &render::failed(lease.task, error),
+                None,
+                None,
+            ));
         }
         let Some(row) = self.cas(&mut conn, change).await? else {
             return Err(self.refusal(lease).await);
@@ -1004,7 +1013,7 @@ impl Store {
         let Some(route) = self.chat_of(lease.task).await? else {
             return Ok(false);
         };
-        let outbox = self.chat_msgs(&route, text, None);
+        let outbox = self.chat_msgs(&route, text, None, None);
         let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = outbox
             .into_iter()
             .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
@@ -1094,16 +1103,6 @@ impl Store {
     }
 }
 
-impl Outgoing {
-    fn with_cause(mut self, cause: &str) -> Self {
-        if let Ok(mut event) = codec::decode::<pb::TaskEvent>(&self.payload) {
-            event.cause = cause.to_owned();
-            self.payload = codec::encode(event);
-        }
-        self
-    }
-}
-
 fn resume_of(question: &QuestionRow) -> Option<Resume> {
     let (expired, text) = match question.outcome {
         QuestionOutcome::Answered => (false, question.answer.clone().unwrap_or_default()),
@@ -1155,5 +1154,201 @@ async fn pick_handle(
         if !taken.contains(&handle) {
             return Ok(handle);
         }
+    }
+}
+
+/// Which questions to list.
+#[derive(Debug, Clone, Default)]
+pub struct QuestionFilter {
+    pub owner: Option<Owner>,
+    pub platform: Option<String>,
+    pub stream: Option<String>,
+    pub include_closed: bool,
+    /// Only questions asked after this one (the paging cursor).
+    pub after: Option<QuestionId>,
+    pub limit: i64,
+}
+
+impl Store {
+    /// The open questions a sender may answer in one stream, oldest first. With a known platform
+    /// the owner must be `platform:user_id` exactly; with an unknown (empty) one, the owner's
+    /// `:user_id` suffix is compared.
+    pub async fn open_questions_for_sender(
+        &self,
+        platform: &str,
+        stream: &str,
+        user_id: &str,
+    ) -> Result<Vec<QuestionRow>, Error> {
+        if !platform.is_empty() {
+            let Ok(owner) = Owner::new(platform, user_id) else {
+                return Ok(Vec::new());
+            };
+            return self
+                .open_questions_in_stream(platform, stream, &owner)
+                .await;
+        }
+        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions
+             WHERE stream = $1 AND outcome = 'open' AND split_part(owner, ':', 2) = $2
+             ORDER BY asked_at, id"
+        ))
+        .bind(stream)
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The question carried by a chat message, whatever its outcome.
+    pub async fn question_by_chat_message(
+        &self,
+        platform: &str,
+        message_id: &str,
+    ) -> Result<Option<QuestionRow>, Error> {
+        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions
+             WHERE ($1 = '' OR platform = $1) AND chat_message_id = $2
+             ORDER BY asked_at DESC LIMIT 1"
+        ))
+        .bind(platform)
+        .bind(message_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The latest question in a stream with this handle, whatever its outcome.
+    pub async fn question_by_handle(
+        &self,
+        platform: &str,
+        stream: &str,
+        handle: &str,
+    ) -> Result<Option<QuestionRow>, Error> {
+        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions
+             WHERE ($1 = '' OR platform = $1) AND stream = $2 AND handle = $3
+             ORDER BY asked_at DESC LIMIT 1"
+        ))
+        .bind(platform)
+        .bind(stream)
+        .bind(handle)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Records the platform message id of the chat message that carried a question, so quote
+    /// replies can be routed to it.
+    pub async fn set_chat_message_id(
+        &self,
+        question: QuestionId,
+        message_id: &str,
+    ) -> Result<bool, Error> {
+        Ok(
+            sqlx::query("UPDATE questions SET chat_message_id = $2 WHERE id = $1")
+                .bind(question.as_uuid())
+                .bind(message_id)
+                .execute(&self.pool)
+                .await?
+                .rows_affected()
+                > 0,
+        )
+    }
+
+    /// Records that an inbound message was handled; `false` when it had been before.
+    pub async fn mark_inbound(&self, key: &str, task: Option<TaskId>) -> Result<bool, Error> {
+        Ok(sqlx::query(
+            "INSERT INTO applied_inbound (key, task_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(key)
+        .bind(task.map(|t| t.as_uuid()))
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
+    }
+
+    pub async fn list_questions(&self, filter: &QuestionFilter) -> Result<Vec<QuestionRow>, Error> {
+        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions
+             WHERE ($1::text IS NULL OR owner = $1)
+               AND ($2::text IS NULL OR platform = $2)
+               AND ($3::text IS NULL OR stream = $3)
+               AND ($4 OR outcome = 'open')
+               AND ($5::uuid IS NULL OR id > $5)
+             ORDER BY id LIMIT $6"
+        ))
+        .bind(filter.owner.as_ref().map(Owner::as_str))
+        .bind(filter.platform.as_deref())
+        .bind(filter.stream.as_deref())
+        .bind(filter.include_closed)
+        .bind(filter.after.map(|q| q.as_uuid()))
+        .bind(filter.limit.clamp(1, 500))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The open question of a task, if it waits for one.
+    pub async fn open_question_of(&self, task: TaskId) -> Result<Option<QuestionRow>, Error> {
+        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
+            "SELECT ",
+            question_columns!(),
+            " FROM questions WHERE task_id = $1 AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1"
+        ))
+        .bind(task.as_uuid())
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Relays up to `limit` outbox messages to JetStream and deletes those the stream
+    /// acknowledged. Rows another relay holds are skipped. Returns how many were relayed.
+    pub async fn relay_outbox(
+        &self,
+        js: &async_nats::jetstream::Context,
+        limit: i64,
+    ) -> Result<usize, Error> {
+        let mut tx = self.pool.begin().await?;
+        let batch = sqlx::query_as::<_, OutboxEntry>(
+            "SELECT id, subject, msg_id, payload FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let mut pending = Vec::with_capacity(batch.len());
+        for entry in &batch {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(hark_core::bus::MSG_ID_HEADER, entry.msg_id.as_str());
+            match js
+                .publish_with_headers(entry.subject.clone(), headers, entry.payload.clone().into())
+                .await
+            {
+                Ok(ack) => pending.push((entry.id, ack)),
+                Err(e) => {
+                    tracing::warn!(subject = entry.subject, error = %e, "cannot publish outbox message; will retry");
+                    break;
+                }
+            }
+        }
+        let mut done = Vec::with_capacity(pending.len());
+        for (id, ack) in pending {
+            match ack.await {
+                Ok(_) => done.push(id),
+                Err(e) => tracing::warn!(error = %e, "outbox message not acknowledged; will retry"),
+            }
+        }
+        sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+            .bind(&done)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.len())
     }
 }

@@ -47,3 +47,5 @@ impl TestDb {
         admin.close().await;
     }
 }
+
+pub mod control;

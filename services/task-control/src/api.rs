@@ -1,0 +1,571 @@
+//! `hark.v1.TaskService` over gRPC. Every store error maps onto one `tonic::Code` in
+//! [`status_of`]; invalid arguments name the field.
+
+use std::{pin::Pin, time::Duration};
+
+use futures_util::{Stream, StreamExt};
+use hark_core::{
+    bus, codec,
+    domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy},
+};
+use hark_proto::v1::{self as pb, task_service_server::TaskService};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    convert,
+    shared::Shared,
+    store::{
+        self, Answer, AnswerOutcome, ChatRoute, NewTask, QuestionFilter, TaskFilter, TellDelivery,
+    },
+};
+
+/// Longest goal, question answer or instruction accepted, in bytes.
+const MAX_TEXT: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct Api {
+    shared: Shared,
+}
+
+impl Api {
+    pub fn new(shared: Shared) -> Self {
+        Self { shared }
+    }
+}
+
+/// The one mapping from store errors to gRPC status codes.
+pub fn status_of(error: store::Error) -> Status {
+    use store::Error as E;
+    match &error {
+        E::TaskNotFound(_) | E::QuestionNotFound(_) => Status::not_found(error.to_string()),
+        E::AmbiguousTask { .. } | E::BadRound { .. } | E::DatabaseUrl(..) => {
+            Status::invalid_argument(error.to_string())
+        }
+        E::NoOpenQuestion { .. }
+        | E::QuestionClosed { .. }
+        | E::WrongState { .. }
+        | E::Cancelled { .. } => Status::failed_precondition(error.to_string()),
+        E::LeaseLost { .. } | E::StaleJob { .. } => Status::aborted(error.to_string()),
+        E::Database(_) | E::Migrate(_) | E::CreateDatabase { .. } => {
+            tracing::error!(error = %error, "store error");
+            Status::unavailable(format!("the task store is unavailable, try again: {error}"))
+        }
+    }
+}
+
+fn invalid(field: &str, why: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {why}"))
+}
+
+fn text_field(field: &str, value: &str) -> Result<String, Status> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Err(invalid(field, "must not be empty"));
+    }
+    if trimmed.len() > MAX_TEXT {
+        return Err(invalid(field, format!("is longer than {MAX_TEXT} bytes")));
+    }
+    Ok(trimmed.to_owned())
+}
+
+fn task_ref(field: &str, value: &str) -> Result<TaskRef, Status> {
+    value.parse().map_err(|e| invalid(field, e))
+}
+
+fn owner_field(field: &str, value: &str) -> Result<Option<Owner>, Status> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|e| invalid(field, e))
+}
+
+fn page_size(size: u32) -> i64 {
+    match size {
+        0 => 50,
+        n => i64::from(n.min(200)),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TaskEvent, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl TaskService for Api {
+    #[tracing::instrument(skip_all)]
+    async fn create_task(
+        &self,
+        request: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::CreateTaskResponse>, Status> {
+        let request = request.into_inner();
+        let owner = owner_field("owner", &request.owner)?
+            .ok_or_else(|| invalid("owner", "must not be empty"))?;
+        let goal = text_field("goal", &request.goal)?;
+        let role = self.shared.role_of(&owner);
+        if role < Role::User {
+            return Err(Status::permission_denied(format!(
+                "owner {owner} has the role {role} and cannot have tasks; add it to permission.users"
+            )));
+        }
+        let chat = match request.chat {
+            None => None,
+            Some(chat) => {
+                bus::token(&chat.platform).map_err(|e| invalid("chat.platform", e))?;
+                bus::token(&chat.bot_id).map_err(|e| invalid("chat.bot_id", e))?;
+                let stream: StreamId =
+                    chat.stream.parse().map_err(|e| invalid("chat.stream", e))?;
+                Some(ChatRoute {
+                    platform: chat.platform,
+                    bot_id: chat.bot_id,
+                    stream: stream.to_string(),
+                    origin_message_id: (!chat.origin_message_id.is_empty())
+                        .then_some(chat.origin_message_id),
+                })
+            }
+        };
+        let on_timeout = pb::TimeoutPolicy::try_from(request.on_timeout)
+            .ok()
+            .map(TimeoutPolicy::from_proto)
+            .ok_or_else(|| invalid("on_timeout", "unknown policy"))?
+            .unwrap_or(self.shared.config.task.on_timeout);
+        let ask_timeout = match request.ask_timeout_s {
+            0 => self.shared.config.task.ask_timeout.0,
+            s => Duration::from_secs(s.into()),
+        };
+        let task = self
+            .shared
+            .store
+            .create_task(&NewTask {
+                owner,
+                goal,
+                chat,
+                ask_timeout,
+                on_timeout,
+                request_id: (!request.request_id.is_empty())
+                    .then(|| format!("api:{}", request.request_id)),
+            })
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::CreateTaskResponse {
+            task: Some(convert::task(&task, None)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let reference = task_ref("task_id", &request.get_ref().task_id)?;
+        let task = self
+            .shared
+            .store
+            .resolve_task(&reference)
+            .await
+            .map_err(status_of)?;
+        let questions = self
+            .shared
+            .store
+            .questions_of(task.id)
+            .await
+            .map_err(status_of)?;
+        let open = questions.iter().rev().find(|q| q.outcome.is_open());
+        Ok(Response::new(pb::GetTaskResponse {
+            task: Some(convert::task(&task, open)),
+            questions: questions.iter().map(convert::question).collect(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let request = request.into_inner();
+        let states = request
+            .states
+            .iter()
+            .map(|s| {
+                pb::TaskState::try_from(*s)
+                    .ok()
+                    .and_then(TaskState::from_proto)
+                    .ok_or_else(|| invalid("states", format!("{s} is not a task state")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let before = match request.page_token.as_str() {
+            "" => None,
+            token => Some(
+                token
+                    .parse::<TaskId>()
+                    .map_err(|e| invalid("page_token", e))?,
+            ),
+        };
+        let limit = page_size(request.page_size);
+        let tasks = self
+            .shared
+            .store
+            .list_tasks(&TaskFilter {
+                owner: owner_field("owner", &request.owner)?,
+                states,
+                platform: (!request.platform.is_empty()).then_some(request.platform),
+                stream: (!request.stream.is_empty()).then_some(request.stream),
+                before,
+                limit,
+            })
+            .await
+            .map_err(status_of)?;
+        let next_page_token = match tasks.last() {
+            Some(last) if tasks.len() as i64 == limit => last.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: tasks.iter().map(|t| convert::task(t, None)).collect(),
+            next_page_token,
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let request = request.into_inner();
+        let reference = task_ref("task_id", &request.task_id)?;
+        let task = self
+            .shared
+            .store
+            .resolve_task(&reference)
+            .await
+            .map_err(status_of)?;
+        let reason = if request.reason.trim().is_empty() {
+            "cancelled over the API".to_owned()
+        } else {
+            request.reason.trim().to_owned()
+        };
+        let cancelled = self
+            .shared
+            .store
+            .cancel(task.id, "api", &reason)
+            .await
+            .map_err(status_of)?;
+        self.shared.cancel_hint(task.id).await;
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(convert::task(&cancelled, None)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn answer_question(
+        &self,
+        request: Request<pb::AnswerQuestionRequest>,
+    ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
+        let request = request.into_inner();
+        let text = text_field("answer", &request.answer)?;
+        let question = match (request.question_id.as_str(), request.task_id.as_str()) {
+            ("", "") => return Err(invalid("question_id", "give question_id or task_id")),
+            (id, "") => {
+                let id: QuestionId = id.parse().map_err(|e| invalid("question_id", e))?;
+                self.shared
+                    .store
+                    .get_question(id)
+                    .await
+                    .map_err(status_of)?
+            }
+            ("", task) => {
+                let task = self
+                    .shared
+                    .store
+                    .resolve_task(&task_ref("task_id", task)?)
+                    .await
+                    .map_err(status_of)?;
+                self.shared
+                    .store
+                    .open_question_of(task.id)
+                    .await
+                    .map_err(status_of)?
+                    .ok_or_else(|| {
+                        Status::failed_precondition(format!(
+                            "task {} has no open question (it is {})",
+                            task.id, task.state
+                        ))
+                    })?
+            }
+            _ => {
+                return Err(invalid(
+                    "question_id",
+                    "give question_id or task_id, not both",
+                ));
+            }
+        };
+        let answerer = match owner_field("answerer", &request.answerer)? {
+            Some(answerer) if answerer != question.owner => {
+                return Err(Status::permission_denied(format!(
+                    "{answerer} cannot answer a question of {}'s task",
+                    question.owner
+                )));
+            }
+            Some(answerer) => answerer.to_string(),
+            None => "api".to_owned(),
+        };
+        let answer = Answer {
+            answerer,
+            text,
+            inbound_key: (!request.request_id.is_empty())
+                .then(|| format!("api:{}", request.request_id)),
+        };
+        match self
+            .shared
+            .store
+            .answer(question.id, &answer)
+            .await
+            .map_err(status_of)?
+        {
+            AnswerOutcome::Applied { task, question } => {
+                Ok(Response::new(pb::AnswerQuestionResponse {
+                    task: Some(convert::task(&task, None)),
+                    question: Some(convert::question(&question)),
+                }))
+            }
+            AnswerOutcome::Duplicate => {
+                let question = self
+                    .shared
+                    .store
+                    .get_question(question.id)
+                    .await
+                    .map_err(status_of)?;
+                let task = self
+                    .shared
+                    .store
+                    .get_task(question.task_id)
+                    .await
+                    .map_err(status_of)?;
+                Ok(Response::new(pb::AnswerQuestionResponse {
+                    task: Some(convert::task(&task, None)),
+                    question: Some(convert::question(&question)),
+                }))
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn tell_task(
+        &self,
+        request: Request<pb::TellTaskRequest>,
+    ) -> Result<Response<pb::TellTaskResponse>, Status> {
+        let request = request.into_inner();
+        let text = text_field("instruction", &request.instruction)?;
+        let task = self
+            .shared
+            .store
+            .resolve_task(&task_ref("task_id", &request.task_id)?)
+            .await
+            .map_err(status_of)?;
+        let author = if request.author.trim().is_empty() {
+            "api"
+        } else {
+            request.author.trim()
+        };
+        let (id, delivery) = self
+            .shared
+            .store
+            .tell(task.id, &text, author)
+            .await
+            .map_err(|e| match e {
+                store::Error::WrongState { state, .. } => {
+                    Status::failed_precondition(format!("task {} already ended ({state})", task.id))
+                }
+                other => status_of(other),
+            })?;
+        let delivery = match delivery {
+            TellDelivery::NextRound => pb::tell_task_response::Delivery::NextRound,
+            TellDelivery::OnResume => pb::tell_task_response::Delivery::OnResume,
+        };
+        Ok(Response::new(pb::TellTaskResponse {
+            delivery: delivery as i32,
+            instruction_id: id.to_string(),
+        }))
+    }
+
+    type WatchTaskStream = EventStream;
+
+    #[tracing::instrument(skip_all)]
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let reference = task_ref("task_id", &request.get_ref().task_id)?;
+        let task = self
+            .shared
+            .store
+            .resolve_task(&reference)
+            .await
+            .map_err(status_of)?;
+        // Subscribe before reading the current state, so no change falls between the two.
+        let mut events = self
+            .shared
+            .nats
+            .subscribe(self.shared.names.task_event(task.id))
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot subscribe to task events: {e}")))?;
+        let current = self
+            .shared
+            .store
+            .get_task(task.id)
+            .await
+            .map_err(status_of)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let store = self.shared.store.clone();
+        tokio::spawn(async move {
+            let first = pb::TaskEvent {
+                version: hark_proto::WIRE_VERSION,
+                task_id: current.id.to_string(),
+                state: current.state.to_proto() as i32,
+                generation: current.generation as u64,
+                cause: "current".into(),
+                at: Some(convert::timestamp(current.updated_at)),
+            };
+            let mut last = current.generation as u64;
+            if tx.send(Ok(first)).await.is_err() || current.state.is_terminal() {
+                return;
+            }
+            loop {
+                // Events come from the outbox relay; a periodic look at the row covers a relay
+                // that is behind.
+                let next = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+                let event = match next {
+                    Ok(Some(message)) => match codec::decode::<pb::TaskEvent>(&message.payload) {
+                        Ok(event) => event,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "skipping a malformed task event");
+                            continue;
+                        }
+                    },
+                    Ok(None) => return,
+                    Err(_) => match store.get_task(current.id).await {
+                        Ok(row) if row.generation as u64 > last => pb::TaskEvent {
+                            version: hark_proto::WIRE_VERSION,
+                            task_id: row.id.to_string(),
+                            state: row.state.to_proto() as i32,
+                            generation: row.generation as u64,
+                            cause: "current".into(),
+                            at: Some(convert::timestamp(row.updated_at)),
+                        },
+                        _ => {
+                            if tx.is_closed() {
+                                return;
+                            }
+                            continue;
+                        }
+                    },
+                };
+                if event.generation <= last {
+                    continue;
+                }
+                last = event.generation;
+                let terminal = pb::TaskState::try_from(event.state)
+                    .ok()
+                    .and_then(TaskState::from_proto)
+                    .is_some_and(TaskState::is_terminal);
+                if tx.send(Ok(event)).await.is_err() || terminal {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_questions(
+        &self,
+        request: Request<pb::ListQuestionsRequest>,
+    ) -> Result<Response<pb::ListQuestionsResponse>, Status> {
+        let request = request.into_inner();
+        if !request.stream.is_empty() {
+            request
+                .stream
+                .parse::<StreamId>()
+                .map_err(|e| invalid("stream", e))?;
+        }
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token => Some(
+                token
+                    .parse::<QuestionId>()
+                    .map_err(|e| invalid("page_token", e))?,
+            ),
+        };
+        let limit = page_size(request.page_size);
+        let questions = self
+            .shared
+            .store
+            .list_questions(&QuestionFilter {
+                owner: owner_field("owner", &request.owner)?,
+                platform: (!request.platform.is_empty()).then_some(request.platform),
+                stream: (!request.stream.is_empty()).then_some(request.stream),
+                include_closed: request.include_closed,
+                after,
+                limit,
+            })
+            .await
+            .map_err(status_of)?;
+        let next_page_token = match questions.last() {
+            Some(last) if questions.len() as i64 == limit => last.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(pb::ListQuestionsResponse {
+            questions: questions.iter().map(convert::question).collect(),
+            next_page_token,
+        }))
+    }
+}
+
+/// Checks `authorization: Bearer <token>` against `control.api_tokens`; with no tokens
+/// configured, every caller is let in.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    tokens: std::sync::Arc<Vec<String>>,
+}
+
+impl Auth {
+    pub fn new(tokens: Vec<String>) -> Self {
+        Self {
+            tokens: std::sync::Arc::new(tokens),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.tokens.is_empty() {
+            return Ok(request);
+        }
+        let header = request.metadata().get("authorization").ok_or_else(|| {
+            Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
+        })?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
+            .ok_or_else(|| {
+                Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
+            })?;
+        if self
+            .tokens
+            .iter()
+            .any(|t| constant_time_eq(t.as_bytes(), token.trim().as_bytes()))
+        {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated(
+                "the token is not one of control.api_tokens",
+            ))
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

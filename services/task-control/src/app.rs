@@ -1,0 +1,287 @@
+//! task-control as a whole: [`App::build`] connects to Postgres and NATS, migrates, creates the
+//! streams and binds the gRPC listener; [`App::run_until_stopped`] serves until the shutdown
+//! token fires, then drains its tasks.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures_util::StreamExt;
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    config::Config,
+    domain::QuestionId,
+};
+use hark_proto::v1 as pb;
+use tokio::net::TcpListener;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{api, chat, control, shared::Shared, store, timers};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error("cannot reach NATS at nats.url = {url}: {source}")]
+    Nats {
+        url: String,
+        source: async_nats::ConnectError,
+    },
+    #[error(transparent)]
+    Bus(#[from] bus::Error),
+    #[error("cannot listen for gRPC on control.grpc_listen = {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Serve(String),
+}
+
+/// A built task-control, ready to run.
+#[derive(Debug)]
+pub struct App {
+    shared: Shared,
+    listener: TcpListener,
+}
+
+impl App {
+    pub async fn build(config: Config) -> Result<Self, Error> {
+        let names = Names::new(config.nats.namespace.parse()?);
+        let pool = store::connect(&config.database.url, config.database.max_connections).await?;
+        store::migrate(&pool).await?;
+        let nats = async_nats::ConnectOptions::new()
+            .name("hark task-control")
+            .connect(&config.nats.url)
+            .await
+            .map_err(|source| Error::Nats {
+                url: config.nats.url.clone(),
+                source,
+            })?;
+        let js = jetstream::new(nats.clone());
+        bus::ensure(&js, &names).await?;
+        let addr = config.control.grpc_listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Listen { addr, source })?;
+        let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone());
+        Ok(Self {
+            shared: Shared {
+                store,
+                nats,
+                js,
+                names,
+                config: Arc::new(config),
+            },
+            listener,
+        })
+    }
+
+    /// The address the gRPC API listens on (the real port when the config said 0).
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.shared.config.control.grpc_listen)
+    }
+
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let Self { shared, listener } = self;
+        let tracker = TaskTracker::new();
+
+        tracker.spawn(relay(shared.clone(), shutdown.clone()));
+        tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
+        tracker.spawn(consume_chat(shared.clone(), shutdown.clone()));
+        tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
+        {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            tracker.spawn(async move {
+                if let Err(e) = control::serve(shared, shutdown).await {
+                    tracing::error!(error = %e, "control requests stopped");
+                }
+            });
+        }
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<pb::task_service_server::TaskServiceServer<api::Api>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(hark_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| Error::Serve(format!("cannot build gRPC reflection: {e}")))?;
+        let service = pb::task_service_server::TaskServiceServer::with_interceptor(
+            api::Api::new(shared.clone()),
+            api::Auth::new(shared.config.control.api_tokens.clone()),
+        );
+        tracing::info!(addr = %listener.local_addr().map_err(|e| Error::Serve(e.to_string()))?, "gRPC API listening");
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let served = tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+            .await;
+        shutdown.cancel();
+        tracker.close();
+        tracker.wait().await;
+        served.map_err(|e| Error::Serve(format!("gRPC server failed: {e}")))
+    }
+}
+
+/// Publishes what committed transactions wrote to the outbox: at once when woken by a commit,
+/// and every second in any case, which also picks up what a crashed replica left behind.
+async fn relay(shared: Shared, shutdown: CancellationToken) {
+    let ready = shared.store.outbox_ready();
+    loop {
+        match shared.store.relay_outbox(&shared.js, 256).await {
+            Ok(256) => continue,
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "outbox relay failed; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                // One last pass so that a clean stop leaves nothing behind.
+                let _ = shared.store.relay_outbox(&shared.js, 1024).await;
+                return;
+            }
+            _ = ready.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+async fn consumer(shared: &Shared, stream: String) -> Result<PullConsumer, async_nats::Error> {
+    Ok(shared
+        .js
+        .get_consumer_from_stream(Names::CONTROL_CONSUMER, stream)
+        .await?)
+}
+
+/// Pulls inbound chat messages in order and handles them one by one. A message that cannot be
+/// decoded is terminated (it would never decode); one whose handling hit an unavailable store is
+/// delivered again later.
+async fn consume_chat(shared: Shared, shutdown: CancellationToken) {
+    run_consumer(shared, shutdown, true).await;
+}
+
+async fn consume_receipts(shared: Shared, shutdown: CancellationToken) {
+    run_consumer(shared, shutdown, false).await;
+}
+
+async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool) {
+    let stream = if chat_in {
+        shared.names.chat_in_stream()
+    } else {
+        shared.names.chat_receipt_stream()
+    };
+    loop {
+        let consumer = match consumer(&shared, stream.clone()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(stream, error = %e, "cannot open consumer; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        let mut messages = match consumer.messages().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(stream, error = %e, "cannot pull messages; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = messages.next() => next,
+            };
+            let message = match next {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    tracing::warn!(stream, error = %e, "pull failed");
+                    break;
+                }
+                None => break,
+            };
+            let outcome = if chat_in {
+                handle_chat(&shared, &message.payload).await
+            } else {
+                handle_receipt(&shared, &message.payload).await
+            };
+            let ack = match outcome {
+                Handled::Done => message.ack().await,
+                Handled::Retry => {
+                    message
+                        .ack_with(jetstream::AckKind::Nak(Some(chat::RETRY_DELAY)))
+                        .await
+                }
+                Handled::Poison => message.ack_with(jetstream::AckKind::Term).await,
+            };
+            if let Err(e) = ack {
+                tracing::warn!(stream, error = %e, "cannot acknowledge a message");
+            }
+        }
+    }
+}
+
+enum Handled {
+    Done,
+    Retry,
+    Poison,
+}
+
+async fn handle_chat(shared: &Shared, payload: &[u8]) -> Handled {
+    let message: pb::ChatMessage = match codec::decode(payload) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "dropping an undecodable chat message");
+            return Handled::Poison;
+        }
+    };
+    match chat::handle(shared, message).await {
+        Ok(()) => Handled::Done,
+        Err(e) => {
+            tracing::warn!(error = %e, "chat message will be retried");
+            Handled::Retry
+        }
+    }
+}
+
+async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Handled {
+    let receipt: pb::DeliveryReceipt = match codec::decode(payload) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "dropping an undecodable delivery receipt");
+            return Handled::Poison;
+        }
+    };
+    if receipt.question_id.is_empty() || receipt.platform_message_id.is_empty() {
+        return Handled::Done;
+    }
+    let Ok(question) = receipt.question_id.parse::<QuestionId>() else {
+        tracing::warn!(
+            id = receipt.question_id,
+            "delivery receipt names no valid question"
+        );
+        return Handled::Poison;
+    };
+    match shared
+        .store
+        .set_chat_message_id(question, &receipt.platform_message_id)
+        .await
+    {
+        Ok(_) => Handled::Done,
+        Err(e) => {
+            tracing::warn!(error = %e, "delivery receipt will be retried");
+            Handled::Retry
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! Inbound chat messages: commands, and answers to open questions.
+//!
+//! A message that starts with the command word is a command and never an answer. Any other
+//! message is a candidate answer, routed in this order: (a) it quotes the chat message that
+//! carried a question; (b) it starts with the `#handle` of one of the sender's open questions in
+//! that stream; (c) the sender's oldest open question in that stream. Only the task's owner may
+//! answer; nobody else's message ever does.
+
+pub mod command;
+
+use std::time::Duration;
+
+use hark_core::{
+    bus::Names,
+    domain::{Handle, Owner, QuestionOutcome, Role, StreamId, TaskRef, TaskState},
+};
+use hark_proto::v1 as pb;
+
+use crate::{
+    render,
+    shared::Shared,
+    store::{
+        self, Answer, AnswerOutcome, ChatRoute, NewTask, QuestionRow, TaskFilter, TaskRow,
+        TellDelivery,
+    },
+};
+use command::Command;
+
+/// Rows `/task list` shows at most.
+const LIST_ROWS: i64 = 20;
+
+/// A chat message after its fields were checked.
+#[derive(Debug, Clone)]
+struct Inbound {
+    platform: String,
+    bot_id: String,
+    stream: StreamId,
+    user_id: String,
+    text: String,
+    quoted: String,
+    message_id: String,
+}
+
+impl Inbound {
+    fn parse(msg: pb::ChatMessage) -> Result<Self, String> {
+        let stream: StreamId = msg
+            .stream
+            .parse()
+            .map_err(|e: hark_core::domain::IdError| e.to_string())?;
+        let user_id = msg.sender.map(|s| s.user_id).unwrap_or_default();
+        if user_id.is_empty() {
+            return Err("the message has no sender".into());
+        }
+        Ok(Self {
+            platform: msg.platform,
+            bot_id: msg.bot_id,
+            stream,
+            user_id,
+            text: msg.text,
+            quoted: msg.quoted_message_id,
+            message_id: msg.message_id,
+        })
+    }
+
+    /// The sender as an owner; `None` when the platform is unknown.
+    fn owner(&self) -> Option<Owner> {
+        Owner::new(&self.platform, &self.user_id).ok()
+    }
+
+    /// The key that makes applying this message idempotent.
+    fn key(&self) -> Option<String> {
+        (!self.message_id.is_empty())
+            .then(|| Names::chat_in_msg_id(&self.platform, &self.bot_id, &self.message_id))
+    }
+
+    fn route(&self) -> ChatRoute {
+        ChatRoute {
+            platform: self.platform.clone(),
+            bot_id: self.bot_id.clone(),
+            stream: self.stream.to_string(),
+            origin_message_id: (!self.message_id.is_empty()).then(|| self.message_id.clone()),
+        }
+    }
+
+    fn may_answer(&self, question: &QuestionRow) -> bool {
+        question.owner.is_sender(&self.platform, &self.user_id)
+            && question.stream.as_deref() == Some(self.stream.as_str())
+    }
+}
+
+/// Handles one inbound chat message. An `Err` is worth retrying (the database was unreachable);
+/// everything the sender got wrong is answered in the chat instead.
+pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::Error> {
+    let inbound = match Inbound::parse(msg) {
+        Ok(inbound) => inbound,
+        Err(reason) => {
+            tracing::debug!(reason, "ignoring a chat message");
+            return Ok(());
+        }
+    };
+    let chat = &shared.config.chat;
+    let words: Vec<String> = std::iter::once(chat.command.clone())
+        .chain(chat.command_aliases.iter().cloned())
+        .collect();
+    if let Some(args) = command::strip_command(&inbound.text, &words) {
+        let reply = match command::parse(args, &chat.command) {
+            Ok(cmd) => run_command(shared, &inbound, cmd).await?,
+            Err(usage) => Some(usage),
+        };
+        if let Some(text) = reply {
+            say(shared, &inbound, &text).await;
+        }
+        return Ok(());
+    }
+    route_answer(shared, &inbound).await
+}
+
+async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
+    shared
+        .reply(
+            &inbound.platform,
+            &inbound.bot_id,
+            inbound.stream.as_str(),
+            text,
+            &inbound.message_id,
+        )
+        .await;
+}
+
+async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
+    let store = &shared.store;
+    let open = store
+        .open_questions_for_sender(&inbound.platform, inbound.stream.as_str(), &inbound.user_id)
+        .await?;
+
+    // (a) A quote of the message that carried a question.
+    if !inbound.quoted.is_empty()
+        && let Some(question) = store
+            .question_by_chat_message(&inbound.platform, &inbound.quoted)
+            .await?
+    {
+        if !inbound.may_answer(&question) {
+            return Ok(());
+        }
+        if !question.outcome.is_open() {
+            say(shared, inbound, &closed_text(&question)).await;
+            return Ok(());
+        }
+        return apply(shared, inbound, &question, inbound.text.trim(), &open).await;
+    }
+
+    // (b) A `#handle` prefix.
+    if let Some((handle, rest)) = Handle::strip_prefix(&inbound.text) {
+        if let Some(question) = open.iter().find(|q| q.handle == handle.as_str()) {
+            return apply(shared, inbound, question, rest, &open).await;
+        }
+        if let Some(question) = store
+            .question_by_handle(&inbound.platform, inbound.stream.as_str(), handle.as_str())
+            .await?
+            && inbound.may_answer(&question)
+            && open.is_empty()
+        {
+            say(shared, inbound, &closed_text(&question)).await;
+            return Ok(());
+        }
+    }
+
+    // (c) The sender's oldest open question here.
+    match open.first() {
+        Some(question) => apply(shared, inbound, question, inbound.text.trim(), &open).await,
+        None => Ok(()),
+    }
+}
+
+fn closed_text(question: &QuestionRow) -> String {
+    let why = match question.outcome {
+        QuestionOutcome::Answered => "it was already answered",
+        QuestionOutcome::Expired => "it expired",
+        QuestionOutcome::Cancelled => "its task was cancelled",
+        QuestionOutcome::Superseded => "a newer question replaced it",
+        QuestionOutcome::Open => "it is open",
+    };
+    format!(
+        "Question #{} of task {} is closed: {why}. Your message was not passed on.",
+        question.handle,
+        question.task_id.short()
+    )
+}
+
+async fn apply(
+    shared: &Shared,
+    inbound: &Inbound,
+    question: &QuestionRow,
+    text: &str,
+    open: &[QuestionRow],
+) -> Result<(), store::Error> {
+    let answer = Answer {
+        answerer: inbound
+            .owner()
+            .map_or_else(|| inbound.user_id.clone(), |o| o.to_string()),
+        text: text.to_owned(),
+        inbound_key: inbound.key(),
+    };
+    match shared.store.answer(question.id, &answer).await {
+        Ok(AnswerOutcome::Applied { task, .. }) => {
+            tracing::info!(task = %task.id, question = %question.id, "answer applied");
+            let others: Vec<&QuestionRow> = open.iter().filter(|q| q.id != question.id).collect();
+            let mut ack = format!("Got it — task {} continues.", task.id.short());
+            if !others.is_empty() {
+                let handles: Vec<String> =
+                    others.iter().map(|q| format!("#{}", q.handle)).collect();
+                ack.push_str(&format!(
+                    " {} more question{} wait{} for you here ({}): quote one, or start your reply with its #handle.",
+                    others.len(),
+                    if others.len() == 1 { "" } else { "s" },
+                    if others.len() == 1 { "s" } else { "" },
+                    handles.join(", ")
+                ));
+            }
+            say(shared, inbound, &ack).await;
+            Ok(())
+        }
+        Ok(AnswerOutcome::Duplicate) => Ok(()),
+        Err(store::Error::QuestionClosed { .. }) => {
+            let now = shared.store.get_question(question.id).await?;
+            say(shared, inbound, &closed_text(&now)).await;
+            Ok(())
+        }
+        Err(e) if e.is_retryable() => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot apply an answer");
+            Ok(())
+        }
+    }
+}
+
+/// Runs a command; returns the reply, if any.
+async fn run_command(
+    shared: &Shared,
+    inbound: &Inbound,
+    cmd: Command,
+) -> Result<Option<String>, store::Error> {
+    let Some(sender) = inbound.owner() else {
+        return Ok(Some(
+            "Commands need to know which platform you are on, and this chat did not say.".into(),
+        ));
+    };
+    let role = shared.role_of(&sender);
+    let word = &shared.config.chat.command;
+    let reply = match cmd {
+        Command::Help => command::help(word),
+        Command::New {
+            timeout,
+            on_timeout,
+            goal,
+        } => {
+            if role < Role::User {
+                return Ok(Some(format!(
+                    "You cannot create tasks (your role is {role}). An admin can add {sender} to permission.users."
+                )));
+            }
+            let task = shared
+                .store
+                .create_task(&NewTask {
+                    owner: sender.clone(),
+                    goal,
+                    chat: Some(inbound.route()),
+                    ask_timeout: timeout.map_or(shared.config.task.ask_timeout.0, |t| t.0),
+                    on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
+                    request_id: inbound.key(),
+                })
+                .await?;
+            format!(
+                "Task {} created: {}",
+                task.id.short(),
+                render::clip(&task.goal, 60)
+            )
+        }
+        Command::List { all, state } => {
+            if all && role < Role::Admin {
+                return Ok(Some("Only admins can list everyone's tasks.".into()));
+            }
+            let tasks = shared
+                .store
+                .list_tasks(&TaskFilter {
+                    owner: (!all).then(|| sender.clone()),
+                    states: state.into_iter().collect(),
+                    limit: LIST_ROWS,
+                    ..Default::default()
+                })
+                .await?;
+            if tasks.is_empty() {
+                "No tasks.".into()
+            } else {
+                tasks
+                    .iter()
+                    .map(|t| {
+                        let who = if all {
+                            format!(" {}", t.owner)
+                        } else {
+                            String::new()
+                        };
+                        format!(
+                            "{} {}{who} {}",
+                            t.id.short(),
+                            t.state,
+                            render::clip(&t.goal, 40)
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
+        Command::Status(reference) => {
+            match visible_task(shared, &reference, &sender, role).await? {
+                Err(text) => text,
+                Ok(task) => status_text(shared, &task).await?,
+            }
+        }
+        Command::History(reference) => match visible_task(shared, &reference, &sender, role).await?
+        {
+            Err(text) => text,
+            Ok(task) => history_text(shared, &task).await?,
+        },
+        Command::Cancel(reference) => {
+            match visible_task(shared, &reference, &sender, role).await? {
+                Err(text) => text,
+                Ok(task) if task.state.is_terminal() => {
+                    format!("Task {} already ended ({}).", task.id.short(), task.state)
+                }
+                Ok(task) => {
+                    let reason = format!("cancelled by {sender}");
+                    match shared.store.cancel(task.id, sender.as_str(), &reason).await {
+                        Ok(_) => {
+                            shared.cancel_hint(task.id).await;
+                            // The task's own chat is told by the cancellation itself.
+                            let same_chat = task.stream.as_deref() == Some(inbound.stream.as_str())
+                                && task.platform.as_deref() == Some(inbound.platform.as_str());
+                            if same_chat {
+                                return Ok(None);
+                            }
+                            format!("Cancelled task {}.", task.id.short())
+                        }
+                        Err(store::Error::WrongState { state, .. }) => {
+                            format!("Task {} already ended ({state}).", task.id.short())
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Command::Tell(reference, text) => {
+            match visible_task(shared, &reference, &sender, role).await? {
+                Err(reply) => reply,
+                Ok(task) => {
+                    if let Some(key) = inbound.key()
+                        && !shared.store.mark_inbound(&key, Some(task.id)).await?
+                    {
+                        return Ok(None);
+                    }
+                    match shared.store.tell(task.id, &text, sender.as_str()).await {
+                        Ok((_, TellDelivery::NextRound)) => {
+                            format!(
+                                "Told task {}: it sees this at its next round.",
+                                task.id.short()
+                            )
+                        }
+                        Ok((_, TellDelivery::OnResume)) => {
+                            format!(
+                                "Told task {}: it sees this when it resumes.",
+                                task.id.short()
+                            )
+                        }
+                        Err(store::Error::WrongState { state, .. }) => {
+                            format!("Task {} already ended ({state}).", task.id.short())
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    };
+    Ok(Some(reply))
+}
+
+/// Finds a task the sender may see and act on: their own, or any for an admin. The `Err` side
+/// is the reply explaining why not.
+async fn visible_task(
+    shared: &Shared,
+    reference: &TaskRef,
+    sender: &Owner,
+    role: Role,
+) -> Result<Result<TaskRow, String>, store::Error> {
+    match shared.store.resolve_task(reference).await {
+        Ok(task) if task.owner == *sender || role == Role::Admin => Ok(Ok(task)),
+        Ok(_) | Err(store::Error::TaskNotFound(_)) => {
+            Ok(Err(format!("You have no task {}.", display_ref(reference))))
+        }
+        Err(store::Error::AmbiguousTask { prefix, count }) => Ok(Err(format!(
+            "`{prefix}` matches {count} tasks; give more of the id."
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+fn display_ref(reference: &TaskRef) -> String {
+    match reference {
+        TaskRef::Full(id) => id.short(),
+        TaskRef::Prefix(p) => p.clone(),
+    }
+}
+
+async fn status_text(shared: &Shared, task: &TaskRow) -> Result<String, store::Error> {
+    let mut out = format!(
+        "Task {} · {} · round {} · attempt {}\ngoal: {}",
+        task.id.short(),
+        task.state,
+        task.rounds,
+        task.attempt,
+        render::clip(&task.goal, 200)
+    );
+    if task.state == TaskState::WaitingInput
+        && let Some(q) = shared.store.open_question_of(task.id).await?
+    {
+        out.push_str(&format!(
+            "\nwaiting on #{}: {}",
+            q.handle,
+            render::clip(&q.text, 200)
+        ));
+        if let Some(deadline) = q.deadline {
+            let left = (deadline - time::OffsetDateTime::now_utc()).unsigned_abs();
+            out.push_str(&format!(" ({} left)", render::human(left)));
+        }
+    }
+    if let Some(result) = &task.result {
+        out.push_str(&format!("\nresult: {}", render::clip(result, 300)));
+    }
+    if let Some(error) = &task.error {
+        out.push_str(&format!("\nerror: {}", render::clip(error, 300)));
+    }
+    Ok(out)
+}
+
+async fn history_text(shared: &Shared, task: &TaskRow) -> Result<String, store::Error> {
+    let rounds = shared.store.rounds_of(task.id).await?;
+    let questions = shared.store.questions_of(task.id).await?;
+    let mut lines = vec![format!(
+        "Task {} · {} · {} rounds",
+        task.id.short(),
+        task.state,
+        rounds.len()
+    )];
+    for round in rounds.iter().rev().take(10).rev() {
+        lines.push(format!(
+            "round {}: {}",
+            round.round,
+            render::round_summary(&round.messages.0)
+        ));
+    }
+    for q in questions.iter().rev().take(10).rev() {
+        let answer = match q.outcome {
+            QuestionOutcome::Answered => {
+                format!(" → {}", render::clip(q.answer.as_deref().unwrap_or(""), 60))
+            }
+            other => format!(" ({other})"),
+        };
+        lines.push(format!(
+            "#{} {}{answer}",
+            q.handle,
+            render::clip(&q.text, 80)
+        ));
+    }
+    Ok(lines.join("\n"))
+}
+
+/// How long the chat consumer waits before a failed message is delivered again.
+pub const RETRY_DELAY: Duration = Duration::from_secs(2);

@@ -1,0 +1,346 @@
+//! Requests from agent workers, over NATS request/reply on `<ns>.control.<op>` in a queue group
+//! shared by all task-control replicas. Each request is decoded, checked against its lease, and
+//! answered with a response or a [`pb::Refusal`] that says what to do.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use hark_core::{
+    bus::ControlOp,
+    codec,
+    domain::{Role, TaskId},
+};
+use hark_proto::v1 as pb;
+use prost::Message;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    convert,
+    shared::Shared,
+    store::{self, AskInput, Lease},
+};
+
+/// Serves control requests until `shutdown`; in-flight requests are finished first.
+pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), async_nats::Error> {
+    let mut requests = shared
+        .nats
+        .queue_subscribe(
+            shared.names.control_all(),
+            shared.names.control_queue_group(),
+        )
+        .await?;
+    let tracker = TaskTracker::new();
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            message = requests.next() => match message {
+                Some(message) => message,
+                None => break,
+            },
+        };
+        let shared = shared.clone();
+        tracker.spawn(async move {
+            let Some(reply_to) = message.reply.clone() else {
+                tracing::debug!(subject = %message.subject, "control request without a reply subject");
+                return;
+            };
+            let op = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
+            let response = respond(&shared, &op, &message.payload).await;
+            if let Err(e) = shared.nats.publish(reply_to, response.into()).await {
+                tracing::warn!(op, error = %e, "cannot answer a control request");
+            }
+        });
+    }
+    let _ = requests.unsubscribe().await;
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
+
+fn refusal(reason: pb::RefusalReason, message: impl Into<String>) -> Option<pb::Refusal> {
+    Some(pb::Refusal {
+        reason: reason as i32,
+        message: message.into(),
+    })
+}
+
+/// Maps a store error onto what a worker should do about it.
+fn refusal_of(error: &store::Error) -> Option<pb::Refusal> {
+    use pb::RefusalReason as R;
+    let reason = match error {
+        store::Error::Cancelled { .. } => R::Cancelled,
+        store::Error::LeaseLost { .. } => R::LeaseLost,
+        store::Error::TaskNotFound(_) => R::NotFound,
+        store::Error::StaleJob { .. } | store::Error::WrongState { .. } => R::StaleJob,
+        store::Error::BadRound { .. } => R::Invalid,
+        e if e.is_retryable() => R::Unavailable,
+        _ => R::Invalid,
+    };
+    refusal(reason, error.to_string())
+}
+
+fn invalid(message: impl Into<String>) -> Option<pb::Refusal> {
+    refusal(pb::RefusalReason::Invalid, message)
+}
+
+fn lease_of(lease: Option<&pb::Lease>) -> Result<Lease, Option<pb::Refusal>> {
+    let lease = lease.ok_or_else(|| invalid("the request has no lease"))?;
+    let task: TaskId = lease
+        .task_id
+        .parse()
+        .map_err(|e: hark_core::domain::IdError| invalid(e.to_string()))?;
+    Ok(Lease {
+        task,
+        generation: i64::try_from(lease.generation)
+            .map_err(|_| invalid("lease generation out of range"))?,
+        worker_id: lease.worker_id.clone(),
+    })
+}
+
+fn round_of(
+    round: Option<&pb::Round>,
+) -> Result<Option<(i32, serde_json::Value)>, Option<pb::Refusal>> {
+    let Some(round) = round else { return Ok(None) };
+    let number = i32::try_from(round.number)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| invalid("round numbers start at 1"))?;
+    let messages: serde_json::Value = serde_json::from_slice(&round.messages_json)
+        .map_err(|e| invalid(format!("round {number} is not a JSON array: {e}")))?;
+    if !messages.is_array() {
+        return Err(invalid(format!("round {number} is not a JSON array")));
+    }
+    Ok(Some((number, messages)))
+}
+
+fn ids_of(ids: &[String]) -> Vec<uuid::Uuid> {
+    ids.iter().filter_map(|id| id.parse().ok()).collect()
+}
+
+/// Answers one request; the result is the encoded response.
+pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
+    let lease_ms = shared.config.task.lease.0;
+    let op = ControlOp::ALL.into_iter().find(|o| o.as_str() == op);
+    match op {
+        Some(ControlOp::Claim) => claim(shared, payload, lease_ms).await.encode_to_vec(),
+        Some(ControlOp::Heartbeat) => heartbeat(shared, payload, lease_ms).await.encode_to_vec(),
+        Some(ControlOp::Ask) => ask(shared, payload).await.encode_to_vec(),
+        Some(ControlOp::Checkpoint) => ack(checkpoint(shared, payload).await),
+        Some(ControlOp::Complete) => ack(complete(shared, payload).await),
+        Some(ControlOp::Fail) => ack(fail(shared, payload).await),
+        Some(ControlOp::Send) => ack(send(shared, payload).await),
+        None => ack(Err(invalid("unknown control operation"))),
+    }
+}
+
+fn ack(result: Result<(), Option<pb::Refusal>>) -> Vec<u8> {
+    pb::ControlAck {
+        refusal: result.err().flatten(),
+    }
+    .encode_to_vec()
+}
+
+fn decode<M: codec::Versioned>(payload: &[u8]) -> Result<M, Option<pb::Refusal>> {
+    codec::decode(payload).map_err(|e| invalid(e.to_string()))
+}
+
+async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimResponse {
+    let result = async {
+        let request: pb::ClaimRequest = decode(payload)?;
+        let task: TaskId = request
+            .task_id
+            .parse()
+            .map_err(|e: hark_core::domain::IdError| invalid(e.to_string()))?;
+        if request.worker_id.is_empty() {
+            return Err(invalid("worker_id is empty"));
+        }
+        let generation =
+            i64::try_from(request.generation).map_err(|_| invalid("generation out of range"))?;
+        shared
+            .store
+            .claim(task, generation, &request.worker_id, lease)
+            .await
+            .map_err(|e| refusal_of(&e))
+    }
+    .await;
+    match result {
+        Err(refusal) => pb::ClaimResponse {
+            refusal,
+            ..Default::default()
+        },
+        Ok(claimed) => {
+            let role = shared.role_of(&claimed.task.owner);
+            pb::ClaimResponse {
+                refusal: None,
+                lease: Some(pb::Lease {
+                    task_id: claimed.lease.task.to_string(),
+                    generation: claimed.lease.generation as u64,
+                    worker_id: claimed.lease.worker_id.clone(),
+                }),
+                lease_ms: lease.as_millis() as u32,
+                task: Some(pb::TaskSpec {
+                    id: claimed.task.id.to_string(),
+                    owner: claimed.task.owner.to_string(),
+                    owner_role: role.as_str().to_owned(),
+                    goal: claimed.task.goal.clone(),
+                    chat: claimed.task.chat().map(|c| convert::route(&c)),
+                    // Questions are answered in the chat or with AnswerQuestion; only a task whose
+                    // owner may not use ask_user has no way to be answered.
+                    can_ask: role >= Role::User,
+                    attempt: claimed.task.attempt as u32,
+                }),
+                rounds: claimed
+                    .rounds
+                    .iter()
+                    .map(|r| pb::Round {
+                        number: r.round as u32,
+                        messages_json: serde_json::to_vec(&r.messages.0).unwrap_or_default(),
+                    })
+                    .collect(),
+                resume: claimed.resume.map(|r| pb::Resume {
+                    question_id: r.question_id.to_string(),
+                    tool_call_id: r.tool_call_id,
+                    expired: r.expired,
+                    text: r.text,
+                }),
+                instructions: claimed
+                    .instructions
+                    .into_iter()
+                    .map(convert::instruction)
+                    .collect(),
+            }
+        }
+    }
+}
+
+async fn heartbeat(shared: &Shared, payload: &[u8], lease: Duration) -> pb::HeartbeatResponse {
+    let result = async {
+        let request: pb::HeartbeatRequest = decode(payload)?;
+        let held = lease_of(request.lease.as_ref())?;
+        shared
+            .store
+            .heartbeat(&held, lease)
+            .await
+            .map_err(|e| refusal_of(&e))
+    }
+    .await;
+    match result {
+        Ok(instructions) => pb::HeartbeatResponse {
+            refusal: None,
+            lease_ms: lease.as_millis() as u32,
+            instructions: instructions.into_iter().map(convert::instruction).collect(),
+        },
+        Err(refusal) => pb::HeartbeatResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
+async fn checkpoint(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+    let request: pb::CheckpointRequest = decode(payload)?;
+    let lease = lease_of(request.lease.as_ref())?;
+    let (number, messages) =
+        round_of(request.round.as_ref())?.ok_or_else(|| invalid("the request has no round"))?;
+    shared
+        .store
+        .checkpoint(
+            &lease,
+            number,
+            &messages,
+            &ids_of(&request.consumed_instruction_ids),
+        )
+        .await
+        .map_err(|e| refusal_of(&e))
+}
+
+async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
+    let result = async {
+        let request: pb::AskRequest = decode(payload)?;
+        let lease = lease_of(request.lease.as_ref())?;
+        let (round, messages) =
+            round_of(request.round.as_ref())?.ok_or_else(|| invalid("the request has no round"))?;
+        if request.question.trim().is_empty() {
+            return Err(invalid("the question is empty"));
+        }
+        if request.tool_call_id.is_empty() {
+            return Err(invalid("tool_call_id is empty"));
+        }
+        let input = AskInput {
+            round,
+            messages,
+            consumed_instructions: ids_of(&request.consumed_instruction_ids),
+            tool_call_id: request.tool_call_id,
+            question: request.question,
+            context: request.context,
+            timeout: (request.timeout_s > 0).then(|| Duration::from_secs(request.timeout_s.into())),
+        };
+        shared
+            .store
+            .ask(&lease, &input)
+            .await
+            .map_err(|e| refusal_of(&e))
+    }
+    .await;
+    match result {
+        Ok(question) => {
+            tracing::info!(
+                task = %question.task_id,
+                handle = question.handle,
+                question = crate::render::clip(&question.text, 80),
+                "task asks its owner"
+            );
+            pb::AskResponse {
+                refusal: None,
+                question_id: question.id.to_string(),
+                handle: question.handle,
+                deadline: question.deadline.map(convert::timestamp),
+            }
+        }
+        Err(refusal) => pb::AskResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
+async fn complete(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+    let request: pb::CompleteRequest = decode(payload)?;
+    let lease = lease_of(request.lease.as_ref())?;
+    let round = round_of(request.round.as_ref())?;
+    shared
+        .store
+        .complete(
+            &lease,
+            round.as_ref().map(|(n, m)| (*n, m)),
+            &request.result,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal_of(&e))
+}
+
+async fn fail(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+    let request: pb::FailRequest = decode(payload)?;
+    let lease = lease_of(request.lease.as_ref())?;
+    shared
+        .store
+        .fail(&lease, &request.error)
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal_of(&e))
+}
+
+async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+    let request: pb::SendRequest = decode(payload)?;
+    let lease = lease_of(request.lease.as_ref())?;
+    if request.text.trim().is_empty() {
+        return Err(invalid("the message is empty"));
+    }
+    shared
+        .store
+        .send(&lease, &request.text)
+        .await
+        .map(|_| ())
+        .map_err(|e| refusal_of(&e))
+}

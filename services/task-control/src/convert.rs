@@ -1,0 +1,79 @@
+//! Rows of the store as `hark.v1` messages.
+
+use hark_proto::v1 as pb;
+use time::OffsetDateTime;
+
+use crate::store::{ChatRoute, Instruction, QuestionRow, TaskRow};
+
+pub fn timestamp(t: OffsetDateTime) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.unix_timestamp(),
+        nanos: t.nanosecond() as i32,
+    }
+}
+
+pub fn route(route: &ChatRoute) -> pb::ChatRoute {
+    pb::ChatRoute {
+        platform: route.platform.clone(),
+        bot_id: route.bot_id.clone(),
+        stream: route.stream.clone(),
+        origin_message_id: route.origin_message_id.clone().unwrap_or_default(),
+    }
+}
+
+pub fn instruction(i: Instruction) -> pb::Instruction {
+    pb::Instruction {
+        id: i.id.to_string(),
+        text: i.text,
+        author: i.author,
+    }
+}
+
+pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
+    pb::Task {
+        id: row.id.to_string(),
+        owner: row.owner.to_string(),
+        chat: row.chat().map(|c| route(&c)),
+        goal: row.goal.clone(),
+        state: row.state.to_proto() as i32,
+        generation: row.generation as u64,
+        attempt: row.attempt as u32,
+        on_timeout: row.on_timeout.to_proto() as i32,
+        ask_timeout_s: row.ask_timeout_s as u32,
+        rounds: row.rounds as u32,
+        result: row.result.clone().unwrap_or_default(),
+        error: row.error.clone().unwrap_or_default(),
+        created_at: Some(timestamp(row.created_at)),
+        updated_at: Some(timestamp(row.updated_at)),
+        finished_at: row.finished_at.map(timestamp),
+        open_question: open_question.map(question),
+    }
+}
+
+pub fn question(q: &QuestionRow) -> pb::Question {
+    pb::Question {
+        id: q.id.to_string(),
+        task_id: q.task_id.to_string(),
+        handle: q.handle.clone(),
+        text: q.text.clone(),
+        context: q.context.clone(),
+        owner: q.owner.to_string(),
+        chat: match (&q.platform, &q.stream) {
+            (Some(platform), Some(stream)) => Some(pb::ChatRoute {
+                platform: platform.clone(),
+                bot_id: q.bot_id.clone().unwrap_or_default(),
+                stream: stream.clone(),
+                origin_message_id: String::new(),
+            }),
+            _ => None,
+        },
+        outcome: q.outcome.to_proto() as i32,
+        asked_at: Some(timestamp(q.asked_at)),
+        deadline: q.deadline.map(timestamp),
+        reminded_at: q.reminded_at.map(timestamp),
+        closed_at: q.closed_at.map(timestamp),
+        answerer: q.answerer.clone().unwrap_or_default(),
+        answer: q.answer.clone().unwrap_or_default(),
+        chat_message_id: q.chat_message_id.clone().unwrap_or_default(),
+    }
+}

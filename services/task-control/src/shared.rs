@@ -1,0 +1,81 @@
+//! What every part of task-control shares: the store, the NATS connection, the bus names and the
+//! configuration, with the few bus actions they all take.
+
+use std::sync::Arc;
+
+use async_nats::jetstream;
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    config::Config,
+    domain::{Owner, Role, TaskId},
+};
+use hark_proto::v1 as pb;
+
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub store: Store,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+    pub names: Names,
+    pub config: Arc<Config>,
+}
+
+impl Shared {
+    pub fn role_of(&self, owner: &Owner) -> Role {
+        self.config.permission.role_of(owner)
+    }
+
+    /// Tells the worker holding a task to stop now. Only a hint: the compare-and-set refuses the
+    /// cancelled task's next write anyway.
+    pub async fn cancel_hint(&self, task: TaskId) {
+        if let Err(e) = self
+            .nats
+            .publish(self.names.task_cancel(task), Default::default())
+            .await
+        {
+            tracing::debug!(%task, error = %e, "cannot publish the cancel hint");
+        }
+    }
+
+    /// Sends a reply into a chat, quoting `reply_to` when given. A lost reply is logged, not
+    /// retried: replies carry no state.
+    pub async fn reply(
+        &self,
+        platform: &str,
+        bot_id: &str,
+        stream: &str,
+        text: &str,
+        reply_to: &str,
+    ) {
+        let subject = match self.names.chat_out(platform, bot_id) {
+            Ok(subject) => subject,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot reply: the chat has no usable route");
+                return;
+            }
+        };
+        for part in crate::render::parts(text) {
+            let id = uuid::Uuid::now_v7().to_string();
+            let message = pb::OutboundMessage {
+                id: id.clone(),
+                route: Some(pb::ChatRoute {
+                    platform: platform.to_owned(),
+                    bot_id: bot_id.to_owned(),
+                    stream: stream.to_owned(),
+                    origin_message_id: String::new(),
+                }),
+                text: part,
+                reply_to_message_id: reply_to.to_owned(),
+                ..Default::default()
+            };
+            if let Err(e) =
+                bus::publish(&self.js, subject.clone(), &id, codec::encode(message)).await
+            {
+                tracing::warn!(error = %e, "cannot send a chat reply");
+            }
+        }
+    }
+}

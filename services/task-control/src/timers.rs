@@ -1,0 +1,51 @@
+//! The clock loop: every tick it expires questions, sends reminders, recovers lost leases and
+//! enforces the running-time bound. Any number of replicas may run it at once; the store takes
+//! rows with `FOR UPDATE SKIP LOCKED`.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::shared::Shared;
+
+/// How often the loop looks for due work.
+pub const TICK: Duration = Duration::from_millis(500);
+const BATCH: i64 = 200;
+
+pub async fn run(shared: Shared, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = sweep(&shared).await {
+            tracing::warn!(error = %e, "timer sweep failed; retrying at the next tick");
+        }
+    }
+}
+
+/// One pass over everything the clock drives.
+pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
+    let task = &shared.config.task;
+    let store = &shared.store;
+    let expired = store.expire_due(BATCH).await?;
+    let reminded = store.remind_due(task.remind_before.0, BATCH).await?;
+    let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
+    let recovered = store.recover_leases(max_attempts, BATCH).await?;
+    let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
+    for id in &overtime {
+        shared.cancel_hint(*id).await;
+    }
+    if expired + reminded + recovered + overtime.len() > 0 {
+        tracing::info!(
+            expired,
+            reminded,
+            recovered,
+            overtime = overtime.len(),
+            "timers fired"
+        );
+    }
+    Ok(())
+}

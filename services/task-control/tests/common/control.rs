@@ -1,0 +1,368 @@
+//! A real task-control (the same `App` production runs) on a fresh database and namespace, with
+//! helpers that play the gateway (publish chat messages, read outbound ones) and a worker (send
+//! control requests) over the real NATS.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures_util::StreamExt;
+use hark_control::{app::App, store::Store};
+use hark_core::{
+    bus::{self, ControlOp, Names},
+    codec,
+    config::Config,
+};
+use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+
+pub const PLATFORM: &str = "qq";
+pub const BOT: &str = "42";
+pub const GROUP: &str = "group:777";
+
+pub fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+pub struct TestControl {
+    pub store: Store,
+    pub names: Names,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+    pub grpc: String,
+    shutdown: CancellationToken,
+    handle: tokio::task::JoinHandle<()>,
+    db: super::TestDb,
+    outbound: PullConsumer,
+    jobs: PullConsumer,
+    next_message: std::sync::atomic::AtomicU64,
+}
+
+impl TestControl {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
+        let db = super::TestDb::new().await;
+        let mut config = Config::default();
+        config.database.url = format!("{}/{}", super::server_url(), db.name);
+        config.nats.url = nats_url();
+        config.nats.namespace = db.store.names().namespace().to_string();
+        config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
+        config.permission.admins = vec!["qq:1".parse().expect("owner")];
+        config.permission.users = vec![];
+        tweak(&mut config);
+        let names = db.store.names().clone();
+        let app = App::build(config).await.expect("task-control builds");
+        let grpc = format!("http://{}", app.grpc_addr());
+        let store = app.shared().store.clone();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move {
+            app.run_until_stopped(token)
+                .await
+                .expect("task-control runs");
+        });
+        let nats = async_nats::connect(nats_url()).await.expect("nats");
+        let js = jetstream::new(nats.clone());
+        let outbound = bus::ensure_consumer(
+            &js,
+            &names.chat_out_stream(),
+            bus::durable(
+                &names.gateway_consumer(PLATFORM, BOT).expect("name"),
+                names.chat_out(PLATFORM, BOT).expect("subject"),
+                Duration::from_secs(30),
+                -1,
+            ),
+        )
+        .await
+        .expect("outbound consumer");
+        let jobs = js
+            .get_consumer_from_stream(Names::WORKER_CONSUMER, names.task_run_stream())
+            .await
+            .expect("worker consumer");
+        Self {
+            store,
+            names,
+            nats,
+            js,
+            grpc,
+            shutdown,
+            handle,
+            db,
+            outbound,
+            jobs,
+            next_message: 1.into(),
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.handle.await;
+        for config in self.names.stream_configs() {
+            let _ = self.js.delete_stream(&config.name).await;
+        }
+        self.db.drop().await;
+    }
+
+    pub async fn client(&self) -> TaskServiceClient<tonic::transport::Channel> {
+        TaskServiceClient::connect(self.grpc.clone())
+            .await
+            .expect("gRPC connects")
+    }
+
+    /// A fresh platform message id.
+    pub fn message_id(&self) -> String {
+        format!(
+            "m{}",
+            self.next_message
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )
+    }
+
+    /// Publishes a chat message as the gateway would; returns its platform message id.
+    pub async fn say(&self, stream: &str, user: &str, text: &str) -> String {
+        self.say_quoting(stream, user, text, "").await
+    }
+
+    pub async fn say_quoting(&self, stream: &str, user: &str, text: &str, quoted: &str) -> String {
+        let id = self.message_id();
+        self.publish_chat(
+            stream,
+            user,
+            text,
+            quoted,
+            &id,
+            &Names::chat_in_msg_id(PLATFORM, BOT, &id),
+        )
+        .await;
+        id
+    }
+
+    pub async fn publish_chat(
+        &self,
+        stream: &str,
+        user: &str,
+        text: &str,
+        quoted: &str,
+        id: &str,
+        dedup: &str,
+    ) {
+        let message = pb::ChatMessage {
+            platform: PLATFORM.into(),
+            bot_id: BOT.into(),
+            stream: stream.into(),
+            sender: Some(pb::Sender {
+                user_id: user.into(),
+                nickname: format!("user {user}"),
+            }),
+            text: text.into(),
+            quoted_message_id: quoted.into(),
+            message_id: id.into(),
+            ..Default::default()
+        };
+        bus::publish(
+            &self.js,
+            self.names.chat_in(PLATFORM).expect("subject"),
+            dedup,
+            codec::encode(message),
+        )
+        .await
+        .expect("chat message published");
+    }
+
+    /// The next outbound chat message for the test bot, acknowledged as the gateway would.
+    pub async fn next_out(&self) -> pb::OutboundMessage {
+        self.try_next_out(Duration::from_secs(10))
+            .await
+            .expect("an outbound chat message within 10s")
+    }
+
+    pub async fn try_next_out(&self, wait: Duration) -> Option<pb::OutboundMessage> {
+        let mut batch = self
+            .outbound
+            .fetch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .expect("fetch");
+        let message = batch.next().await?.expect("message");
+        message.ack().await.expect("ack");
+        Some(codec::decode(&message.payload).expect("outbound decodes"))
+    }
+
+    /// Reads outbound messages until one contains `needle`.
+    pub async fn out_containing(&self, needle: &str) -> pb::OutboundMessage {
+        for _ in 0..20 {
+            let out = self.next_out().await;
+            if out.text.contains(needle) {
+                return out;
+            }
+        }
+        panic!("no outbound message contained {needle:?}");
+    }
+
+    /// Asserts no outbound message arrives within `wait`.
+    pub async fn no_out(&self, wait: Duration) {
+        if let Some(out) = self.try_next_out(wait).await {
+            panic!("unexpected outbound message: {:?}", out.text);
+        }
+    }
+
+    /// The next run job, acknowledged as a worker would.
+    pub async fn next_job(&self) -> pb::RunJob {
+        self.try_next_job(Duration::from_secs(10))
+            .await
+            .expect("a run job within 10s")
+    }
+
+    pub async fn try_next_job(&self, wait: Duration) -> Option<pb::RunJob> {
+        let mut batch = self
+            .jobs
+            .fetch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .expect("fetch");
+        let message = batch.next().await?.expect("message");
+        message.ack().await.expect("ack");
+        Some(codec::decode(&message.payload).expect("job decodes"))
+    }
+
+    /// Sends a control request as a worker and decodes the response.
+    pub async fn request<Resp: Message + Default>(
+        &self,
+        op: ControlOp,
+        payload: bytes::Bytes,
+    ) -> Resp {
+        let reply = self
+            .nats
+            .request(self.names.control(op), payload)
+            .await
+            .expect("task-control answers control requests");
+        Resp::decode(reply.payload).expect("response decodes")
+    }
+
+    pub async fn claim(&self, job: &pb::RunJob, worker: &str) -> pb::ClaimResponse {
+        self.request(
+            ControlOp::Claim,
+            codec::encode(pb::ClaimRequest {
+                task_id: job.task_id.clone(),
+                generation: job.generation,
+                worker_id: worker.into(),
+                ..Default::default()
+            }),
+        )
+        .await
+    }
+
+    /// Claims the task of the next job and asks `question`; returns the lease and the handle.
+    pub async fn claim_and_ask(&self, question: &str, timeout_s: u32) -> (pb::Lease, String) {
+        let job = self.next_job().await;
+        let claimed = self.claim(&job, "w1").await;
+        assert!(
+            claimed.refusal.is_none(),
+            "claim refused: {:?}",
+            claimed.refusal
+        );
+        let lease = claimed.lease.expect("lease");
+        let asked = self.ask(&lease, 1, "call-1", question, timeout_s).await;
+        assert!(asked.refusal.is_none(), "ask refused: {:?}", asked.refusal);
+        (lease, asked.handle)
+    }
+
+    pub async fn ask(
+        &self,
+        lease: &pb::Lease,
+        round: u32,
+        call: &str,
+        question: &str,
+        timeout_s: u32,
+    ) -> pb::AskResponse {
+        let messages = serde_json::json!([{
+            "role": "assistant", "content": null,
+            "tool_calls": [{"id": call, "type": "function",
+                "function": {"name": "ask_user", "arguments": serde_json::json!({"question": question}).to_string()}}]
+        }]);
+        self.request(
+            ControlOp::Ask,
+            codec::encode(pb::AskRequest {
+                lease: Some(lease.clone()),
+                round: Some(pb::Round {
+                    number: round,
+                    messages_json: serde_json::to_vec(&messages).expect("json"),
+                }),
+                tool_call_id: call.into(),
+                question: question.into(),
+                context: String::new(),
+                timeout_s,
+                ..Default::default()
+            }),
+        )
+        .await
+    }
+
+    pub async fn checkpoint(&self, lease: &pb::Lease, round: u32) -> pb::ControlAck {
+        let messages =
+            serde_json::json!([{"role": "assistant", "content": format!("round {round}")}]);
+        self.request(
+            ControlOp::Checkpoint,
+            codec::encode(pb::CheckpointRequest {
+                lease: Some(lease.clone()),
+                round: Some(pb::Round {
+                    number: round,
+                    messages_json: serde_json::to_vec(&messages).expect("json"),
+                }),
+                ..Default::default()
+            }),
+        )
+        .await
+    }
+
+    pub async fn heartbeat(&self, lease: &pb::Lease) -> pb::HeartbeatResponse {
+        self.request(
+            ControlOp::Heartbeat,
+            codec::encode(pb::HeartbeatRequest {
+                lease: Some(lease.clone()),
+                ..Default::default()
+            }),
+        )
+        .await
+    }
+
+    /// Creates a task from the chat as `user` in `stream`; returns the task id from the reply.
+    pub async fn new_task_in_chat(&self, stream: &str, user: &str, goal: &str) -> String {
+        self.say(stream, user, &format!("/task new {goal}")).await;
+        let reply = self.out_containing("created").await;
+        let short = reply
+            .text
+            .split_whitespace()
+            .nth(1)
+            .expect("the reply names the task")
+            .to_owned();
+        let task = self
+            .store
+            .resolve_task(&short.parse().expect("short id"))
+            .await
+            .expect("task exists");
+        task.id.to_string()
+    }
+
+    /// Waits until `check` holds, polling; panics after 10s.
+    pub async fn eventually<F, Fut>(&self, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for _ in 0..200 {
+            if check().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("timed out waiting until {what}");
+    }
+}

@@ -1,0 +1,488 @@
+//! task-control end to end within one process: the real App on the real Postgres and NATS, with
+//! the tests playing the gateway (chat messages in, outbound messages read) and a worker
+//! (control requests).
+
+mod common;
+
+use std::time::Duration;
+
+use common::control::{GROUP, TestControl};
+use hark_core::{
+    bus::ControlOp,
+    codec,
+    domain::{QuestionOutcome, TaskId, TaskState},
+};
+use hark_proto::v1 as pb;
+
+fn task_id(id: &str) -> TaskId {
+    id.parse().expect("task id")
+}
+
+#[tokio::test]
+async fn a_reply_from_another_member_does_not_wake_the_task_but_the_owners_does() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "find a restaurant").await;
+    let (_, handle) = tc.claim_and_ask("Which city?", 0).await;
+    let shown = tc.out_containing("Which city?").await;
+    assert!(
+        shown.text.contains(&format!("#{handle}")),
+        "the question shows its handle"
+    );
+    assert!(!shown.question_id.is_empty());
+
+    tc.say(GROUP, "200", "Berlin!").await;
+    tc.no_out(Duration::from_millis(800)).await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(
+        task.state,
+        TaskState::WaitingInput,
+        "another member's message must not answer"
+    );
+
+    tc.say(GROUP, "100", "Paris").await;
+    let ack = tc.out_containing("continues").await;
+    assert!(ack.text.contains(&task_id(&id).short()));
+    let job = tc.next_job().await;
+    assert_eq!(job.reason, pb::RunReason::ResumeReply as i32);
+    let claimed = tc.claim(&job, "w2").await;
+    let resume = claimed
+        .resume
+        .expect("the answer is handed to the next worker");
+    assert_eq!(resume.text, "Paris");
+    assert_eq!(resume.tool_call_id, "call-1");
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_command_from_the_owner_is_not_taken_as_an_answer() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "write a haiku").await;
+    tc.claim_and_ask("About what?", 0).await;
+    tc.out_containing("About what?").await;
+
+    tc.say(GROUP, "100", "/task list").await;
+    let listing = tc.out_containing(&task_id(&id).short()).await;
+    assert!(listing.text.contains("waiting_input"));
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(
+        task.state,
+        TaskState::WaitingInput,
+        "a command must not answer"
+    );
+    let question = tc
+        .store
+        .open_question_of(task.id)
+        .await
+        .expect("query")
+        .expect("still open");
+    assert_eq!(question.outcome, QuestionOutcome::Open);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn answers_route_by_quote_then_by_handle_then_oldest_first() {
+    let tc = TestControl::start().await;
+    let mut tasks = Vec::new();
+    let mut handles = Vec::new();
+    let mut carriers = Vec::new();
+    for (i, q) in ["First?", "Second?", "Third?"].iter().enumerate() {
+        let id = tc
+            .new_task_in_chat(GROUP, "100", &format!("task {i}"))
+            .await;
+        let (_, handle) = tc.claim_and_ask(q, 0).await;
+        let shown = tc.out_containing(q).await;
+        // The gateway reports the platform message id of the question it delivered.
+        let platform_id = format!("bot-msg-{i}");
+        let receipt = pb::DeliveryReceipt {
+            outbound_id: shown.id.clone(),
+            question_id: shown.question_id.clone(),
+            platform_message_id: platform_id.clone(),
+            ..Default::default()
+        };
+        hark_core::bus::publish(
+            &tc.js,
+            tc.names.chat_receipt(),
+            &shown.id,
+            codec::encode(receipt),
+        )
+        .await
+        .expect("receipt published");
+        tasks.push(task_id(&id));
+        handles.push(handle);
+        carriers.push(platform_id);
+    }
+    let questions: Vec<_> = {
+        let mut out = Vec::new();
+        for t in &tasks {
+            out.push(
+                tc.store
+                    .open_question_of(*t)
+                    .await
+                    .expect("q")
+                    .expect("open"),
+            );
+        }
+        out
+    };
+    tc.eventually("receipts are recorded", || async {
+        tc.store
+            .get_question(questions[2].id)
+            .await
+            .expect("q")
+            .chat_message_id
+            .is_some()
+    })
+    .await;
+
+    // (a) Quoting the third question answers it, though it is the newest.
+    tc.say_quoting(GROUP, "100", "answer three", &carriers[2])
+        .await;
+    let ack = tc.out_containing("continues").await;
+    assert!(ack.text.contains(&tasks[2].short()));
+    assert!(ack.text.contains("2 more questions"), "{}", ack.text);
+    let q3 = tc.store.get_question(questions[2].id).await.expect("q");
+    assert_eq!(q3.answer.as_deref(), Some("answer three"));
+
+    // (b) A #handle picks the second, and the handle is stripped from the answer.
+    tc.say(GROUP, "100", &format!("#{} answer two", handles[1]))
+        .await;
+    let ack = tc.out_containing("continues").await;
+    assert!(ack.text.contains(&tasks[1].short()));
+    assert!(ack.text.contains("1 more question"), "{}", ack.text);
+    let q2 = tc.store.get_question(questions[1].id).await.expect("q");
+    assert_eq!(q2.answer.as_deref(), Some("answer two"));
+
+    // (c) Anything else goes to the oldest open question.
+    tc.say(GROUP, "100", "answer one").await;
+    let ack = tc.out_containing("continues").await;
+    assert!(ack.text.contains(&tasks[0].short()));
+    let q1 = tc.store.get_question(questions[0].id).await.expect("q");
+    assert_eq!(q1.answer.as_deref(), Some("answer one"));
+
+    // Quoting a question that is closed gets a polite reply, not silence.
+    tc.say_quoting(GROUP, "100", "again", &carriers[2]).await;
+    let late = tc.out_containing("closed").await;
+    assert!(late.text.contains(&format!("#{}", handles[2])));
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_inbound_message_is_applied_once() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "count sheep").await;
+    tc.claim_and_ask("How many?", 0).await;
+    tc.out_containing("How many?").await;
+    // The same platform message arrives twice, past the stream's own deduplication.
+    let msg = tc.message_id();
+    tc.publish_chat(GROUP, "100", "seven", "", &msg, "dup-1")
+        .await;
+    tc.publish_chat(GROUP, "100", "seven", "", &msg, "dup-2")
+        .await;
+    tc.out_containing("continues").await;
+    tc.no_out(Duration::from_millis(800)).await;
+    let job = tc.next_job().await;
+    assert_eq!(job.reason, pb::RunReason::ResumeReply as i32);
+    assert!(
+        tc.try_next_job(Duration::from_millis(500)).await.is_none(),
+        "one resume job only"
+    );
+    let audit = tc.store.transitions_of(task_id(&id)).await.expect("audit");
+    assert_eq!(audit.iter().filter(|t| t.event == "answer").count(), 1);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_question_resumes_the_task_with_a_notice_for_the_model() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "book a table").await;
+    tc.claim_and_ask("What time?", 1).await;
+    tc.out_containing("What time?").await;
+    let note = tc.out_containing("no answer within").await;
+    assert!(note.text.contains("goes on"));
+    let job = tc.next_job().await;
+    assert_eq!(job.reason, pb::RunReason::ResumeTimeout as i32);
+    let claimed = tc.claim(&job, "w2").await;
+    let resume = claimed.resume.expect("the expiry is handed over");
+    assert!(resume.expired);
+    assert!(
+        resume.text.contains("No answer came within 1s"),
+        "{}",
+        resume.text
+    );
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    assert_eq!(questions[0].outcome, QuestionOutcome::Expired);
+
+    // An answer after the expiry gets a short reply saying the question is closed.
+    tc.say(GROUP, "100", &format!("#{} 8pm", questions[0].handle))
+        .await;
+    let late = tc.out_containing("closed").await;
+    assert!(late.text.contains("expired"));
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_question_fails_the_task_under_the_fail_policy() {
+    let tc = TestControl::start().await;
+    tc.say(
+        GROUP,
+        "100",
+        "/task new --timeout 1s --on-timeout fail call the plumber",
+    )
+    .await;
+    let created = tc.out_containing("created").await;
+    let short = created
+        .text
+        .split_whitespace()
+        .nth(1)
+        .expect("id")
+        .to_owned();
+    tc.claim_and_ask("Which plumber?", 0).await;
+    tc.out_containing("Which plumber?").await;
+    tc.out_containing("failed").await;
+    let task = tc
+        .store
+        .resolve_task(&short.parse().expect("ref"))
+        .await
+        .expect("task");
+    assert_eq!(task.state, TaskState::Failed);
+    assert!(
+        task.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("no answer within 1s")
+    );
+    assert!(
+        tc.try_next_job(Duration::from_millis(500)).await.is_none(),
+        "a failed task is not resumed"
+    );
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_question_under_the_never_policy_has_no_deadline_and_stays_open() {
+    let tc = TestControl::start().await;
+    tc.say(GROUP, "100", "/task new --on-timeout never wait for me")
+        .await;
+    let created = tc.out_containing("created").await;
+    let short = created
+        .text
+        .split_whitespace()
+        .nth(1)
+        .expect("id")
+        .to_owned();
+    tc.claim_and_ask("Ready?", 1).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let task = tc
+        .store
+        .resolve_task(&short.parse().expect("ref"))
+        .await
+        .expect("task");
+    assert_eq!(task.state, TaskState::WaitingInput);
+    let q = tc
+        .store
+        .open_question_of(task.id)
+        .await
+        .expect("q")
+        .expect("still open");
+    assert!(q.deadline.is_none());
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_lease_resumes_from_the_checkpoint_and_the_stale_worker_is_refused() {
+    let tc = TestControl::start_with(|c| {
+        c.task.lease = "1s".parse().expect("duration");
+        c.task.max_attempts = 2;
+    })
+    .await;
+    let id = tc.new_task_in_chat(GROUP, "100", "long job").await;
+    let job = tc.next_job().await;
+    let first = tc.claim(&job, "w1").await;
+    let lease = first.lease.expect("lease");
+    assert!(tc.checkpoint(&lease, 1).await.refusal.is_none());
+    // w1 goes silent: no heartbeat. The lease expires and the task is queued again.
+    let job = tc.next_job().await;
+    assert_eq!(job.reason, pb::RunReason::Recover as i32);
+    let second = tc.claim(&job, "w2").await;
+    assert!(second.refusal.is_none());
+    assert_eq!(second.rounds.len(), 1, "the checkpoint survives");
+    assert_eq!(second.task.expect("spec").attempt, 2);
+
+    let stale = tc.checkpoint(&lease, 2).await;
+    let refusal = stale.refusal.expect("the stale worker is refused");
+    assert_eq!(refusal.reason, pb::RefusalReason::LeaseLost as i32);
+    let hb = tc.heartbeat(&lease).await;
+    assert_eq!(
+        hb.refusal.expect("refused").reason,
+        pb::RefusalReason::LeaseLost as i32
+    );
+
+    // w2 goes silent too: with max_attempts = 2 the task fails.
+    tc.eventually("the task fails after its last attempt", || async {
+        tc.store.get_task(task_id(&id)).await.expect("task").state == TaskState::Failed
+    })
+    .await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert!(task.error.as_deref().unwrap_or("").contains("max_attempts"));
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn heartbeats_keep_the_lease_and_hand_over_told_instructions() {
+    let tc = TestControl::start_with(|c| c.task.lease = "1s".parse().expect("duration")).await;
+    let id = tc.new_task_in_chat(GROUP, "100", "slow research").await;
+    let job = tc.next_job().await;
+    let lease = tc.claim(&job, "w1").await.lease.expect("lease");
+    tc.say(
+        GROUP,
+        "100",
+        &format!("/task tell {} use metric units", task_id(&id).short()),
+    )
+    .await;
+    let told = tc.out_containing("Told task").await;
+    assert!(told.text.contains("next round"), "{}", told.text);
+    let mut handed = Vec::new();
+    for _ in 0..6 {
+        let hb = tc.heartbeat(&lease).await;
+        assert!(
+            hb.refusal.is_none(),
+            "heartbeats keep the lease: {:?}",
+            hb.refusal
+        );
+        handed = hb.instructions;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(handed.len(), 1);
+    assert_eq!(handed[0].text, "use metric units");
+    assert_eq!(
+        tc.store.get_task(task_id(&id)).await.expect("task").state,
+        TaskState::Running
+    );
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat_and_the_worker() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "plan a party").await;
+    let (lease, _) = tc.claim_and_ask("How many guests?", 0).await;
+    tc.out_containing("How many guests?").await;
+    let mut hints = tc
+        .nats
+        .subscribe(tc.names.task_cancel(task_id(&id)))
+        .await
+        .expect("subscribe");
+
+    // Another member cannot cancel it.
+    tc.say(
+        GROUP,
+        "200",
+        &format!("/task cancel {}", task_id(&id).short()),
+    )
+    .await;
+    tc.out_containing("You have no task").await;
+
+    tc.say(
+        GROUP,
+        "100",
+        &format!("/task cancel {}", task_id(&id).short()),
+    )
+    .await;
+    tc.out_containing("cancelled").await;
+    let hint = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures_util::StreamExt::next(&mut hints),
+    )
+    .await;
+    assert!(matches!(hint, Ok(Some(_))), "the worker is told to stop");
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::Cancelled);
+    let questions = tc.store.questions_of(task.id).await.expect("questions");
+    assert_eq!(questions[0].outcome, QuestionOutcome::Cancelled);
+
+    // A late answer is told the question is closed; the old lease is refused as cancelled.
+    tc.say(GROUP, "100", &format!("#{} twelve", questions[0].handle))
+        .await;
+    tc.out_containing("closed").await;
+    let refused = tc.checkpoint(&lease, 2).await.refusal.expect("refused");
+    assert_eq!(refused.reason, pb::RefusalReason::Cancelled as i32);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn chat_commands_answer_plainly_and_respect_roles() {
+    let tc = TestControl::start_with(|c| {
+        c.permission.default_role = hark_core::domain::Role::Guest;
+        c.permission.users = vec!["qq:100".parse().expect("owner")];
+    })
+    .await;
+    tc.say(GROUP, "300", "/task new do something").await;
+    let refused = tc.out_containing("cannot create tasks").await;
+    assert!(refused.text.contains("guest"));
+
+    tc.say(GROUP, "100", "/task help").await;
+    tc.out_containing("/task new").await;
+    tc.say(GROUP, "100", "/task frobnicate").await;
+    tc.out_containing("unknown command").await;
+
+    let id = tc
+        .new_task_in_chat(GROUP, "100", "summarise the news")
+        .await;
+    let short = task_id(&id).short();
+    tc.say(GROUP, "100", &format!("/task status {}", &short[..6]))
+        .await;
+    let status = tc.out_containing("summarise the news").await;
+    assert!(status.text.contains("pending"));
+
+    let (lease, _) = tc.claim_and_ask("Which topics?", 0).await;
+    let _ = lease;
+    tc.say(GROUP, "100", &format!("/task history {short}"))
+        .await;
+    let history = tc.out_containing("round 1").await;
+    assert!(history.text.contains("ask_user"), "{}", history.text);
+    assert!(history.text.contains("Which topics?"));
+
+    // Admin (qq:1) lists everyone's tasks; a user may not.
+    tc.say(GROUP, "100", "/task list all").await;
+    tc.out_containing("Only admins").await;
+    tc.say(GROUP, "1", "/task list all").await;
+    let all = tc.out_containing(&short).await;
+    assert!(all.text.contains("qq:100"));
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_control_request_is_refused_without_harm() {
+    let tc = TestControl::start().await;
+    let reply: pb::ControlAck = tc
+        .request(
+            ControlOp::Checkpoint,
+            bytes::Bytes::from_static(&[0xff, 0x00, 0x13]),
+        )
+        .await;
+    assert_eq!(
+        reply.refusal.expect("refused").reason,
+        pb::RefusalReason::Invalid as i32
+    );
+    let claim: pb::ClaimResponse = tc
+        .request(
+            ControlOp::Claim,
+            codec::encode(pb::ClaimRequest {
+                task_id: "not-a-uuid".into(),
+                generation: 1,
+                worker_id: "w".into(),
+                ..Default::default()
+            }),
+        )
+        .await;
+    let refusal = claim.refusal.expect("refused");
+    assert_eq!(refusal.reason, pb::RefusalReason::Invalid as i32);
+    assert!(refusal.message.contains("not-a-uuid"));
+    // The service still works afterwards.
+    tc.new_task_in_chat(GROUP, "100", "still alive").await;
+    tc.stop().await;
+}

@@ -1,2 +1,268 @@
 //! The cross-service end-to-end suite: it starts the real `hark` binary as separate processes
-//! against the real Postgres and nats-server.
+//! against the real Postgres and nats-server, and talks to them the way users and bots do.
+//!
+//! This library holds the harness: [`Env`] gives each test a database and a NATS namespace of
+//! its own, and [`Process`] runs one `hark` role and kills it (SIGKILL) on demand or on drop.
+
+use std::{collections::BTreeMap, net::TcpListener, path::PathBuf, process::Stdio, time::Duration};
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures_util::StreamExt;
+use hark_core::{
+    bus::{ControlOp, Names},
+    codec,
+};
+use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use prost::Message;
+use tokio::process::{Child, Command};
+
+pub fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("HARK_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// The `hark` binary cargo built beside this test.
+pub fn hark_binary() -> PathBuf {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_hark") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/hark
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target directory");
+    let bin = dir.join("hark");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it with `cargo build -p hark` (cargo test --workspace does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// One test's installation: its own database, namespace and ports.
+#[derive(Debug)]
+pub struct Env {
+    pub namespace: String,
+    pub database: String,
+    pub grpc_port: u16,
+    pub gateway_port: u16,
+    /// Extra `HARK_…` variables given to every process.
+    pub vars: BTreeMap<String, String>,
+    pub names: Names,
+    pub nats: async_nats::Client,
+    pub js: jetstream::Context,
+}
+
+impl Env {
+    pub async fn new() -> Self {
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
+        let namespace = format!("e{tag}");
+        let nats = async_nats::connect(nats_url()).await.expect(
+            "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
+        );
+        Self {
+            names: Names::new(namespace.parse().expect("namespace")),
+            namespace,
+            database: format!("hark_e2e_{tag}"),
+            grpc_port: free_port(),
+            gateway_port: free_port(),
+            vars: BTreeMap::new(),
+            js: jetstream::new(nats.clone()),
+            nats,
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.vars.insert(key.to_owned(), value.to_owned());
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// The environment every process of this installation gets.
+    pub fn process_env(&self) -> BTreeMap<String, String> {
+        let mut vars = BTreeMap::from([
+            ("HARK_NATS__URL".to_owned(), nats_url()),
+            ("HARK_NATS__NAMESPACE".to_owned(), self.namespace.clone()),
+            (
+                "HARK_DATABASE__URL".to_owned(),
+                format!("{}/{}", postgres_url(), self.database),
+            ),
+            (
+                "HARK_CONTROL__GRPC_LISTEN".to_owned(),
+                format!("127.0.0.1:{}", self.grpc_port),
+            ),
+            (
+                "HARK_GATEWAY__LISTEN".to_owned(),
+                format!("127.0.0.1:{}", self.gateway_port),
+            ),
+            ("HARK_LOG__FILTER".to_owned(), "info".to_owned()),
+        ]);
+        vars.extend(self.vars.clone());
+        vars
+    }
+
+    /// Starts `hark <args…>` with this installation's environment plus `extra`.
+    pub fn spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Process {
+        let mut command = Command::new(hark_binary());
+        command
+            .args(args)
+            .env_remove("HARK_CONFIG")
+            .envs(self.process_env())
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let child = command.spawn().expect("the hark binary starts");
+        Process {
+            name: args.join(" "),
+            child,
+        }
+    }
+
+    /// A gRPC client, once task-control answers.
+    pub async fn client(&self) -> TaskServiceClient<tonic::transport::Channel> {
+        for _ in 0..300 {
+            if let Ok(client) = TaskServiceClient::connect(self.grpc_url()).await {
+                return client;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "task-control did not answer on {} within 30s",
+            self.grpc_url()
+        );
+    }
+
+    /// The run jobs consumer, as workers use it.
+    pub async fn jobs(&self) -> PullConsumer {
+        for _ in 0..300 {
+            if let Ok(c) = self
+                .js
+                .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())
+                .await
+            {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the run job stream was not created within 30s");
+    }
+
+    /// Sends a worker control request and decodes the response.
+    pub async fn request<Resp: Message + Default>(
+        &self,
+        op: ControlOp,
+        payload: bytes::Bytes,
+    ) -> Resp {
+        let reply = self
+            .nats
+            .request(self.names.control(op), payload)
+            .await
+            .expect("task-control answers control requests");
+        Resp::decode(reply.payload).expect("response decodes")
+    }
+
+    /// Deletes the streams and the database. Processes must be stopped first.
+    pub async fn cleanup(self) {
+        for config in self.names.stream_configs() {
+            let _ = self.js.delete_stream(&config.name).await;
+        }
+        let _ = Command::new("psql")
+            .args([
+                &format!("{}/postgres", postgres_url()),
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .await;
+    }
+}
+
+/// Fetches up to `max` messages, waiting at most `wait`; each is acked.
+pub async fn fetch<M: codec::Versioned>(
+    consumer: &PullConsumer,
+    max: usize,
+    wait: Duration,
+) -> Vec<M> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(max)
+        .expires(wait)
+        .messages()
+        .await
+        .expect("fetch");
+    let mut out = Vec::new();
+    while let Some(message) = batch.next().await {
+        let message = message.expect("message");
+        message.ack().await.expect("ack");
+        out.push(codec::decode(&message.payload).expect("decodes"));
+    }
+    out
+}
+
+/// A running `hark` process.
+#[derive(Debug)]
+pub struct Process {
+    pub name: String,
+    child: Child,
+}
+
+impl Process {
+    /// SIGKILL: no shutdown, no flushing.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+
+    /// Waits for the process to exit by itself; returns whether it did within `wait`.
+    pub async fn exited_within(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(wait, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub async fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        self.exited_within(Duration::from_secs(20)).await
+    }
+}
+
+/// Claims the task of `job` as `worker`.
+pub async fn claim(env: &Env, job: &pb::RunJob, worker: &str) -> pb::ClaimResponse {
+    env.request(
+        ControlOp::Claim,
+        codec::encode(pb::ClaimRequest {
+            task_id: job.task_id.clone(),
+            generation: job.generation,
+            worker_id: worker.into(),
+            ..Default::default()
+        }),
+    )
+    .await
+}

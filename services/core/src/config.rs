@@ -3,7 +3,7 @@
 //! The file is named by `--config PATH` or `HARK_CONFIG`; without one, the defaults below run
 //! hark against NATS on 127.0.0.1:4222 and Postgres on 127.0.0.1:5432. Any key can be set with
 //! `HARK_<SECTION>__<KEY>` (`HARK_TASK__MAX_ROUNDS=50`, `HARK_GATEWAY__ONEBOT__ACCESS_TOKEN=…`);
-//! lists take comma-separated values. Unknown keys and bad values stop start-up with a message
+//! lists take comma-separated values. `HARK_` variables without a `__` are not configuration. Unknown keys and bad values stop start-up with a message
 //! naming the key and what was expected.
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path};
@@ -333,7 +333,9 @@ impl Config {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            if var == ENV_CONFIG_FILE {
+            // Config keys always have a section (`HARK_TASK__MAX_ROUNDS`); other HARK_ variables
+            // (HARK_CONFIG, HARK_FAILPOINT, HARK_TEST_…) are not configuration.
+            if !rest.contains("__") {
                 continue;
             }
             let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();

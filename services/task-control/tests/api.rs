@@ -1,0 +1,318 @@
+//! The gRPC API of task-control against the real Postgres and NATS.
+
+mod common;
+
+use std::time::Duration;
+
+use common::control::TestControl;
+use futures_util::StreamExt;
+use hark_core::{bus::ControlOp, codec};
+use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use tonic::{Code, Request};
+
+fn create(owner: &str, goal: &str) -> pb::CreateTaskRequest {
+    pb::CreateTaskRequest {
+        owner: owner.into(),
+        goal: goal.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_task_without_a_chat_is_watched_and_answered_over_grpc() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let task = api
+        .create_task(create("api:alice", "pick a colour"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(task.state, pb::TaskState::Pending as i32);
+    assert!(task.chat.is_none());
+
+    let mut watch = api
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task.id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.next().await.expect("an event").expect("ok");
+    assert_eq!(first.state, pb::TaskState::Pending as i32);
+
+    // A worker claims it and asks; with no chat the question is open for the API.
+    let (lease, handle) = tc.claim_and_ask("Red or blue?", 0).await;
+    let questions = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "api:alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .questions;
+    assert_eq!(questions.len(), 1);
+    assert_eq!(questions[0].handle, handle);
+    assert_eq!(questions[0].outcome, pb::QuestionOutcome::Open as i32);
+
+    let answered = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: questions[0].id.clone(),
+            answer: "blue".into(),
+            answerer: "api:alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(answered.question.expect("q").answer, "blue");
+    drop(lease);
+
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    assert_eq!(claimed.resume.expect("resume").text, "blue");
+    let done: pb::ControlAck = tc
+        .request(
+            ControlOp::Complete,
+            codec::encode(pb::CompleteRequest {
+                lease: claimed.lease,
+                result: "Blue it is.".into(),
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert!(done.refusal.is_none());
+
+    // The watch saw every change and closes after the terminal one.
+    let mut states = vec![first.state];
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the watch ends in time")
+    {
+        states.push(event.expect("ok").state);
+    }
+    use pb::TaskState as S;
+    assert_eq!(
+        states,
+        [
+            S::Pending,
+            S::Running,
+            S::WaitingInput,
+            S::Pending,
+            S::Running,
+            S::Completed
+        ]
+        .map(|s| s as i32)
+    );
+    let got = api
+        .get_task(pb::GetTaskRequest {
+            task_id: task.id[..8].into(),
+        })
+        .await
+        .expect("get by prefix")
+        .into_inner();
+    assert_eq!(got.task.expect("task").result, "Blue it is.");
+    assert_eq!(got.questions.len(), 1);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn errors_carry_the_right_code_and_name_what_was_wrong() {
+    let tc =
+        TestControl::start_with(|c| c.permission.default_role = hark_core::domain::Role::Guest)
+            .await;
+    let mut api = tc.client().await;
+
+    let err = api
+        .get_task(pb::GetTaskRequest {
+            task_id: "zz".into(),
+        })
+        .await
+        .expect_err("bad id");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("task_id"), "{}", err.message());
+
+    let err = api
+        .get_task(pb::GetTaskRequest {
+            task_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(err.code(), Code::NotFound);
+
+    let err = api
+        .create_task(create("qq:5", "x"))
+        .await
+        .expect_err("guest");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let err = api
+        .create_task(create("nobody", "x"))
+        .await
+        .expect_err("bad owner");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("owner"));
+    let err = api
+        .create_task(create("qq:1", "  "))
+        .await
+        .expect_err("empty goal");
+    assert!(err.message().contains("goal"));
+    let mut bad_chat = create("qq:1", "g");
+    bad_chat.chat = Some(pb::ChatRoute {
+        platform: "qq".into(),
+        bot_id: "4.2".into(),
+        stream: "group:1".into(),
+        origin_message_id: String::new(),
+    });
+    let err = api.create_task(bad_chat).await.expect_err("bad bot id");
+    assert!(err.message().contains("chat.bot_id"), "{}", err.message());
+
+    // qq:1 is an admin in the test config.
+    let task = api
+        .create_task(create("qq:1", "g"))
+        .await
+        .expect("admin creates")
+        .into_inner()
+        .task
+        .expect("t");
+    let (_, _) = tc.claim_and_ask("Sure?", 0).await;
+    let open = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "qq:1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .questions;
+    let err = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: open[0].id.clone(),
+            answer: "yes".into(),
+            answerer: "qq:2".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not the owner");
+    assert_eq!(err.code(), Code::PermissionDenied);
+
+    api.cancel_task(pb::CancelTaskRequest {
+        task_id: task.id.clone(),
+        reason: String::new(),
+    })
+    .await
+    .expect("cancelled");
+    let err = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.id.clone(),
+            answer: "yes".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("no open question");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let err = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: open[0].id.clone(),
+            answer: "yes".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("closed question");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("closed"), "{}", err.message());
+    let err = api
+        .tell_task(pb::TellTaskRequest {
+            task_id: task.id.clone(),
+            instruction: "hurry".into(),
+            author: String::new(),
+        })
+        .await
+        .expect_err("ended");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn with_api_tokens_set_only_a_caller_with_one_gets_in() {
+    let tc = TestControl::start_with(|c| c.control.api_tokens = vec!["s3cret".into()]).await;
+    let mut api = tc.client().await;
+    let err = api
+        .list_tasks(pb::ListTasksRequest::default())
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    let mut wrong = Request::new(pb::ListTasksRequest::default());
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer nope".parse().expect("header"));
+    assert_eq!(
+        api.list_tasks(wrong).await.expect_err("wrong").code(),
+        Code::Unauthenticated
+    );
+
+    let mut right = Request::new(pb::ListTasksRequest::default());
+    right
+        .metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().expect("header"));
+    api.list_tasks(right)
+        .await
+        .expect("the right token is let in");
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn health_reports_serving_and_tasks_page_newest_first() {
+    let tc = TestControl::start().await;
+    let channel = tonic::transport::Channel::from_shared(tc.grpc.clone())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "hark.v1.TaskService".into(),
+        })
+        .await
+        .expect("health")
+        .into_inner();
+    assert_eq!(
+        status.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+
+    let mut api = TaskServiceClient::new(channel);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let task = api
+            .create_task(create("api:bob", &format!("t{i}")))
+            .await
+            .expect("create");
+        ids.push(task.into_inner().task.expect("t").id);
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = api
+            .list_tasks(pb::ListTasksRequest {
+                owner: "api:bob".into(),
+                page_size: 2,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("page")
+            .into_inner();
+        seen.extend(page.tasks.into_iter().map(|t| t.id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    ids.reverse();
+    assert_eq!(seen, ids);
+    tc.stop().await;
+}

@@ -1,3 +1,17 @@
-//! agent-worker: runs the LLM tool loop of one task at a time per slot, keeping nothing between
-//! jobs. It pulls run jobs from `TASK_RUN`, claims the task from task-control, and hands every
-//! round, question and result back to task-control.
+//! agent-worker: runs the LLM tool loop, keeping nothing between jobs.
+//!
+//! - [`worker`] pulls run jobs from `TASK_RUN`, claims tasks from task-control and runs them in
+//!   a bounded number of slots; a waiting task holds no slot and no memory.
+//! - [`agent`] is the loop of one task: LLM call, tools, checkpoint, until a final answer, a
+//!   question (the task is handed back and forgotten), cancellation or the round limit.
+//! - [`tools`] is the tool registry: schemas, roles, visibility, argument checks.
+//! - [`control`] is the client of task-control's control requests.
+//! - [`llm`] is the OpenAI-compatible chat-completions client.
+//! - [`scripted`] is a scripted LLM server for tests and the demo model.
+
+pub mod agent;
+pub mod control;
+pub mod llm;
+pub mod scripted;
+pub mod tools;
+pub mod worker;

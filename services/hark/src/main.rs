@@ -8,6 +8,11 @@ use hark_core::{
     bus::{self, Names},
     config::Config,
 };
+use hark_worker::{
+    llm,
+    scripted::{Script, ScriptedLlm},
+    worker::Worker,
+};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -32,6 +37,12 @@ enum Command {
     Config,
     /// Run task-control: the gRPC API, chat commands, answer routing, timers and worker requests.
     Control,
+    /// Run an agent worker: pulls run jobs and runs the LLM tool loop.
+    Worker {
+        /// This worker's name in leases and logs (default: host name and process id).
+        #[arg(long, env = "HARK_WORKER_ID")]
+        id: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -52,6 +63,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&config);
     match cli.command {
         Command::Migrate => migrate(&config).await,
+        Command::Worker { id } => {
+            let (settings, _demo) = llm_settings(&config).await?;
+            let id = id.unwrap_or_else(default_worker_id);
+            let worker = Worker::build(&config, settings, id).await?;
+            worker.run_until_stopped(shutdown_on_signal()).await?;
+            Ok(())
+        }
         Command::Control => {
             let app = hark_control::app::App::build(config).await?;
             tracing::info!(grpc = %app.grpc_addr(), "task-control started");
@@ -99,6 +117,35 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// A worker id unique on this host: host name and process id.
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// The LLM the workers use: the configured one, or, with no `llm.base_url`, the built-in demo
+/// model served on a local port. The returned server must live as long as the workers.
+async fn llm_settings(config: &Config) -> anyhow::Result<(llm::Settings, Option<ScriptedLlm>)> {
+    if !config.llm.base_url.is_empty() {
+        return Ok((llm::Settings::from_config(&config.llm), None));
+    }
+    let demo = ScriptedLlm::with_default(Script::demo())
+        .await
+        .context("cannot start the demo model")?;
+    tracing::warn!(
+        url = demo.base_url(),
+        "NO LLM CONFIGURED: using hark's built-in demo model, which asks one question and then finishes. \
+         Set llm.base_url (HARK_LLM__BASE_URL), llm.api_key and llm.model to use a real one."
+    );
+    let mut settings = llm::Settings::from_config(&config.llm);
+    settings.base_url = demo.base_url();
+    Ok((settings, Some(demo)))
 }
 
 fn init_tracing(config: &Config) {

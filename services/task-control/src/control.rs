@@ -339,7 +339,11 @@ async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
     }
     shared
         .store
-        .send(&lease, &request.text)
+        .send(
+            &lease,
+            &request.text,
+            (!request.idempotency_key.is_empty()).then_some(request.idempotency_key.as_str()),
+        )
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))

@@ -278,12 +278,7 @@ impl Store {
         change
             .outbox
             .push(self.event_msg(change.task, to, next_generation, change.event.as_str()));
-        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = change
-            .outbox
-            .into_iter()
-            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
-            .unzip();
-        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        let (subjects, msg_ids, payloads) = columns(change.outbox);
         let sql = concat!(
             "WITH t AS (
                 UPDATE tasks SET
@@ -347,11 +342,7 @@ impl Store {
         if outbox.is_empty() {
             return Ok(());
         }
-        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = outbox
-            .into_iter()
-            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
-            .unzip();
-        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        let (subjects, msg_ids, payloads) = columns(outbox);
         sqlx::query(
             "INSERT INTO outbox (subject, msg_id, payload)
              SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])",
@@ -1009,23 +1000,25 @@ impl Store {
     }
 
     /// Queues a progress message to the task's chat, if the lease still holds.
-    pub async fn send(&self, lease: &Lease, text: &str) -> Result<bool, Error> {
+    /// Queues a progress message to the task's chat, if the lease still holds. With an
+    /// idempotency key, sending again under the same key changes nothing.
+    pub async fn send(&self, lease: &Lease, text: &str, key: Option<&str>) -> Result<bool, Error> {
         let Some(route) = self.chat_of(lease.task).await? else {
             return Ok(false);
         };
-        let outbox = self.chat_msgs(&route, text, None, None);
-        let (subjects, rest): (Vec<String>, Vec<(String, Vec<u8>)>) = outbox
-            .into_iter()
-            .map(|o| (o.subject, (o.msg_id, o.payload.to_vec())))
-            .unzip();
-        let (msg_ids, payloads): (Vec<String>, Vec<Vec<u8>>) = rest.into_iter().unzip();
+        let (subjects, msg_ids, payloads) = columns(self.chat_msgs(&route, text, None, None));
         let held: bool = sqlx::query_scalar(
             "WITH t AS (
                 SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
+            ), fresh AS (
+                INSERT INTO applied_inbound (key, task_id)
+                SELECT 'send:' || $7, id FROM t WHERE $7::text IS NOT NULL
+                ON CONFLICT DO NOTHING
+                RETURNING 1
             ), o AS (
                 INSERT INTO outbox (subject, msg_id, payload)
                 SELECT s, m, p FROM unnest($4::text[], $5::text[], $6::bytea[]) AS x(s, m, p)
-                WHERE EXISTS (SELECT 1 FROM t)
+                WHERE EXISTS (SELECT 1 FROM t) AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM fresh))
             )
             SELECT EXISTS (SELECT 1 FROM t)",
         )
@@ -1035,6 +1028,7 @@ impl Store {
         .bind(subjects)
         .bind(msg_ids)
         .bind(payloads)
+        .bind(key)
         .fetch_one(&self.pool)
         .await?;
         if !held {
@@ -1101,6 +1095,19 @@ impl Store {
             .await?;
         Ok(())
     }
+}
+
+/// The outbox messages as three parallel arrays, for `unnest`.
+fn columns(outbox: Vec<Outgoing>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>>) {
+    let mut subjects = Vec::with_capacity(outbox.len());
+    let mut msg_ids = Vec::with_capacity(outbox.len());
+    let mut payloads = Vec::with_capacity(outbox.len());
+    for o in outbox {
+        subjects.push(o.subject);
+        msg_ids.push(o.msg_id);
+        payloads.push(o.payload.to_vec());
+    }
+    (subjects, msg_ids, payloads)
 }
 
 fn resume_of(question: &QuestionRow) -> Option<Resume> {

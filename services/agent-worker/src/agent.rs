@@ -1,0 +1,301 @@
+//! The loop of one claimed task: an LLM call per round, the tool calls executed, the round
+//! checkpointed, until the model answers without tools (the task completes), asks its owner (the
+//! task is handed back to task-control and forgotten), is cancelled, or hits the round limit.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex},
+};
+
+use hark_core::domain::Role;
+use hark_proto::v1 as pb;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    control::ControlClient,
+    llm,
+    tools::{Kind, Registry},
+};
+
+/// How a run ended, from the worker's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    /// The task waits for an answer; the worker has nothing more to do with it.
+    Suspended,
+    Failed,
+    /// Cancelled, lease lost, or task-control unreachable: stop and write nothing more.
+    Stopped(String),
+}
+
+/// Instructions handed over by heartbeats while the loop runs, deduplicated by id.
+#[derive(Debug, Default, Clone)]
+pub struct Inbox {
+    inner: Arc<Mutex<(Vec<pb::Instruction>, HashSet<String>)>>,
+}
+
+impl Inbox {
+    pub fn push(&self, instructions: Vec<pb::Instruction>) {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (queue, seen) = &mut *guard;
+        for instruction in instructions {
+            if seen.insert(instruction.id.clone()) {
+                queue.push(instruction);
+            }
+        }
+    }
+
+    fn take(&self) -> Vec<pb::Instruction> {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut guard.0)
+    }
+}
+
+/// What every run shares.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    pub control: ControlClient,
+    pub llm: llm::Client,
+    pub registry: Arc<Registry>,
+    pub worker_id: String,
+    pub max_rounds: u32,
+}
+
+fn system_prompt(spec: &pb::TaskSpec) -> String {
+    let mut prompt = format!(
+        "You are hark, an assistant working in the background on a task for {owner}. \
+         The task's goal is the next message.\n\
+         Work step by step with your tools. When you lack information that only {owner} has, or need \
+         their decision, call ask_user with one short, specific question: the task pauses until they \
+         answer in their chat, and the answer comes back as the tool result. Do not ask about what you \
+         can find out or decide yourself.\n",
+        owner = spec.owner
+    );
+    if !spec.can_ask {
+        prompt.push_str("Nobody can answer questions for this task: do not call ask_user.\n");
+    }
+    prompt.push_str(
+        "When you are done, reply without calling any tool. That reply is sent to the owner as the \
+         result: begin by saying plainly whether the task succeeded, then give the result.",
+    );
+    prompt
+}
+
+fn tool_message(call_id: &str, content: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": call_id, "content": content})
+}
+
+fn instruction_message(instruction: &pb::Instruction) -> Value {
+    json!({"role": "user", "content": format!("[instruction from {}] {}", instruction.author, instruction.text)})
+}
+
+fn round(number: u32, messages: &[Value]) -> pb::Round {
+    pb::Round {
+        number,
+        messages_json: serde_json::to_vec(messages).unwrap_or_else(|_| b"[]".to_vec()),
+    }
+}
+
+/// A question the model asked in this round.
+struct PendingAsk {
+    call_id: String,
+    question: String,
+    context: String,
+    timeout_s: u32,
+}
+
+impl Runner {
+    /// Runs a claimed task until it completes, suspends, fails or must stop.
+    pub async fn run(
+        &self,
+        claimed: pb::ClaimResponse,
+        cancel: CancellationToken,
+        inbox: Inbox,
+    ) -> Outcome {
+        let (Some(spec), Some(lease)) = (claimed.task.clone(), claimed.lease.clone()) else {
+            return Outcome::Stopped("the claim carried no task or lease".into());
+        };
+        let role: Role = spec.owner_role.parse().unwrap_or(Role::Guest);
+        let mut history: Vec<Value> = Vec::new();
+        for stored in &claimed.rounds {
+            match serde_json::from_slice::<Vec<Value>>(&stored.messages_json) {
+                Ok(messages) => history.extend(messages),
+                Err(e) => {
+                    let error = format!(
+                        "round {} of the checkpoint is unreadable: {e}",
+                        stored.number
+                    );
+                    return self.fail(&lease, &error).await;
+                }
+            }
+        }
+        let mut number = claimed.rounds.last().map_or(0, |r| r.number);
+        let mut pending: Vec<Value> = Vec::new();
+        let mut consumed: Vec<String> = Vec::new();
+        if history.is_empty() {
+            pending.push(json!({"role": "system", "content": system_prompt(&spec)}));
+            pending.push(json!({"role": "user", "content": spec.goal}));
+        }
+        if let Some(resume) = &claimed.resume {
+            pending.push(tool_message(&resume.tool_call_id, &resume.text));
+        }
+        inbox.push(claimed.instructions.clone());
+        let offered = self.registry.offered();
+
+        loop {
+            if cancel.is_cancelled() {
+                return Outcome::Stopped("cancelled".into());
+            }
+            number += 1;
+            for instruction in inbox.take() {
+                pending.push(instruction_message(&instruction));
+                consumed.push(instruction.id);
+            }
+            if number > self.max_rounds {
+                let note = format!(
+                    "The task stopped after {} rounds (task.max_rounds) without a final answer.",
+                    self.max_rounds
+                );
+                let last = (!pending.is_empty()).then(|| round(number, &pending));
+                return match self.control.complete(&lease, last, &note).await {
+                    Ok(()) => Outcome::Completed,
+                    Err(e) => Outcome::Stopped(e.to_string()),
+                };
+            }
+            let mut messages = history.clone();
+            messages.extend(pending.iter().cloned());
+            let call_prefix = format!("r{number}");
+            let reply = tokio::select! {
+                _ = cancel.cancelled() => return Outcome::Stopped("cancelled during an LLM call".into()),
+                reply = self.llm.complete(&messages, &offered, &call_prefix) => reply,
+            };
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    return self
+                        .fail(&lease, &format!("the LLM call failed: {e}"))
+                        .await;
+                }
+            };
+            pending.push(reply.message.clone());
+            if reply.tool_calls.is_empty() {
+                let answer = reply.content.clone().unwrap_or_default();
+                let answer = if answer.trim().is_empty() {
+                    "(the model gave an empty answer)".to_owned()
+                } else {
+                    answer
+                };
+                return match self
+                    .control
+                    .complete(&lease, Some(round(number, &pending)), &answer)
+                    .await
+                {
+                    Ok(()) => Outcome::Completed,
+                    Err(e) => Outcome::Stopped(e.to_string()),
+                };
+            }
+
+            let mut ask: Option<PendingAsk> = None;
+            for call in &reply.tool_calls {
+                let key = format!("{}:{number}:{}", spec.id, call.id);
+                let result = match self.registry.check(call, role) {
+                    Err(error) => error,
+                    Ok(checked) => match checked.tool.kind {
+                        Kind::AskUser if !spec.can_ask => {
+                            "error: nobody can answer questions for this task. Decide without asking.".to_owned()
+                        }
+                        Kind::AskUser if ask.is_some() => {
+                            "error: ask one question at a time; ask this one after the first is answered.".to_owned()
+                        }
+                        Kind::AskUser => {
+                            let text = |k: &str| checked.arguments.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                            ask = Some(PendingAsk {
+                                call_id: call.id.clone(),
+                                question: text("question"),
+                                context: text("context"),
+                                timeout_s: checked
+                                    .arguments
+                                    .get("timeout_s")
+                                    .and_then(Value::as_u64)
+                                    .and_then(|t| u32::try_from(t).ok())
+                                    .unwrap_or(0),
+                            });
+                            continue;
+                        }
+                        Kind::SendMessage => {
+                            let text = checked.arguments.get("text").and_then(Value::as_str).unwrap_or("");
+                            match self.control.send(&lease, text, &key).await {
+                                Ok(()) => "sent".to_owned(),
+                                Err(e) if e.is_final() => return Outcome::Stopped(e.to_string()),
+                                Err(e) => format!("error: the message could not be sent: {e}"),
+                            }
+                        }
+                        Kind::ListTools => {
+                            let list: Vec<Value> = self
+                                .registry
+                                .discoverable(role)
+                                .into_iter()
+                                .map(|t| json!({"name": t.name, "description": t.description}))
+                                .collect();
+                            json!({"tools": list, "hint": "call get_tool_schema with a name, then call the tool"}).to_string()
+                        }
+                        Kind::GetToolSchema => {
+                            let name = checked.arguments.get("name").and_then(Value::as_str).unwrap_or("");
+                            match self.registry.get(name) {
+                                Some(tool) if tool.min_role <= role => tool.declaration().to_string(),
+                                _ => format!("error: there is no tool `{name}` you can use."),
+                            }
+                        }
+                        Kind::CurrentTime => time::OffsetDateTime::now_utc()
+                            .format(&time::format_description::well_known::Rfc3339)
+                            .unwrap_or_default(),
+                        Kind::WorkerInfo => json!({"worker_id": self.worker_id}).to_string(),
+                    },
+                };
+                pending.push(tool_message(&call.id, &result));
+            }
+
+            let this_round = round(number, &pending);
+            if let Some(ask) = ask {
+                let request = pb::AskRequest {
+                    lease: Some(lease.clone()),
+                    round: Some(this_round),
+                    consumed_instruction_ids: std::mem::take(&mut consumed),
+                    tool_call_id: ask.call_id,
+                    question: ask.question,
+                    context: ask.context,
+                    timeout_s: ask.timeout_s,
+                    ..Default::default()
+                };
+                return match self.control.ask(request).await {
+                    Ok(asked) => {
+                        tracing::info!(
+                            task = spec.id,
+                            handle = asked.handle,
+                            "task suspended on a question"
+                        );
+                        Outcome::Suspended
+                    }
+                    Err(e) => Outcome::Stopped(e.to_string()),
+                };
+            }
+            if let Err(e) = self
+                .control
+                .checkpoint(&lease, this_round, std::mem::take(&mut consumed))
+                .await
+            {
+                return Outcome::Stopped(e.to_string());
+            }
+            history.append(&mut pending);
+        }
+    }
+
+    async fn fail(&self, lease: &pb::Lease, error: &str) -> Outcome {
+        tracing::warn!(task = lease.task_id, error, "task failed");
+        match self.control.fail(lease, error).await {
+            Ok(()) => Outcome::Failed,
+            Err(e) => Outcome::Stopped(e.to_string()),
+        }
+    }
+}

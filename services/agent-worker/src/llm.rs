@@ -1,0 +1,309 @@
+//! An OpenAI-compatible chat-completions client.
+//!
+//! Works with OpenAI, DeepSeek, Qwen (DashScope compatible mode), SiliconFlow, Ollama and vLLM.
+//! The assistant message is kept exactly as the provider returned it, extras included (DeepSeek's
+//! thinking mode rejects a tool round whose `reasoning_content` is not sent back), with one
+//! repair: a tool call without an `id` gets one, since the tool result must name it. Arguments
+//! given as an object instead of a JSON string, and `content: null`, are accepted.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+/// Why a completion failed after its retries.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the LLM endpoint {url} answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("cannot reach the LLM endpoint {url}: {source}")]
+    Transport { url: String, source: reqwest::Error },
+    #[error("the LLM endpoint {url} returned a response without a message: {body}")]
+    Malformed { url: String, body: String },
+    #[error("the LLM call was cancelled")]
+    Cancelled,
+}
+
+impl Error {
+    fn retryable(&self) -> bool {
+        match self {
+            Error::Status { status, .. } => *status == 429 || *status >= 500,
+            Error::Transport { source, .. } => {
+                source.is_timeout() || source.is_connect() || source.is_request()
+            }
+            Error::Malformed { .. } | Error::Cancelled => false,
+        }
+    }
+}
+
+/// Settings of the client, from the `llm` section of the config.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub base_url: String,
+    pub api_key: String,
+    pub model: String,
+    pub extra_body: Map<String, Value>,
+    pub request_timeout: Duration,
+    pub max_retries: u32,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model gave them: usually a JSON string, sometimes an object.
+    pub arguments: Value,
+}
+
+/// The assistant's reply: the raw message to keep, and what it asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub message: Value,
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl Settings {
+    /// The settings of the `llm` config section.
+    pub fn from_config(config: &hark_core::config::LlmConfig) -> Self {
+        let extra_body = match serde_json::to_value(&config.extra_body) {
+            Ok(Value::Object(map)) => map,
+            _ => Map::new(),
+        };
+        Self {
+            base_url: config.base_url.clone(),
+            api_key: config.api_key.clone(),
+            model: config.model.clone(),
+            extra_body,
+            request_timeout: config.request_timeout.0,
+            max_retries: config.max_retries,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    url: String,
+    settings: Settings,
+}
+
+/// Installs ring as rustls's crypto provider, once per process.
+fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl Client {
+    pub fn new(settings: Settings) -> Result<Self, reqwest::Error> {
+        install_crypto();
+        let http = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("hark/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let url = format!(
+            "{}/chat/completions",
+            settings.base_url.trim_end_matches('/')
+        );
+        Ok(Self {
+            http,
+            url,
+            settings,
+        })
+    }
+
+    pub fn model(&self) -> &str {
+        &self.settings.model
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The request body: model, messages, tools, then the configured extra fields.
+    pub fn body(&self, messages: &[Value], tools: &[Value]) -> Value {
+        let mut body = Map::new();
+        if !self.settings.model.is_empty() {
+            body.insert("model".into(), json!(self.settings.model));
+        }
+        body.insert("messages".into(), Value::Array(messages.to_vec()));
+        if !tools.is_empty() {
+            body.insert("tools".into(), Value::Array(tools.to_vec()));
+        }
+        for (key, value) in &self.settings.extra_body {
+            body.insert(key.clone(), value.clone());
+        }
+        Value::Object(body)
+    }
+
+    /// One completion, retried with backoff on 429, 5xx, timeouts and connection errors,
+    /// honouring `Retry-After`. `call_prefix` names generated tool-call ids.
+    pub async fn complete(
+        &self,
+        messages: &[Value],
+        tools: &[Value],
+        call_prefix: &str,
+    ) -> Result<Reply, Error> {
+        let body = self.body(messages, tools);
+        let mut attempt = 0;
+        loop {
+            let (result, retry_after) = self.once(&body).await;
+            match result {
+                Ok(raw) => return parse_reply(&raw, &self.url, call_prefix),
+                Err(e) if e.retryable() && attempt < self.settings.max_retries => {
+                    let backoff = retry_after.unwrap_or_else(|| backoff(attempt));
+                    tracing::warn!(error = %e, attempt, wait_ms = backoff.as_millis() as u64, "LLM call failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn once(&self, body: &Value) -> (Result<Value, Error>, Option<Duration>) {
+        let mut request = self.http.post(&self.url).json(body);
+        if !self.settings.api_key.is_empty() {
+            request = request.bearer_auth(&self.settings.api_key);
+        }
+        let transport = |source| Error::Transport {
+            url: self.url.clone(),
+            source,
+        };
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => return (Err(transport(e)), None),
+        };
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|secs| Duration::from_secs_f64(secs.clamp(0.0, 120.0)));
+        let text = match response.text().await {
+            Ok(t) => t,
+            Err(e) => return (Err(transport(e)), retry_after),
+        };
+        if !status.is_success() {
+            let body: String = text.chars().take(500).collect();
+            return (
+                Err(Error::Status {
+                    url: self.url.clone(),
+                    status: status.as_u16(),
+                    body,
+                }),
+                retry_after,
+            );
+        }
+        match serde_json::from_str(&text) {
+            Ok(v) => (Ok(v), None),
+            Err(_) => (
+                Err(Error::Malformed {
+                    url: self.url.clone(),
+                    body: text.chars().take(500).collect(),
+                }),
+                None,
+            ),
+        }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(500) * 2u32.saturating_pow(attempt.min(5));
+    let jitter = Duration::from_millis(u64::from(uuid::Uuid::new_v4().as_bytes()[0]) * 2);
+    base.min(Duration::from_secs(16)) + jitter
+}
+
+/// Takes the first choice's message from a chat-completions response.
+pub fn parse_reply(raw: &Value, url: &str, call_prefix: &str) -> Result<Reply, Error> {
+    let malformed = || Error::Malformed {
+        url: url.to_owned(),
+        body: raw.to_string().chars().take(500).collect(),
+    };
+    let mut message = raw
+        .get("choices")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("message"))
+        .cloned()
+        .ok_or_else(malformed)?;
+    let object = message.as_object_mut().ok_or_else(malformed)?;
+    object.entry("role").or_insert_with(|| json!("assistant"));
+    let content = object
+        .get("content")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = object.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for (index, call) in calls.iter_mut().enumerate() {
+            let Some(call) = call.as_object_mut() else {
+                continue;
+            };
+            let id = match call
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+            {
+                Some(id) => id.to_owned(),
+                None => {
+                    let id = format!("{call_prefix}_{index}");
+                    call.insert("id".into(), json!(id));
+                    id
+                }
+            };
+            call.entry("type").or_insert_with(|| json!("function"));
+            let function = call.get("function").cloned().unwrap_or(Value::Null);
+            let name = function
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let arguments = function.get("arguments").cloned().unwrap_or(Value::Null);
+            tool_calls.push(ToolCall {
+                id,
+                name,
+                arguments,
+            });
+        }
+    }
+    Ok(Reply {
+        message,
+        content,
+        tool_calls,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extras_are_kept_and_missing_call_ids_are_filled_in() {
+        let raw = json!({"choices": [{"message": {
+            "role": "assistant", "content": null, "reasoning_content": "thinking…",
+            "tool_calls": [{"type": "function", "function": {"name": "ask_user", "arguments": {"question": "Q?"}}}]
+        }}]});
+        let reply = parse_reply(&raw, "u", "r3").expect("parses");
+        assert_eq!(reply.message["reasoning_content"], "thinking…");
+        assert_eq!(reply.content, None);
+        assert_eq!(reply.tool_calls.len(), 1);
+        assert_eq!(reply.tool_calls[0].id, "r3_0");
+        assert_eq!(reply.message["tool_calls"][0]["id"], "r3_0");
+        assert_eq!(reply.tool_calls[0].arguments, json!({"question": "Q?"}));
+    }
+
+    #[test]
+    fn a_response_without_a_message_is_malformed() {
+        assert!(matches!(
+            parse_reply(&json!({"error": "x"}), "u", "p"),
+            Err(Error::Malformed { .. })
+        ));
+    }
+}

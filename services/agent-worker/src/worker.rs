@@ -1,0 +1,272 @@
+//! The worker process: pulls run jobs, claims each task, and runs it in one of a bounded number
+//! of slots, with a heartbeat that keeps the lease and a subscription that stops the run the
+//! moment its task is cancelled. Nothing is kept between jobs.
+
+use std::{sync::Arc, time::Duration};
+
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use futures_util::StreamExt;
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    config::Config,
+};
+use hark_proto::v1 as pb;
+use tokio::sync::Semaphore;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    agent::{Inbox, Outcome, Runner},
+    control::{self, ControlClient},
+    llm,
+    tools::Registry,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach NATS at nats.url = {url}: {source}")]
+    Nats {
+        url: String,
+        source: async_nats::ConnectError,
+    },
+    #[error(transparent)]
+    Bus(#[from] bus::Error),
+    #[error("cannot build the LLM client: {0}")]
+    Llm(#[from] reqwest::Error),
+    #[error("cannot open the run job consumer: {0}")]
+    Consumer(String),
+}
+
+/// A built worker, ready to run.
+#[derive(Debug)]
+pub struct Worker {
+    runner: Runner,
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    names: Names,
+    concurrency: usize,
+}
+
+impl Worker {
+    /// Connects to NATS and makes sure the streams exist. `worker_id` names this worker in
+    /// leases and logs.
+    pub async fn build(
+        config: &Config,
+        llm: llm::Settings,
+        worker_id: String,
+    ) -> Result<Self, Error> {
+        let names = Names::new(config.nats.namespace.parse()?);
+        let nats = async_nats::ConnectOptions::new()
+            .name(format!("hark worker {worker_id}"))
+            .connect(&config.nats.url)
+            .await
+            .map_err(|source| Error::Nats {
+                url: config.nats.url.clone(),
+                source,
+            })?;
+        let js = jetstream::new(nats.clone());
+        bus::ensure(&js, &names).await?;
+        let runner = Runner {
+            control: ControlClient::new(nats.clone(), names.clone()),
+            llm: llm::Client::new(llm)?,
+            registry: Arc::new(Registry::builtin()),
+            worker_id,
+            max_rounds: config.task.max_rounds,
+        };
+        Ok(Self {
+            runner,
+            nats,
+            js,
+            names,
+            concurrency: config.worker.concurrency as usize,
+        })
+    }
+
+    pub fn worker_id(&self) -> &str {
+        &self.runner.worker_id
+    }
+
+    /// Runs jobs until `shutdown`. Runs in flight then stop at their next step and write nothing
+    /// more; their leases lapse and another worker continues them from their last checkpoint.
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let consumer: PullConsumer = self
+            .js
+            .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())
+            .await
+            .map_err(|e| Error::Consumer(e.to_string()))?;
+        let slots = Arc::new(Semaphore::new(self.concurrency));
+        let tracker = TaskTracker::new();
+        let this = Arc::new(self);
+        tracing::info!(
+            worker = this.runner.worker_id,
+            slots = this.concurrency,
+            "worker started"
+        );
+        loop {
+            let first = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let mut permits = vec![first];
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            let batch = consumer
+                .fetch()
+                .max_messages(permits.len())
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot pull run jobs; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => None,
+                    next = batch.next() => next,
+                };
+                let Some(message) = next else { break };
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pull failed");
+                        break;
+                    }
+                };
+                let Some(permit) = permits.pop() else { break };
+                let (this, shutdown) = (this.clone(), shutdown.clone());
+                tracker.spawn(async move {
+                    this.handle(message, shutdown).await;
+                    drop(permit);
+                });
+            }
+            if shutdown.is_cancelled() {
+                break;
+            }
+        }
+        tracker.close();
+        tracker.wait().await;
+        tracing::info!(worker = this.runner.worker_id, "worker stopped");
+        Ok(())
+    }
+
+    async fn handle(&self, message: jetstream::Message, shutdown: CancellationToken) {
+        let job: pb::RunJob = match codec::decode(&message.payload) {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping an undecodable run job");
+                let _ = message.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        let claimed = match self
+            .runner
+            .control
+            .claim(&job, &self.runner.worker_id)
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) if e.is_final() => {
+                tracing::debug!(task = job.task_id, error = %e, "run job no longer applies");
+                let _ = message.ack().await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(task = job.task_id, error = %e, "cannot claim; the job will come back");
+                let _ = message
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+                return;
+            }
+        };
+        // The task is ours under a lease now; if this process dies, the lease lapses and the
+        // task is recovered, so the job itself is done.
+        if let Err(e) = message.double_ack().await {
+            tracing::debug!(error = %e, "run job ack not confirmed");
+        }
+        let outcome = self.run_claimed(claimed, shutdown).await;
+        tracing::info!(task = job.task_id, ?outcome, "run ended");
+    }
+
+    async fn run_claimed(
+        &self,
+        claimed: pb::ClaimResponse,
+        shutdown: CancellationToken,
+    ) -> Outcome {
+        let Some(lease) = claimed.lease.clone() else {
+            return Outcome::Stopped("no lease".into());
+        };
+        let cancel = shutdown.child_token();
+        let inbox = Inbox::default();
+        let helpers = CancellationToken::new();
+
+        // Stop at once when the task is cancelled.
+        match lease.task_id.parse() {
+            Ok(task) => match self.nats.subscribe(self.names.task_cancel(task)).await {
+                Ok(mut hints) => {
+                    let (cancel, helpers) = (cancel.clone(), helpers.clone());
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = helpers.cancelled() => {}
+                            hint = hints.next() => if hint.is_some() {
+                                cancel.cancel();
+                            },
+                        }
+                        let _ = hints.unsubscribe().await;
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch for cancellation; relying on refusals")
+                }
+            },
+            Err(_) => return Outcome::Stopped("the lease names no valid task".into()),
+        }
+
+        // Keep the lease, and pick up told instructions.
+        {
+            let (control, lease, inbox, cancel, helpers) = (
+                self.runner.control.clone(),
+                lease.clone(),
+                inbox.clone(),
+                cancel.clone(),
+                helpers.clone(),
+            );
+            let every = Duration::from_millis(u64::from(claimed.lease_ms.max(1000)) / 3);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = helpers.cancelled() => return,
+                        _ = tick.tick() => {}
+                    }
+                    match control.heartbeat(&lease).await {
+                        Ok(response) => inbox.push(response.instructions),
+                        Err(e @ control::Error::Refused { .. }) if e.is_final() => {
+                            tracing::info!(task = lease.task_id, error = %e, "stopping: the task is no longer ours");
+                            cancel.cancel();
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(task = lease.task_id, error = %e, "heartbeat failed")
+                        }
+                    }
+                }
+            });
+        }
+
+        let outcome = self.runner.run(claimed, cancel, inbox).await;
+        helpers.cancel();
+        outcome
+    }
+}

@@ -1,0 +1,217 @@
+//! The worker's test bed: a real task-control (in process, on a database of its own), real
+//! workers, and the scripted LLM server, over the real NATS and Postgres.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use hark_control::{app::App, store::Store};
+use hark_core::{bus::Names, config::Config};
+use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use hark_worker::{llm, scripted::ScriptedLlm, worker::Worker};
+use tokio_util::sync::CancellationToken;
+
+pub fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("HARK_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+#[derive(Debug)]
+pub struct Bed {
+    pub config: Config,
+    pub llm: ScriptedLlm,
+    pub store: Store,
+    pub names: Names,
+    pub grpc: String,
+    pub nats: async_nats::Client,
+    database: String,
+    control_stop: CancellationToken,
+    control: tokio::task::JoinHandle<()>,
+    /// Each worker runs on a runtime of its own, so that killing it drops every task it has.
+    workers: Vec<(CancellationToken, Option<tokio::runtime::Runtime>)>,
+}
+
+impl Bed {
+    pub async fn start(llm: ScriptedLlm, tweak: impl FnOnce(&mut Config)) -> Self {
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
+        let database = format!("hark_wtest_{tag}");
+        let mut config = Config::default();
+        config.database.url = format!("{}/{database}", postgres_url());
+        config.nats.url = nats_url();
+        config.nats.namespace = format!("w{tag}");
+        config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
+        config.llm.base_url = llm.base_url();
+        config.llm.max_retries = 3;
+        config.llm.request_timeout = "20s".parse().expect("duration");
+        config.worker.concurrency = 2;
+        tweak(&mut config);
+        let app = App::build(config.clone())
+            .await
+            .expect("task-control builds");
+        let grpc = format!("http://{}", app.grpc_addr());
+        let store = app.shared().store.clone();
+        let names = app.shared().names.clone();
+        let control_stop = CancellationToken::new();
+        let token = control_stop.clone();
+        let control = tokio::spawn(async move {
+            app.run_until_stopped(token)
+                .await
+                .expect("task-control runs");
+        });
+        let nats = async_nats::connect(nats_url()).await.expect("nats");
+        Self {
+            config,
+            llm,
+            store,
+            names,
+            grpc,
+            nats,
+            database,
+            control_stop,
+            control,
+            workers: Vec::new(),
+        }
+    }
+
+    /// Starts a worker on a runtime of its own; returns its index.
+    pub async fn add_worker(&mut self, id: &str) -> usize {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("worker runtime");
+        let (config, id) = (self.config.clone(), id.to_owned());
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let worker = Worker::build(&config, llm::Settings::from_config(&config.llm), id)
+                .await
+                .expect("worker builds");
+            let _ = ready_tx.send(());
+            worker.run_until_stopped(token).await.expect("worker runs");
+        });
+        ready_rx.await.expect("worker started");
+        self.workers.push((stop, Some(runtime)));
+        self.workers.len() - 1
+    }
+
+    /// Kills a worker as abruptly as can be done in one process: its runtime is shut down, so
+    /// every task of it is dropped where it stands and it sends nothing more, not even a
+    /// heartbeat.
+    pub async fn kill_worker(&mut self, index: usize) {
+        if let Some(runtime) = self.workers[index].1.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    pub async fn client(&self) -> TaskServiceClient<tonic::transport::Channel> {
+        TaskServiceClient::connect(self.grpc.clone())
+            .await
+            .expect("gRPC connects")
+    }
+
+    pub async fn create(
+        &self,
+        owner: &str,
+        goal: &str,
+        tweak: impl FnOnce(&mut pb::CreateTaskRequest),
+    ) -> String {
+        let mut request = pb::CreateTaskRequest {
+            owner: owner.into(),
+            goal: goal.into(),
+            ..Default::default()
+        };
+        tweak(&mut request);
+        self.client()
+            .await
+            .create_task(request)
+            .await
+            .expect("created")
+            .into_inner()
+            .task
+            .expect("task")
+            .id
+    }
+
+    pub async fn task(&self, id: &str) -> pb::GetTaskResponse {
+        self.client()
+            .await
+            .get_task(pb::GetTaskRequest { task_id: id.into() })
+            .await
+            .expect("get")
+            .into_inner()
+    }
+
+    /// Waits until the task is in `state`; returns it.
+    pub async fn wait_state(
+        &self,
+        id: &str,
+        state: pb::TaskState,
+        wait: Duration,
+    ) -> pb::GetTaskResponse {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let got = self.task(id).await;
+            if got.task.as_ref().map(|t| t.state) == Some(state as i32) {
+                return got;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "task {id} did not reach {state:?} within {wait:?}: {:?}",
+                    got.task
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn answer(&self, id: &str, text: &str) {
+        self.client()
+            .await
+            .answer_question(pb::AnswerQuestionRequest {
+                task_id: id.into(),
+                answer: text.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("answered");
+    }
+
+    pub async fn stop(self) {
+        for (stop, runtime) in self.workers {
+            stop.cancel();
+            if let Some(runtime) = runtime {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                runtime.shutdown_background();
+            }
+        }
+        self.control_stop.cancel();
+        let _ = self.control.await;
+        let js = async_nats::jetstream::new(self.nats.clone());
+        for config in self.names.stream_configs() {
+            let _ = js.delete_stream(&config.name).await;
+        }
+        self.store.pool().close().await;
+        if let Ok(admin) = sqlx::PgPool::connect(&format!("{}/postgres", postgres_url())).await {
+            let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database);
+            let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
+            admin.close().await;
+        }
+    }
+}
+
+/// The tool results in a recorded request, in order.
+pub fn tool_results(body: &serde_json::Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}

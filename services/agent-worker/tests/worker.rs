@@ -1,0 +1,356 @@
+//! The agent loop end to end: real task-control, real workers, the scripted LLM over HTTP.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Bed, tool_results};
+use hark_proto::v1 as pb;
+use hark_worker::scripted::{Quirks, Script, ScriptedLlm, Step};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn llm(steps: Vec<Step>) -> ScriptedLlm {
+    ScriptedLlm::with_default(Script::new(steps))
+        .await
+        .expect("scripted LLM starts")
+}
+
+#[tokio::test]
+async fn a_question_suspends_the_task_and_the_answer_resumes_it_to_the_end() {
+    let llm = llm(vec![
+        Step::ask("Which city?"),
+        Step::say("Booked in {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "book a hotel", |_| {}).await;
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let question = waiting
+        .task
+        .expect("task")
+        .open_question
+        .expect("open question");
+    assert_eq!(question.text, "Which city?");
+
+    bed.answer(&id, "Lisbon").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "Booked in Lisbon.");
+    // The answer reached the model as the result of the ask_user call.
+    let requests = bed.llm.requests();
+    let last = &requests.last().expect("requests").body;
+    assert_eq!(tool_results(last), ["Lisbon"]);
+    let offered: Vec<&str> = last["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(offered.contains(&"ask_user"));
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn two_questions_in_a_row_are_each_answered() {
+    let llm = llm(vec![
+        Step::ask("First name?"),
+        Step::ask("Last name?"),
+        Step::say("Hello {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "greet me", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    bed.answer(&id, "Ada").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = loop {
+        let t = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+        let q = t.task.expect("task").open_question.expect("question");
+        if q.text == "Last name?" {
+            break q;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(second.text, "Last name?");
+    bed.answer(&id, "Lovelace").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "Hello Lovelace.");
+    assert_eq!(done.questions.len(), 2);
+    let last = bed.llm.requests().last().expect("requests").body.clone();
+    assert_eq!(tool_results(&last), ["Ada", "Lovelace"]);
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn the_expiry_notice_reaches_the_model_as_the_tool_result() {
+    let llm = llm(vec![
+        Step::ask("Anyone there?"),
+        Step::say("Went on alone: {answer}"),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed
+        .create("api:alice", "wait briefly", |r| r.ask_timeout_s = 1)
+        .await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    assert!(
+        result.starts_with("Went on alone: No answer came within 1s"),
+        "{result}"
+    );
+    assert_eq!(
+        done.questions[0].outcome,
+        pb::QuestionOutcome::Expired as i32
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn an_invalid_tool_call_becomes_an_error_result_and_the_task_goes_on() {
+    let llm = llm(vec![
+        Step::call("ask_user", json!({"qestion": "typo"})),
+        Step::call("no_such_tool", json!({})),
+        Step::call("worker_info", json!({})),
+        Step::say("recovered"),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "be clumsy", |_| {}).await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "recovered");
+    let last = bed.llm.requests().last().expect("requests").body.clone();
+    let results = tool_results(&last);
+    assert_eq!(results.len(), 3);
+    assert!(
+        results[0].contains("`question` is required"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("no tool `no_such_tool`"),
+        "{}",
+        results[1]
+    );
+    assert!(
+        results[2].contains("needs the role admin"),
+        "a tool never runs above the owner's role: {}",
+        results[2]
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_told_instruction_reaches_a_running_task_at_its_next_round() {
+    let llm = llm(vec![
+        Step::call("current_time", json!({})).after(Duration::from_millis(1500)),
+        Step::say("done"),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |c| c.task.lease = "3s".parse().expect("duration")).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "research slowly", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::Running, WAIT).await;
+    let told = bed
+        .client()
+        .await
+        .tell_task(pb::TellTaskRequest {
+            task_id: id.clone(),
+            instruction: "use metric units".into(),
+            author: "api:alice".into(),
+        })
+        .await
+        .expect("told")
+        .into_inner();
+    assert_eq!(
+        told.delivery,
+        pb::tell_task_response::Delivery::NextRound as i32
+    );
+    bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let last = bed.llm.requests().last().expect("requests").body.clone();
+    let said = last["messages"].to_string();
+    assert!(
+        said.contains("[instruction from api:alice] use metric units"),
+        "{said}"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn cancelling_during_an_llm_call_stops_the_worker_at_once_and_writes_nothing_more() {
+    let llm = llm(vec![Step::say("too late").after(Duration::from_secs(30))]).await;
+    let mut bed = Bed::start(llm, |c| c.worker.concurrency = 1).await;
+    bed.add_worker("w1").await;
+    let slow = bed.create("api:alice", "think forever", |_| {}).await;
+    bed.llm
+        .wait_for(WAIT, |_| true)
+        .await
+        .expect("the LLM call started");
+    bed.client()
+        .await
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: slow.clone(),
+            reason: "no longer needed".into(),
+        })
+        .await
+        .expect("cancelled");
+    let audit_len = bed
+        .store
+        .transitions_of(slow.parse().expect("id"))
+        .await
+        .expect("audit")
+        .len();
+
+    // The only slot is free again well before the slow call would have returned: a new task
+    // reaches the LLM within seconds.
+    bed.llm
+        .set_script("quick", Script::new(vec![Step::say("quick")]));
+    let quick = bed
+        .create("api:alice", "[script:quick] be quick", |_| {})
+        .await;
+    bed.wait_state(&quick, pb::TaskState::Completed, Duration::from_secs(5))
+        .await;
+    let after = bed
+        .store
+        .transitions_of(slow.parse().expect("id"))
+        .await
+        .expect("audit");
+    assert_eq!(
+        after.len(),
+        audit_len,
+        "nothing more was written for the cancelled task"
+    );
+    assert_eq!(after.last().expect("audit").to_state, "cancelled");
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_round_leaves_the_task_to_another_worker_from_its_checkpoint() {
+    let llm = llm(vec![
+        Step::call("current_time", json!({})),
+        Step::say("finished by someone").after(Duration::from_secs(2)),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |c| {
+        c.task.lease = "1s".parse().expect("duration");
+        c.worker.concurrency = 1;
+    })
+    .await;
+    let first = bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "survive a crash", |_| {}).await;
+    // Round 1 is checkpointed; round 2's slow LLM call is in flight when w1 dies.
+    bed.llm
+        .wait_for(WAIT, |b| {
+            b["messages"].as_array().is_some_and(|m| m.len() > 3)
+        })
+        .await
+        .expect("round 2 started");
+    bed.kill_worker(first).await;
+    bed.add_worker("w2").await;
+    let done = bed
+        .wait_state(&id, pb::TaskState::Completed, Duration::from_secs(30))
+        .await;
+    let task = done.task.expect("task");
+    assert_eq!(task.result, "finished by someone");
+    assert_eq!(task.attempt, 2, "the second run is the second attempt");
+    let audit = bed
+        .store
+        .transitions_of(id.parse().expect("id"))
+        .await
+        .expect("audit");
+    let claims: Vec<&str> = audit
+        .iter()
+        .filter(|t| t.event == "claim")
+        .map(|t| t.actor.as_str())
+        .collect();
+    assert_eq!(claims, ["w1", "w2"]);
+    let rounds = bed
+        .store
+        .rounds_of(id.parse().expect("id"))
+        .await
+        .expect("rounds");
+    assert_eq!(
+        rounds.iter().map(|r| r.round).collect::<Vec<_>>(),
+        [1, 2],
+        "round 1 was not redone"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn retries_ride_out_429_and_5xx_and_provider_quirks_are_tolerated() {
+    let mut script = Script::new(vec![
+        Step::ask("Proceed?").failing_first(&[429, 503]),
+        Step::call("send_message", json!({"text": "working on it"})),
+        Step::say("ok: {answer}"),
+    ]);
+    script.quirks = Quirks {
+        arguments_as_object: true,
+        omit_call_ids: true,
+        reasoning_content: true,
+    };
+    let llm = ScriptedLlm::with_default(script).await.expect("llm");
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "tolerate quirks", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    bed.answer(&id, "yes").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "ok: sent");
+    let requests = bed.llm.requests();
+    assert_eq!(requests.len(), 5, "two failed attempts, then three steps");
+    let last = &requests.last().expect("requests").body;
+    let assistants: Vec<&serde_json::Value> = last["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    assert!(
+        assistants
+            .iter()
+            .all(|m| m["reasoning_content"].is_string()),
+        "provider extras are sent back as they came"
+    );
+    assert!(
+        assistants[0]["tool_calls"][0]["id"].is_string(),
+        "a missing call id is filled in"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn an_llm_error_that_survives_the_retries_fails_the_task_with_its_text() {
+    let llm = llm(vec![
+        Step::say("never").failing_first(&[500, 500, 500, 500, 500]),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |c| c.llm.max_retries = 2).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "meet a broken model", |_| {}).await;
+    let failed = bed.wait_state(&id, pb::TaskState::Failed, WAIT).await;
+    let error = failed.task.expect("task").error;
+    assert!(error.contains("500"), "{error}");
+    assert_eq!(bed.llm.requests().len(), 3, "one call and two retries");
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn hitting_the_round_limit_completes_the_task_with_a_clear_note() {
+    let llm = llm((0..10)
+        .map(|_| Step::call("current_time", json!({})))
+        .collect())
+    .await;
+    let mut bed = Bed::start(llm, |c| c.task.max_rounds = 3).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "loop forever", |_| {}).await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    assert!(result.contains("after 3 rounds"), "{result}");
+    assert_eq!(bed.llm.requests().len(), 3);
+    bed.stop().await;
+}

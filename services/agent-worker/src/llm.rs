@@ -92,17 +92,9 @@ pub struct Client {
     settings: Settings,
 }
 
-/// Installs ring as rustls's crypto provider, once per process.
-fn install_crypto() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 impl Client {
     pub fn new(settings: Settings) -> Result<Self, reqwest::Error> {
-        install_crypto();
+        hark_core::install_crypto();
         let http = reqwest::Client::builder()
             .timeout(settings.request_timeout)
             .connect_timeout(Duration::from_secs(10))

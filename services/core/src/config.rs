@@ -119,7 +119,12 @@ pub struct GatewayConfig {
     /// HTTP and WebSocket listener (OneBot reverse WebSocket, the HTTP adapter).
     pub listen: SocketAddr,
     pub max_frame_bytes: u64,
+    /// Inbound frames a second one connection may send (bursts of twice that).
+    pub rate_limit: u32,
+    /// How long a platform has to confirm a sent message.
+    pub send_timeout: HumanDuration,
     pub onebot: OneBotConfig,
+    pub http: HttpAdapterConfig,
 }
 
 impl Default for GatewayConfig {
@@ -127,9 +132,24 @@ impl Default for GatewayConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_frame_bytes: 1 << 20,
+            rate_limit: 20,
+            send_timeout: HumanDuration::from_secs(10),
             onebot: OneBotConfig::default(),
+            http: HttpAdapterConfig::default(),
         }
     }
+}
+
+/// The generic HTTP adapter, for apps that are not OneBot bots.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpAdapterConfig {
+    /// When set, HTTP clients must send `Authorization: Bearer <token>`.
+    pub token: String,
+    /// The bots this adapter delivers for, as `platform:bot_id`.
+    pub bots: Vec<String>,
+    /// Outbound messages are POSTed here; without it they are served on `/api/v1/stream` (SSE).
+    pub webhook_url: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,6 +159,9 @@ pub struct OneBotConfig {
     pub access_token: String,
     /// The platform name given to messages from OneBot bots.
     pub platform: String,
+    /// Forward mode: WebSocket URLs of bots' own servers to connect to (NapCat's
+    /// `websocketServers`), e.g. `ws://127.0.0.1:3001`; reconnected with backoff.
+    pub forward: Vec<String>,
 }
 
 impl Default for OneBotConfig {
@@ -146,6 +169,7 @@ impl Default for OneBotConfig {
         Self {
             access_token: String::new(),
             platform: "qq".into(),
+            forward: Vec::new(),
         }
     }
 }
@@ -415,6 +439,28 @@ impl Config {
         }
         if self.worker.concurrency == 0 {
             return bad("worker.concurrency", "must be at least 1".into());
+        }
+        for url in &self.gateway.onebot.forward {
+            if !(url.starts_with("ws://") || url.starts_with("wss://")) {
+                return bad(
+                    "gateway.onebot.forward",
+                    format!("`{url}` is not a WebSocket URL: expected e.g. ws://127.0.0.1:3001"),
+                );
+            }
+        }
+        for bot in &self.gateway.http.bots {
+            if bot
+                .split_once(':')
+                .is_none_or(|(p, b)| p.is_empty() || b.is_empty())
+            {
+                return bad(
+                    "gateway.http.bots",
+                    format!("`{bot}`: expected platform:bot_id, e.g. myapp:main"),
+                );
+            }
+        }
+        if self.gateway.rate_limit == 0 {
+            return bad("gateway.rate_limit", "must be at least 1".into());
         }
         if self.gateway.max_frame_bytes < 1024 {
             return bad("gateway.max_frame_bytes", "must be at least 1024".into());

@@ -12,3 +12,12 @@ pub mod codec;
 pub mod config;
 pub mod domain;
 pub mod failpoint;
+
+/// Installs ring as rustls's process-wide crypto provider, for HTTPS clients (the LLM client,
+/// webhooks). Safe to call any number of times.
+pub fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

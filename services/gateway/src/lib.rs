@@ -1,3 +1,55 @@
-//! gateway: the only place that knows a chat platform's wire format. It turns inbound OneBot v11
-//! and HTTP events into normalised `ChatMessage`s on `CHAT_IN` and delivers `CHAT_OUT` messages
-//! for the bots it holds.
+//! gateway: the only place that knows a chat platform's wire format.
+//!
+//! - [`onebot`] parses OneBot v11 frames and manages bot connections ([`onebot::conn::Hub`]).
+//! - [`ws`] is the reverse WebSocket server bots dial into; [`forward`] dials bots' own servers.
+//! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
+//! - [`http`] is the generic HTTP adapter for other apps.
+//! - [`app`] binds the listener and runs it all.
+
+pub mod app;
+pub mod forward;
+pub mod http;
+pub mod onebot;
+pub mod outbound;
+pub mod ws;
+
+use std::time::Duration;
+
+/// The gateway's settings, from the `gateway` config section.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Platform name of OneBot bots' messages.
+    pub platform: String,
+    pub access_token: String,
+    pub max_frame_bytes: usize,
+    pub rate_limit: u32,
+    pub send_timeout: Duration,
+    pub http_token: String,
+    pub http_bots: Vec<(String, String)>,
+    pub webhook_url: String,
+}
+
+impl Settings {
+    pub fn from_config(config: &hark_core::config::GatewayConfig) -> Self {
+        Self {
+            platform: config.onebot.platform.clone(),
+            access_token: config.onebot.access_token.clone(),
+            max_frame_bytes: usize::try_from(config.max_frame_bytes).unwrap_or(usize::MAX),
+            rate_limit: config.rate_limit,
+            send_timeout: config.send_timeout.0,
+            http_token: config.http.token.clone(),
+            http_bots: config
+                .http
+                .bots
+                .iter()
+                .filter_map(|b| b.split_once(':'))
+                .map(|(p, b)| (p.to_owned(), b.to_owned()))
+                .collect(),
+            webhook_url: config.http.webhook_url.clone(),
+        }
+    }
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -37,6 +37,8 @@ enum Command {
     Config,
     /// Run task-control: the gRPC API, chat commands, answer routing, timers and worker requests.
     Control,
+    /// Run the gateway: OneBot v11 bots (reverse and forward WebSocket) and the HTTP adapter.
+    Gateway,
     /// Run an agent worker: pulls run jobs and runs the LLM tool loop.
     Worker {
         /// This worker's name in leases and logs (default: host name and process id).
@@ -63,6 +65,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&config);
     match cli.command {
         Command::Migrate => migrate(&config).await,
+        Command::Gateway => {
+            let app = hark_gateway::app::App::build(&config).await?;
+            tracing::info!(addr = %app.addr(), "gateway started");
+            app.run_until_stopped(shutdown_on_signal()).await?;
+            Ok(())
+        }
         Command::Worker { id } => {
             let (settings, _demo) = llm_settings(&config).await?;
             let id = id.unwrap_or_else(default_worker_id);

@@ -1,0 +1,134 @@
+//! The gateway as a whole: [`App::build`] connects to NATS, makes sure the streams exist and
+//! binds the listener; [`App::run_until_stopped`] serves bots and HTTP clients until shutdown.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use axum::{
+    Json, Router,
+    extract::{DefaultBodyLimit, State},
+    routing::{any, get, post},
+};
+use hark_core::{
+    bus::{self, Names},
+    config::Config,
+};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Settings, forward, http, onebot::conn::Hub, ws};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach NATS at nats.url = {url}: {source}")]
+    Nats {
+        url: String,
+        source: async_nats::ConnectError,
+    },
+    #[error(transparent)]
+    Bus(#[from] bus::Error),
+    #[error("cannot listen on gateway.listen = {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the gateway's server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+#[derive(Debug)]
+pub struct App {
+    hub: Arc<Hub>,
+    listener: TcpListener,
+    forward: Vec<String>,
+    shutdown: CancellationToken,
+}
+
+impl App {
+    pub async fn build(config: &Config) -> Result<Self, Error> {
+        hark_core::install_crypto();
+        let names = Names::new(config.nats.namespace.parse()?);
+        let nats = async_nats::ConnectOptions::new()
+            .name("hark gateway")
+            .connect(&config.nats.url)
+            .await
+            .map_err(|source| Error::Nats {
+                url: config.nats.url.clone(),
+                source,
+            })?;
+        let js = async_nats::jetstream::new(nats);
+        bus::ensure(&js, &names).await?;
+        let addr = config.gateway.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Listen { addr, source })?;
+        let shutdown = CancellationToken::new();
+        let hub = Hub::new(
+            js,
+            names,
+            Settings::from_config(&config.gateway),
+            shutdown.clone(),
+        );
+        Ok(Self {
+            hub,
+            listener,
+            forward: config.gateway.onebot.forward.clone(),
+            shutdown,
+        })
+    }
+
+    /// The address the gateway listens on (the real port when the config said 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let Self {
+            hub,
+            listener,
+            forward,
+            shutdown: own,
+        } = self;
+        for url in forward {
+            tokio::spawn(forward::keep_connected(hub.clone(), url));
+        }
+        if !hub.settings.webhook_url.is_empty() {
+            for (platform, bot) in hub.settings.http_bots.clone() {
+                tokio::spawn(http::webhook(hub.clone(), platform, bot));
+            }
+        }
+        let limit = hub.settings.max_frame_bytes;
+        let router = Router::new()
+            .route("/onebot/v11/ws", any(ws::upgrade))
+            .route("/onebot/v11/ws/", any(ws::upgrade))
+            .route("/onebot/v11/", any(ws::upgrade))
+            .route("/onebot/v11", any(ws::upgrade))
+            .route("/api/v1/messages", post(http::post_message))
+            .route("/api/v1/stream", get(http::stream))
+            .route("/healthz", get(health))
+            .layer(DefaultBodyLimit::max(limit))
+            .with_state(hub.clone());
+        tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
+        let stop = shutdown.clone();
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        own.cancel();
+        served.map_err(Error::Serve)
+    }
+}
+
+async fn health(State(hub): State<Arc<Hub>>) -> Json<serde_json::Value> {
+    let bots: Vec<String> = hub
+        .online()
+        .into_iter()
+        .map(|(p, b)| format!("{p}:{b}"))
+        .collect();
+    Json(json!({"status": "ok", "bots": bots}))
+}

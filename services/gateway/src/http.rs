@@ -1,0 +1,325 @@
+//! The generic HTTP adapter, for apps that are not OneBot bots.
+//!
+//! Inbound: `POST /api/v1/messages` with a normalised message as JSON. Outbound, for the bots
+//! named in `gateway.http.bots`: POSTed to `gateway.http.webhook_url` (retried until the app
+//! answers 2xx), or, without a webhook, streamed to clients of `GET /api/v1/stream` as
+//! server-sent events while at least one is connected.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json,
+    body::Bytes,
+    extract::{Query, State},
+    http::{HeaderMap, StatusCode},
+    response::{
+        IntoResponse, Response,
+        sse::{Event, KeepAlive, Sse},
+    },
+};
+use futures_util::{Stream, StreamExt};
+use hark_core::{bus, domain::StreamId};
+use hark_proto::v1 as pb;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    onebot::conn::Hub,
+    outbound::{self, SendError},
+};
+
+/// An inbound message as an app sends it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboundJson {
+    pub platform: String,
+    pub bot_id: String,
+    /// `group:<id>` or `private:<user id>`.
+    pub stream: String,
+    pub sender: SenderJson,
+    pub text: String,
+    /// The app's id of this message; a message sent twice with one id is applied once.
+    pub message_id: String,
+    #[serde(default)]
+    pub quoted_message_id: String,
+    #[serde(default)]
+    pub mentions: Vec<String>,
+    #[serde(default)]
+    pub mentions_bot: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderJson {
+    pub user_id: String,
+    #[serde(default)]
+    pub nickname: String,
+}
+
+/// An outbound message as the webhook and the stream carry it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboundJson {
+    pub id: String,
+    pub platform: String,
+    pub bot_id: String,
+    pub stream: String,
+    pub text: String,
+    pub reply_to_message_id: String,
+    pub question_id: String,
+}
+
+impl From<&pb::OutboundMessage> for OutboundJson {
+    fn from(m: &pb::OutboundMessage) -> Self {
+        let route = m.route.clone().unwrap_or_default();
+        Self {
+            id: m.id.clone(),
+            platform: route.platform,
+            bot_id: route.bot_id,
+            stream: route.stream,
+            text: m.text.clone(),
+            reply_to_message_id: m.reply_to_message_id.clone(),
+            question_id: m.question_id.clone(),
+        }
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let expected = &hub.settings.http_token;
+    if expected.is_empty() {
+        return Ok(());
+    }
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "));
+    if given.is_some_and(|g| crate::constant_time_eq(g.trim().as_bytes(), expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "wrong or missing token: send Authorization: Bearer <gateway.http.token>",
+        )))
+    }
+}
+
+/// `POST /api/v1/messages`.
+pub async fn post_message(
+    State(hub): State<Arc<Hub>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(response) = check_token(&hub, &headers) {
+        return *response;
+    }
+    let inbound: InboundJson = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a valid message: {e}"),
+            );
+        }
+    };
+    let field = |name: &str, why: String| error(StatusCode::BAD_REQUEST, format!("{name}: {why}"));
+    if let Err(e) = bus::token(&inbound.platform) {
+        return field("platform", e.to_string());
+    }
+    if let Err(e) = bus::token(&inbound.bot_id) {
+        return field("bot_id", e.to_string());
+    }
+    if let Err(e) = inbound.stream.parse::<StreamId>() {
+        return field("stream", e.to_string());
+    }
+    if inbound.sender.user_id.trim().is_empty() {
+        return field("sender.user_id", "must not be empty".into());
+    }
+    if inbound.message_id.trim().is_empty() {
+        return field(
+            "message_id",
+            "must not be empty: it is how duplicates are dropped".into(),
+        );
+    }
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    hub.publish(pb::ChatMessage {
+        version: hark_proto::WIRE_VERSION,
+        platform: inbound.platform,
+        bot_id: inbound.bot_id,
+        stream: inbound.stream,
+        sender: Some(pb::Sender {
+            user_id: inbound.sender.user_id,
+            nickname: inbound.sender.nickname,
+        }),
+        text: inbound.text,
+        quoted_message_id: inbound.quoted_message_id,
+        mentions: inbound.mentions,
+        mentions_bot: inbound.mentions_bot,
+        time: Some(prost_types::Timestamp {
+            seconds: now,
+            nanos: 0,
+        }),
+        message_id: inbound.message_id,
+    })
+    .await;
+    (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response()
+}
+
+/// Stream subscribers per HTTP bot, and the delivery loop that runs while there are any.
+#[derive(Debug, Default)]
+pub struct Streams {
+    bots: Mutex<HashMap<(String, String), StreamBot>>,
+}
+
+#[derive(Debug)]
+struct StreamBot {
+    tx: broadcast::Sender<OutboundJson>,
+    subscribers: usize,
+    delivering: CancellationToken,
+}
+
+/// Drops a subscription when its SSE stream ends.
+struct Subscription {
+    hub: Arc<Hub>,
+    key: (String, String),
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut bots = self
+            .hub
+            .streams
+            .bots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(bot) = bots.get_mut(&self.key) {
+            bot.subscribers -= 1;
+            if bot.subscribers == 0 {
+                bot.delivering.cancel();
+                bots.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamQuery {
+    pub platform: String,
+    pub bot_id: String,
+}
+
+/// `GET /api/v1/stream?platform=…&bot_id=…`: outbound messages as server-sent events.
+pub async fn stream(
+    State(hub): State<Arc<Hub>>,
+    headers: HeaderMap,
+    Query(query): Query<StreamQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Response> {
+    check_token(&hub, &headers).map_err(|r| *r)?;
+    let key = (query.platform.clone(), query.bot_id.clone());
+    if !hub.settings.http_bots.contains(&key) {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{}:{} is not in gateway.http.bots",
+                query.platform, query.bot_id
+            ),
+        ));
+    }
+    if !hub.settings.webhook_url.is_empty() {
+        return Err(error(
+            StatusCode::CONFLICT,
+            "outbound messages go to gateway.http.webhook_url; the stream is off",
+        ));
+    }
+    let rx = {
+        let mut bots = hub.streams.bots.lock().unwrap_or_else(|p| p.into_inner());
+        let bot = bots.entry(key.clone()).or_insert_with(|| StreamBot {
+            tx: broadcast::channel(256).0,
+            subscribers: 0,
+            delivering: hub.shutdown.child_token(),
+        });
+        bot.subscribers += 1;
+        let rx = bot.tx.subscribe();
+        if bot.subscribers == 1 {
+            let tx = bot.tx.clone();
+            tokio::spawn(outbound::run(
+                hub.clone(),
+                key.0.clone(),
+                key.1.clone(),
+                bot.delivering.clone(),
+                move |message| {
+                    let tx = tx.clone();
+                    async move {
+                        match tx.send(OutboundJson::from(&message)) {
+                            Ok(_) => Ok(None),
+                            Err(_) => Err(SendError::Offline),
+                        }
+                    }
+                },
+            ));
+        }
+        rx
+    };
+    let guard = Subscription {
+        hub: hub.clone(),
+        key,
+    };
+    let events = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
+        let _keep = &guard;
+        async move {
+            let message = item.ok()?;
+            let data = serde_json::to_string(&message).ok()?;
+            Some(Ok(Event::default().event("message").data(data)))
+        }
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}
+
+/// Delivers one HTTP bot's messages to the webhook until shutdown.
+pub async fn webhook(hub: Arc<Hub>, platform: String, bot_id: String) {
+    let client = match reqwest::Client::builder()
+        .timeout(hub.settings.send_timeout)
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the webhook client");
+            return;
+        }
+    };
+    let url = hub.settings.webhook_url.clone();
+    let token = hub.settings.http_token.clone();
+    let closed = hub.shutdown.clone();
+    outbound::run(hub, platform, bot_id, closed, move |message| {
+        let (client, url, token) = (client.clone(), url.clone(), token.clone());
+        async move {
+            let mut request = client.post(&url).json(&OutboundJson::from(&message));
+            if !token.is_empty() {
+                request = request.bearer_auth(token);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| SendError::Retry(format!("webhook {url}: {e}")))?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(SendError::Retry(format!("webhook {url} answered {status}")));
+            }
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            Ok(body.get("message_id").and_then(|v| match v {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            }))
+        }
+    })
+    .await;
+}

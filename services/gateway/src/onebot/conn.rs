@@ -1,0 +1,324 @@
+//! Bot connections, whichever side dialled: the [`Hub`] knows which bots are online, replaces a
+//! bot's old connection when a new one arrives, turns inbound frames into `ChatMessage`s on
+//! `CHAT_IN`, and lets the outbound side call actions on a bot and await their answers.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use hark_core::{bus, codec};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::event::{self, Frame};
+use crate::{Settings, outbound};
+
+/// A frame from a bot, whatever the WebSocket library.
+#[derive(Debug)]
+pub enum Incoming {
+    Text(String),
+    Binary(usize),
+    /// The connection ended; the reason, if any, for the log.
+    Closed(String),
+}
+
+/// Why an action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("the bot answered {action} with an error: {message}")]
+    Refused { action: String, message: String },
+    #[error("the bot did not answer {action} within {timeout:?}")]
+    Timeout { action: String, timeout: Duration },
+    #[error("the bot's connection closed before it answered {action}")]
+    Disconnected { action: String },
+}
+
+/// One online bot.
+#[derive(Debug)]
+pub struct Bot {
+    pub platform: String,
+    pub self_id: String,
+    /// Which connection of this bot this is; a newer one replaces it.
+    pub connection: u64,
+    /// Text frames to send to the bot.
+    out: mpsc::Sender<String>,
+    /// Actions awaiting their answer, by echo.
+    pending: Mutex<HashMap<String, oneshot::Sender<Result<Value, String>>>>,
+    /// Cancelled when this connection ends or is replaced.
+    pub closed: CancellationToken,
+    /// When the bot last sent anything (a heartbeat included).
+    pub last_seen: Mutex<Instant>,
+}
+
+impl Bot {
+    /// Calls an action and waits for its answer's `data`.
+    pub async fn call(
+        &self,
+        action: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, ActionError> {
+        let echo = uuid::Uuid::new_v4().simple().to_string();
+        let (tx, rx) = oneshot::channel();
+        self.lock_pending().insert(echo.clone(), tx);
+        let frame = json!({"action": action, "params": params, "echo": echo}).to_string();
+        let disconnected = || ActionError::Disconnected {
+            action: action.into(),
+        };
+        if self.out.send(frame).await.is_err() {
+            self.lock_pending().remove(&echo);
+            return Err(disconnected());
+        }
+        let answer = tokio::select! {
+            _ = self.closed.cancelled() => Err(disconnected()),
+            answer = tokio::time::timeout(timeout, rx) => match answer {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(_)) => Err(disconnected()),
+                Err(_) => Err(ActionError::Timeout { action: action.into(), timeout }),
+            },
+        };
+        self.lock_pending().remove(&echo);
+        answer?.map_err(|message| ActionError::Refused {
+            action: action.into(),
+            message,
+        })
+    }
+
+    fn lock_pending(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Result<Value, String>>>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resolve(&self, echo: &str, answer: Result<Value, String>) {
+        if let Some(tx) = self.lock_pending().remove(echo) {
+            let _ = tx.send(answer);
+        }
+    }
+}
+
+/// A token bucket: `rate` frames a second, bursts up to `burst`.
+#[derive(Debug)]
+struct Limiter {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Limiter {
+    fn new(rate: u32) -> Self {
+        let rate = f64::from(rate.max(1));
+        Self {
+            rate,
+            burst: rate * 2.0,
+            tokens: rate * 2.0,
+            at: Instant::now(),
+        }
+    }
+
+    fn allow(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The gateway's bots and its link to the bus.
+#[derive(Debug)]
+pub struct Hub {
+    pub js: async_nats::jetstream::Context,
+    pub names: bus::Names,
+    pub settings: Settings,
+    bots: Mutex<HashMap<(String, String), Arc<Bot>>>,
+    connections: AtomicU64,
+    /// Subscribers of the HTTP adapter's outbound stream.
+    pub streams: crate::http::Streams,
+    /// Stops everything at shutdown.
+    pub shutdown: CancellationToken,
+}
+
+impl Hub {
+    pub fn new(
+        js: async_nats::jetstream::Context,
+        names: bus::Names,
+        settings: Settings,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            js,
+            names,
+            settings,
+            bots: Mutex::default(),
+            connections: AtomicU64::new(1),
+            streams: Default::default(),
+            shutdown,
+        })
+    }
+
+    fn lock_bots(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Bot>>> {
+        self.bots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bots online now, as `(platform, self id)`.
+    pub fn online(&self) -> Vec<(String, String)> {
+        self.lock_bots().keys().cloned().collect()
+    }
+
+    pub fn bot(&self, platform: &str, self_id: &str) -> Option<Arc<Bot>> {
+        self.lock_bots()
+            .get(&(platform.to_owned(), self_id.to_owned()))
+            .cloned()
+    }
+
+    /// Registers a new connection of a bot, replacing (and closing) its previous one, and starts
+    /// delivering its outbound messages. Returns the bot and the frames to write to the socket.
+    pub fn attach(
+        self: &Arc<Self>,
+        platform: &str,
+        self_id: &str,
+    ) -> (Arc<Bot>, mpsc::Receiver<String>) {
+        let (out, rx) = mpsc::channel(64);
+        let bot = Arc::new(Bot {
+            platform: platform.to_owned(),
+            self_id: self_id.to_owned(),
+            connection: self.connections.fetch_add(1, Ordering::Relaxed),
+            out,
+            pending: Mutex::default(),
+            closed: self.shutdown.child_token(),
+            last_seen: Mutex::new(Instant::now()),
+        });
+        let previous = self
+            .lock_bots()
+            .insert((platform.to_owned(), self_id.to_owned()), bot.clone());
+        if let Some(previous) = previous {
+            tracing::info!(
+                platform,
+                bot = self_id,
+                "a new connection replaces the bot's previous one"
+            );
+            previous.closed.cancel();
+        }
+        tracing::info!(
+            platform,
+            bot = self_id,
+            connection = bot.connection,
+            "bot online"
+        );
+        tokio::spawn(outbound::deliver(self.clone(), bot.clone()));
+        (bot, rx)
+    }
+
+    fn detach(&self, bot: &Bot) {
+        let key = (bot.platform.clone(), bot.self_id.clone());
+        let mut bots = self.lock_bots();
+        if bots
+            .get(&key)
+            .is_some_and(|b| b.connection == bot.connection)
+        {
+            bots.remove(&key);
+            tracing::info!(platform = bot.platform, bot = bot.self_id, "bot offline");
+        }
+        bot.closed.cancel();
+    }
+
+    /// Handles a connection's inbound frames until it closes or is replaced. Bad frames are
+    /// logged and dropped; the connection stays up.
+    pub async fn serve(self: Arc<Self>, bot: Arc<Bot>, mut incoming: mpsc::Receiver<Incoming>) {
+        let mut limiter = Limiter::new(self.settings.rate_limit);
+        let mut dropped = 0u64;
+        loop {
+            let frame = tokio::select! {
+                _ = bot.closed.cancelled() => break,
+                frame = incoming.recv() => frame,
+            };
+            let Some(frame) = frame else { break };
+            *bot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            let text = match frame {
+                Incoming::Text(text) => text,
+                Incoming::Binary(len) => {
+                    tracing::warn!(
+                        bot = bot.self_id,
+                        len,
+                        "dropping a binary frame: OneBot frames are JSON text"
+                    );
+                    continue;
+                }
+                Incoming::Closed(reason) => {
+                    tracing::info!(bot = bot.self_id, reason, "bot connection closed");
+                    break;
+                }
+            };
+            match event::parse(&text, &bot.platform) {
+                Ok(Frame::Response {
+                    echo,
+                    ok,
+                    data,
+                    message,
+                }) => {
+                    bot.resolve(&echo, if ok { Ok(data) } else { Err(message) });
+                }
+                Ok(_) if !limiter.allow() => {
+                    dropped += 1;
+                    if dropped.is_power_of_two() {
+                        tracing::warn!(
+                            bot = bot.self_id,
+                            dropped,
+                            "rate limit: dropping events from a flooding bot"
+                        );
+                    }
+                }
+                Ok(Frame::Message(message)) => self.publish(*message).await,
+                Ok(Frame::Meta { kind }) => tracing::trace!(bot = bot.self_id, kind, "meta event"),
+                Ok(Frame::Own) => {}
+                Ok(Frame::Ignored { post_type }) => {
+                    tracing::debug!(bot = bot.self_id, post_type, "ignoring event")
+                }
+                Err(e) => {
+                    let preview: String = text.chars().take(80).collect();
+                    tracing::warn!(bot = bot.self_id, error = %e, preview, "dropping a bad frame");
+                }
+            }
+        }
+        self.detach(&bot);
+    }
+
+    /// Publishes an inbound message to `CHAT_IN`, deduplicated by its platform message id.
+    pub async fn publish(&self, message: hark_proto::v1::ChatMessage) {
+        let subject = match self.names.chat_in(&message.platform) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping a message whose platform cannot form a subject");
+                return;
+            }
+        };
+        let dedup =
+            bus::Names::chat_in_msg_id(&message.platform, &message.bot_id, &message.message_id);
+        let payload = codec::encode(message);
+        for attempt in 0..4u32 {
+            match bus::publish(&self.js, subject.clone(), &dedup, payload.clone()).await {
+                Ok(_) => return,
+                Err(e) if attempt < 3 => {
+                    tracing::warn!(error = %e, "cannot publish an inbound message; retrying");
+                    tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, dedup, "inbound message lost: NATS did not take it")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The OneBot v11 reverse WebSocket server (the bot dials in), Universal role, at
+//! `/onebot/v11/ws` and the other paths NoneBot serves.
+
+use std::{collections::HashMap, sync::Arc};
+
+use axum::{
+    extract::{
+        Query, State,
+        ws::{Message, WebSocket, WebSocketUpgrade},
+    },
+    http::{HeaderMap, StatusCode},
+    response::{IntoResponse, Response},
+};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+
+use crate::onebot::conn::{Hub, Incoming};
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether the request carries the configured access token, as a header or a query parameter.
+pub fn authorized(expected: &str, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
+    if expected.is_empty() {
+        return true;
+    }
+    let from_header = header(headers, "authorization").and_then(|h| {
+        h.strip_prefix("Bearer ")
+            .or_else(|| h.strip_prefix("bearer "))
+            .or_else(|| h.strip_prefix("Token "))
+    });
+    let given = from_header.or(query.get("access_token").map(String::as_str));
+    given.is_some_and(|g| crate::constant_time_eq(g.trim().as_bytes(), expected.as_bytes()))
+}
+
+pub async fn upgrade(
+    State(hub): State<Arc<Hub>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if !authorized(&hub.settings.access_token, &headers, &query) {
+        tracing::warn!("refused a OneBot connection: wrong or missing access token");
+        return (
+            StatusCode::UNAUTHORIZED,
+            "wrong or missing access token: send Authorization: Bearer <gateway.onebot.access_token>",
+        )
+            .into_response();
+    }
+    let Some(self_id) = header(&headers, "x-self-id").map(str::to_owned) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "missing X-Self-ID header: the bot's own account id",
+        )
+            .into_response();
+    };
+    if hark_core::bus::token(&self_id).is_err() {
+        return (
+            StatusCode::BAD_REQUEST,
+            "X-Self-ID must be the bot's account id",
+        )
+            .into_response();
+    }
+    if let Some(role) = header(&headers, "x-client-role")
+        && !role.eq_ignore_ascii_case("universal")
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("X-Client-Role {role} is not supported: configure the bot's reverse WebSocket as Universal"),
+        )
+            .into_response();
+    }
+    let max = hub.settings.max_frame_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| connection(hub, socket, self_id))
+}
+
+async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
+    let platform = hub.settings.platform.clone();
+    let (bot, mut outgoing) = hub.attach(&platform, &self_id);
+    let (mut sink, mut stream) = socket.split();
+    let (tx, rx) = mpsc::channel(256);
+    let closed = bot.closed.clone();
+    let writer = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = closed.cancelled() => {
+                    let _ = sink
+                        .send(Message::Close(Some(axum::extract::ws::CloseFrame {
+                            code: 1000,
+                            reason: "closed by hark".into(),
+                        })))
+                        .await;
+                    return;
+                }
+                frame = outgoing.recv() => match frame {
+                    Some(text) => {
+                        if sink.send(Message::Text(text.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => return,
+                },
+            }
+        }
+    });
+    let reader = tokio::spawn(async move {
+        while let Some(frame) = stream.next().await {
+            let incoming = match frame {
+                Ok(Message::Text(text)) => Incoming::Text(text.to_string()),
+                Ok(Message::Binary(bytes)) => Incoming::Binary(bytes.len()),
+                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+                Ok(Message::Close(frame)) => {
+                    let _ = tx
+                        .send(Incoming::Closed(
+                            frame.map(|f| f.reason.to_string()).unwrap_or_default(),
+                        ))
+                        .await;
+                    return;
+                }
+                Err(e) => {
+                    let _ = tx.send(Incoming::Closed(e.to_string())).await;
+                    return;
+                }
+            };
+            if tx.send(incoming).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Incoming::Closed("end of stream".into())).await;
+    });
+    hub.serve(bot, rx).await;
+    reader.abort();
+    let _ = writer.await;
+}

@@ -1,0 +1,263 @@
+//! The generic HTTP adapter: inbound POSTs, the webhook and the SSE stream, on the real NATS.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use async_nats::jetstream;
+use axum::{Json, Router, extract::State, routing::post};
+use futures_util::StreamExt;
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    config::Config,
+};
+use hark_gateway::app::App;
+use hark_proto::v1 as pb;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+struct Gw {
+    base: String,
+    names: Names,
+    js: jetstream::Context,
+    stop: CancellationToken,
+}
+
+impl Gw {
+    async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
+        hark_core::install_crypto();
+        let mut config = Config::default();
+        config.nats.url = nats_url();
+        config.nats.namespace = format!("h{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
+        config.gateway.http.token = "app-secret".into();
+        config.gateway.http.bots = vec!["myapp:main".into()];
+        tweak(&mut config);
+        let app = App::build(&config).await.expect("gateway builds");
+        let base = format!("http://{}", app.addr());
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
+        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+        Self {
+            base,
+            names: Names::new(config.nats.namespace.parse().expect("ns")),
+            js,
+            stop,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        for config in self.names.stream_configs() {
+            let _ = self.js.delete_stream(&config.name).await;
+        }
+    }
+
+    async fn post(&self, body: &str, token: Option<&str>) -> (u16, Value) {
+        let mut request = reqwest::Client::new()
+            .post(format!("{}/api/v1/messages", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn publish_out(&self, text: &str, question: &str) {
+        let id = uuid::Uuid::new_v4().to_string();
+        let message = pb::OutboundMessage {
+            id: id.clone(),
+            route: Some(pb::ChatRoute {
+                platform: "myapp".into(),
+                bot_id: "main".into(),
+                stream: "private:u1".into(),
+                origin_message_id: String::new(),
+            }),
+            text: text.into(),
+            question_id: question.into(),
+            ..Default::default()
+        };
+        bus::publish(
+            &self.js,
+            self.names.chat_out("myapp", "main").expect("subject"),
+            &id,
+            codec::encode(message),
+        )
+        .await
+        .expect("published");
+    }
+}
+
+/// What the test webhook saw: the bodies it accepted, and how often it was called.
+type HookState = (Arc<Mutex<Vec<Value>>>, Arc<Mutex<u32>>);
+
+fn message(id: &str) -> Value {
+    json!({"platform": "myapp", "bot_id": "main", "stream": "private:u1",
+           "sender": {"user_id": "u1", "nickname": "U"}, "text": "hello", "message_id": id})
+}
+
+#[tokio::test]
+async fn a_posted_message_reaches_chat_in_and_bad_input_gets_a_clear_error() {
+    let gw = Gw::start(|_| {}).await;
+    let (status, body) = gw
+        .post(&message("m1").to_string(), Some("app-secret"))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let consumer = gw
+        .js
+        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_in_stream())
+        .await
+        .expect("consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .expect("fetch");
+    let got: pb::ChatMessage =
+        codec::decode(&batch.next().await.expect("one").expect("ok").payload).expect("decodes");
+    assert_eq!(
+        (
+            got.platform.as_str(),
+            got.stream.as_str(),
+            got.text.as_str()
+        ),
+        ("myapp", "private:u1", "hello")
+    );
+
+    let (status, _) = gw.post(&message("m2").to_string(), None).await;
+    assert_eq!(status, 401);
+    let (status, body) = gw.post("{oops", Some("app-secret")).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not a valid message"),
+        "{body}"
+    );
+    let mut extra = message("m3");
+    extra["colour"] = json!("red");
+    let (status, body) = gw.post(&extra.to_string(), Some("app-secret")).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("colour"),
+        "{body}"
+    );
+    let mut bad_stream = message("m4");
+    bad_stream["stream"] = json!("nowhere");
+    let (status, body) = gw.post(&bad_stream.to_string(), Some("app-secret")).await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"].as_str().unwrap_or("").starts_with("stream:"),
+        "{body}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn outbound_messages_are_posted_to_the_webhook_until_it_accepts_them() {
+    // The app's webhook: refuses the first call, then accepts and names the message id.
+    let received: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let calls = Arc::new(Mutex::new(0u32));
+    let app = Router::new()
+        .route(
+            "/hook",
+            post(
+                |State((received, calls)): State<HookState>, Json(body): Json<Value>| async move {
+                    let mut n = calls.lock().expect("lock");
+                    *n += 1;
+                    if *n == 1 {
+                        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(json!({})));
+                    }
+                    received.lock().expect("lock").push(body);
+                    (
+                        axum::http::StatusCode::OK,
+                        Json(json!({"message_id": "app-77"})),
+                    )
+                },
+            ),
+        )
+        .with_state((received.clone(), calls.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hook = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let gw = Gw::start(|c| c.gateway.http.webhook_url = hook).await;
+    gw.publish_out("Which plan?", "q-9").await;
+    let receipts = gw
+        .js
+        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_receipt_stream())
+        .await
+        .expect("consumer");
+    let mut batch = receipts
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(15))
+        .messages()
+        .await
+        .expect("fetch");
+    let receipt: pb::DeliveryReceipt =
+        codec::decode(&batch.next().await.expect("a receipt").expect("ok").payload)
+            .expect("decodes");
+    assert_eq!(receipt.platform_message_id, "app-77");
+    let got = received.lock().expect("lock").clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["text"], "Which plan?");
+    assert_eq!(got[0]["stream"], "private:u1");
+    assert_eq!(
+        *calls.lock().expect("lock"),
+        2,
+        "the refused call was retried"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn without_a_webhook_outbound_messages_stream_as_server_sent_events() {
+    let gw = Gw::start(|_| {}).await;
+    gw.publish_out("queued before anyone listened", "").await;
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/stream?platform=myapp&bot_id=main",
+            gw.base
+        ))
+        .bearer_auth("app-secret")
+        .send()
+        .await
+        .expect("stream opens");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut response = response;
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !seen.contains("queued before anyone listened") {
+        let chunk = tokio::time::timeout_at(deadline, response.chunk())
+            .await
+            .expect("an event within 10s")
+            .expect("chunk")
+            .expect("stream open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("event: message"), "{seen}");
+    let unknown = reqwest::Client::new()
+        .get(format!("{}/api/v1/stream?platform=other&bot_id=x", gw.base))
+        .bearer_auth("app-secret")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(unknown.status().as_u16(), 404);
+    gw.stop().await;
+}

@@ -1,0 +1,505 @@
+//! The gateway against a OneBot bot played over WebSocket, and the real NATS.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures_util::{SinkExt, StreamExt};
+use hark_core::{
+    bus::{self, Names},
+    codec,
+    config::Config,
+};
+use hark_gateway::app::App;
+use hark_proto::v1 as pb;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::{
+    MaybeTlsStream, WebSocketStream, connect_async,
+    tungstenite::{Message, client::IntoClientRequest},
+};
+use tokio_util::sync::CancellationToken;
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+fn nats_url() -> String {
+    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+struct Gw {
+    addr: std::net::SocketAddr,
+    names: Names,
+    js: jetstream::Context,
+    inbound: PullConsumer,
+    receipts: PullConsumer,
+    stop: CancellationToken,
+}
+
+impl Gw {
+    async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::default();
+        config.nats.url = nats_url();
+        config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
+        config.gateway.onebot.access_token = "tok".into();
+        config.gateway.send_timeout = "2s".parse().expect("duration");
+        tweak(&mut config);
+        let app = App::build(&config).await.expect("gateway builds");
+        let addr = app.addr();
+        let names = Names::new(config.nats.namespace.parse().expect("ns"));
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
+        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+        let inbound = js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_in_stream())
+            .await
+            .expect("consumer");
+        let receipts = js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_receipt_stream())
+            .await
+            .expect("consumer");
+        Self {
+            addr,
+            names,
+            js,
+            inbound,
+            receipts,
+            stop,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        for config in self.names.stream_configs() {
+            let _ = self.js.delete_stream(&config.name).await;
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("ws://{}{path}", self.addr)
+    }
+
+    async fn connect(
+        &self,
+        self_id: &str,
+        token: Option<&str>,
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        self.connect_at("/onebot/v11/ws", self_id, token).await
+    }
+
+    async fn connect_at(
+        &self,
+        path: &str,
+        self_id: &str,
+        token: Option<&str>,
+    ) -> Result<Ws, tokio_tungstenite::tungstenite::Error> {
+        let mut request = self.url(path).into_client_request().expect("request");
+        if !self_id.is_empty() {
+            request
+                .headers_mut()
+                .insert("x-self-id", self_id.parse().expect("header"));
+        }
+        request
+            .headers_mut()
+            .insert("x-client-role", "Universal".parse().expect("header"));
+        if let Some(token) = token {
+            request.headers_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("header"),
+            );
+        }
+        connect_async(request).await.map(|(ws, _)| ws)
+    }
+
+    async fn next_inbound(&self, wait: Duration) -> Option<pb::ChatMessage> {
+        next(&self.inbound, wait).await
+    }
+
+    async fn publish_out(
+        &self,
+        bot: &str,
+        stream: &str,
+        text: &str,
+        question: &str,
+        reply_to: &str,
+    ) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        let message = pb::OutboundMessage {
+            id: id.clone(),
+            route: Some(pb::ChatRoute {
+                platform: "qq".into(),
+                bot_id: bot.into(),
+                stream: stream.into(),
+                origin_message_id: String::new(),
+            }),
+            text: text.into(),
+            reply_to_message_id: reply_to.into(),
+            question_id: question.into(),
+            ..Default::default()
+        };
+        bus::publish(
+            &self.js,
+            self.names.chat_out("qq", bot).expect("subject"),
+            &id,
+            codec::encode(message),
+        )
+        .await
+        .expect("published");
+        id
+    }
+}
+
+async fn next<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(wait)
+        .messages()
+        .await
+        .expect("fetch");
+    let message = batch.next().await?.expect("message");
+    message.ack().await.expect("ack");
+    Some(codec::decode(&message.payload).expect("decodes"))
+}
+
+fn group_event(message: Value, message_id: i64, user: i64) -> String {
+    json!({"time": 1700000000, "self_id": 42, "post_type": "message", "message_type": "group",
+           "sub_type": "normal", "message_id": message_id, "group_id": 777, "user_id": user,
+           "message": message, "raw_message": "", "font": 0,
+           "sender": {"user_id": user, "nickname": "Ann", "card": ""}})
+    .to_string()
+}
+
+/// Reads frames until an action arrives; returns it.
+async fn next_action(ws: &mut Ws) -> Value {
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(10), ws.next())
+            .await
+            .expect("an action within 10s")
+            .expect("open")
+            .expect("frame");
+        if let Message::Text(text) = frame {
+            let value: Value = serde_json::from_str(&text).expect("json");
+            if value.get("action").is_some() {
+                return value;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_token_or_self_id_is_refused() {
+    let gw = Gw::start(|_| {}).await;
+    let err = gw.connect("42", None).await.expect_err("no token");
+    assert!(err.to_string().contains("401"), "{err}");
+    let err = gw
+        .connect("42", Some("nope"))
+        .await
+        .expect_err("wrong token");
+    assert!(err.to_string().contains("401"), "{err}");
+    let err = gw.connect("", Some("tok")).await.expect_err("no self id");
+    assert!(err.to_string().contains("400"), "{err}");
+    // The token may also come as a query parameter, on any of NoneBot's paths.
+    for path in ["/onebot/v11/ws/", "/onebot/v11/"] {
+        let mut request = gw
+            .url(&format!("{path}?access_token=tok"))
+            .into_client_request()
+            .expect("request");
+        request
+            .headers_mut()
+            .insert("x-self-id", "42".parse().expect("header"));
+        connect_async(request).await.expect("query token accepted");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn group_and_private_messages_are_normalised_the_same_from_cq_strings_and_segments() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    ws.send(Message::text(group_event(
+        json!("[CQ:reply,id=-9][CQ:at,qq=42] hello &amp; bye"),
+        1,
+        100,
+    )))
+    .await
+    .expect("send");
+    ws.send(Message::text(group_event(
+        json!([{"type": "reply", "data": {"id": -9}}, {"type": "at", "data": {"qq": 42}},
+               {"type": "text", "data": {"text": " hello & bye"}}]),
+        2,
+        100,
+    )))
+    .await
+    .expect("send");
+    let private = json!({"time": 1700000001, "self_id": 42, "post_type": "message", "message_type": "private",
+                         "message_id": "3", "user_id": "100", "message": "psst"});
+    ws.send(Message::text(private.to_string()))
+        .await
+        .expect("send");
+
+    let a = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("first");
+    let b = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("second");
+    let c = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("third");
+    assert_eq!(a.message_id, "1");
+    assert_eq!(b.message_id, "2");
+    assert_eq!(
+        pb::ChatMessage {
+            message_id: String::new(),
+            ..a.clone()
+        },
+        pb::ChatMessage {
+            message_id: String::new(),
+            ..b
+        },
+        "a CQ string and a segment array give the same message"
+    );
+    assert_eq!(a.platform, "qq");
+    assert_eq!(a.bot_id, "42");
+    assert_eq!(a.stream, "group:777");
+    assert_eq!(a.text, "hello & bye");
+    assert_eq!(a.quoted_message_id, "-9");
+    assert!(a.mentions_bot);
+    assert_eq!(c.stream, "private:100");
+    assert_eq!(c.text, "psst");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_frames_are_dropped_and_a_normal_message_still_goes_through() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    for garbage in [
+        Message::text("{not json"),
+        Message::text("[1, 2, 3]"),
+        Message::text(r#"{"post_type": "bogus"}"#),
+        Message::text(r#"{"post_type": "message", "self_id": 42}"#),
+        Message::text(r#"{"post_type": "notice", "notice_type": "group_upload"}"#),
+        Message::text(
+            r#"{"post_type": "meta_event", "meta_event_type": "heartbeat", "self_id": 42}"#,
+        ),
+        Message::binary(vec![0u8, 159, 146, 150]),
+        Message::text(group_event(json!("my own words"), 10, 42)),
+    ] {
+        ws.send(garbage).await.expect("send");
+    }
+    ws.send(Message::text(group_event(json!("still here"), 11, 100)))
+        .await
+        .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("the normal message arrives");
+    assert_eq!(m.text, "still here");
+    assert!(
+        gw.next_inbound(Duration::from_millis(300)).await.is_none(),
+        "nothing else was published"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_oversized_frame_closes_that_connection_only() {
+    let gw = Gw::start(|c| c.gateway.max_frame_bytes = 4096).await;
+    let mut big = gw.connect("42", Some("tok")).await.expect("connects");
+    let mut other = gw.connect("43", Some("tok")).await.expect("connects");
+    let _ = big.send(Message::text("x".repeat(10_000))).await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match big.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "the oversized connection is closed");
+    let event = json!({"self_id": 43, "post_type": "message", "message_type": "private",
+                       "message_id": 5, "user_id": 100, "message": "fine"});
+    other
+        .send(Message::text(event.to_string()))
+        .await
+        .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("the other bot is unaffected");
+    assert_eq!(m.bot_id, "43");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_flooding_connection_is_rate_limited() {
+    let gw = Gw::start(|c| c.gateway.rate_limit = 5).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    for i in 0..100 {
+        ws.send(Message::text(group_event(
+            json!(format!("spam {i}")),
+            1000 + i,
+            100,
+        )))
+        .await
+        .expect("send");
+    }
+    let mut got = 0;
+    while gw.next_inbound(Duration::from_millis(500)).await.is_some() {
+        got += 1;
+    }
+    assert!(
+        (5..=30).contains(&got),
+        "{got} of 100 flood messages passed a limit of 5/s"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_outbound_message_is_sent_with_echo_and_its_message_id_reported() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    gw.publish_out("42", "group:777", "Which city?", "q-1", "-9")
+        .await;
+    let action = next_action(&mut ws).await;
+    assert_eq!(action["action"], "send_group_msg");
+    assert_eq!(action["params"]["group_id"], 777);
+    assert_eq!(action["params"]["message"][0]["type"], "reply");
+    assert_eq!(
+        action["params"]["message"][1]["data"]["text"],
+        "Which city?"
+    );
+    let echo = action["echo"].clone();
+    ws.send(Message::text(
+        json!({"status": "ok", "retcode": 0, "data": {"message_id": 31337}, "echo": echo})
+            .to_string(),
+    ))
+    .await
+    .expect("send");
+    let receipt: pb::DeliveryReceipt = next(&gw.receipts, Duration::from_secs(5))
+        .await
+        .expect("receipt");
+    assert_eq!(receipt.question_id, "q-1");
+    assert_eq!(receipt.platform_message_id, "31337");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_send_is_retried_and_messages_wait_while_the_bot_is_offline() {
+    let gw = Gw::start(|_| {}).await;
+    // Queued before the bot ever connects.
+    gw.publish_out("42", "private:100", "first", "", "").await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    let action = next_action(&mut ws).await;
+    assert_eq!(action["action"], "send_private_msg");
+    assert_eq!(action["params"]["message"][0]["data"]["text"], "first");
+    // The bot refuses; the gateway tries again.
+    ws.send(Message::text(
+        json!({"status": "failed", "retcode": 1200, "echo": action["echo"]}).to_string(),
+    ))
+    .await
+    .expect("send");
+    let retry = next_action(&mut ws).await;
+    assert_eq!(retry["params"]["message"][0]["data"]["text"], "first");
+    ws.send(Message::text(
+        json!({"status": "ok", "retcode": 0, "data": {"message_id": 1}, "echo": retry["echo"]})
+            .to_string(),
+    ))
+    .await
+    .expect("send");
+
+    // The bot goes away; a message waits; a new connection gets it.
+    drop(ws);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.publish_out("42", "private:100", "while you were away", "", "")
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("reconnects");
+    let action = next_action(&mut ws).await;
+    assert_eq!(
+        action["params"]["message"][0]["data"]["text"],
+        "while you were away"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_connection_for_the_same_bot_replaces_the_old_one() {
+    let gw = Gw::start(|_| {}).await;
+    let mut old = gw.connect("42", Some("tok")).await.expect("connects");
+    let mut new = gw.connect("42", Some("tok")).await.expect("connects again");
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match old.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "the old connection is closed");
+    gw.publish_out("42", "group:777", "to the new one", "", "")
+        .await;
+    let action = next_action(&mut new).await;
+    assert_eq!(
+        action["params"]["message"][0]["data"]["text"],
+        "to the new one"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+#[allow(clippy::result_large_err)]
+async fn forward_mode_dials_the_bots_own_server() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let bot_addr = listener.local_addr().expect("addr");
+    let gw = Gw::start(|c| c.gateway.onebot.forward = vec![format!("ws://{bot_addr}")]).await;
+    let (tcp, _) = tokio::time::timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("the gateway dials in")
+        .expect("accept");
+    let mut ws = tokio_tungstenite::accept_hdr_async(
+        tcp,
+        |request: &tokio_tungstenite::tungstenite::handshake::server::Request, response| {
+            assert_eq!(
+                request
+                    .headers()
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok()),
+                Some("Bearer tok")
+            );
+            Ok(response)
+        },
+    )
+    .await
+    .expect("handshake");
+    ws.send(Message::text(
+        json!({"post_type": "meta_event", "meta_event_type": "lifecycle", "sub_type": "connect", "self_id": 4242}).to_string(),
+    ))
+    .await
+    .expect("send");
+    ws.send(Message::text(
+        json!({"self_id": 4242, "post_type": "message", "message_type": "private", "message_id": 8,
+               "user_id": 100, "message": "forward hello"})
+        .to_string(),
+    ))
+    .await
+    .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(5))
+        .await
+        .expect("message");
+    assert_eq!(
+        (m.bot_id.as_str(), m.text.as_str()),
+        ("4242", "forward hello")
+    );
+    gw.stop().await;
+}

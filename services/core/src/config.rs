@@ -379,6 +379,26 @@ impl Config {
         Ok(config)
     }
 
+    /// Every environment variable that sets a config key (`HARK_TASK__MAX_ROUNDS`, …).
+    pub fn env_keys() -> Vec<String> {
+        fn walk(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+            for (key, value) in table {
+                let name = format!("{prefix}{}", key.to_ascii_uppercase());
+                match value {
+                    toml::Value::Table(inner) if !inner.is_empty() => {
+                        walk(&format!("{name}__"), inner, out)
+                    }
+                    _ => out.push(name),
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Ok(table) = toml::Table::try_from(Config::default()) {
+            walk(ENV_PREFIX, &table, &mut out);
+        }
+        out
+    }
+
     fn validate(&self) -> Result<(), Error> {
         let bad = |key: &str, message: String| {
             Err(Error::Key {
@@ -668,6 +688,29 @@ mod tests {
         let err = Config::from_parts(Some("[task]\nmax_attempts = 0"), "f", &BTreeMap::new())
             .expect_err("must fail");
         assert!(err.to_string().contains("task.max_attempts"), "{err}");
+    }
+
+    #[test]
+    fn env_keys_name_every_key() {
+        let keys = Config::env_keys();
+        for key in [
+            "HARK_NATS__URL",
+            "HARK_TASK__ASK_TIMEOUT",
+            "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+            "HARK_LLM__EXTRA_BODY",
+        ] {
+            assert!(
+                keys.contains(&key.to_owned()),
+                "{key} missing from {keys:?}"
+            );
+        }
+        for key in &keys {
+            let env = env(&[(key.as_str(), "")]);
+            // Every listed key is accepted as a key (its value may still be refused).
+            if let Err(Error::Env { message, .. }) = Config::from_parts(None, "f", &env) {
+                assert!(!message.contains("there is no config"), "{key}: {message}");
+            }
+        }
     }
 
     #[test]

@@ -36,6 +36,10 @@ struct Gw {
 
 impl Gw {
     async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let mut config = Config::default();
         config.nats.url = nats_url();
         config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);

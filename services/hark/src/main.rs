@@ -2,6 +2,10 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
+mod dev;
+mod health;
+mod task;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use hark_core::{
@@ -45,6 +49,20 @@ enum Command {
         #[arg(long, env = "HARK_WORKER_ID")]
         id: Option<String>,
     },
+    /// Run everything in one process: gateway, task-control and workers. Creates the database
+    /// and the streams; with no llm.base_url it runs the built-in demo model.
+    Dev {
+        /// How many workers to run.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+    },
+    /// Talk to a running hark over its gRPC API.
+    Task(task::TaskArgs),
+    /// Exit 0 when a role answers on this host (for container healthchecks).
+    Health {
+        #[arg(value_enum)]
+        role: health::Role,
+    },
 }
 
 #[tokio::main]
@@ -62,9 +80,17 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref())?;
-    init_tracing(&config);
+    // The task client prints for people; only warnings belong on its stderr.
+    let quiet = matches!(
+        cli.command,
+        Command::Task(_) | Command::Config | Command::Health { .. }
+    );
+    init_tracing(&config, quiet);
     match cli.command {
         Command::Migrate => migrate(&config).await,
+        Command::Dev { workers } => dev::run(config, workers, shutdown_on_signal()).await,
+        Command::Task(args) => task::run(&config, args).await,
+        Command::Health { role } => health::check(&config, role).await,
         Command::Gateway => {
             let app = hark_gateway::app::App::build(&config).await?;
             tracing::info!(addr = %app.addr(), "gateway started");
@@ -128,7 +154,7 @@ async fn wait_for_signal() {
 }
 
 /// A worker id unique on this host: host name and process id.
-fn default_worker_id() -> String {
+pub(crate) fn default_worker_id() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .ok()
         .map(|h| h.trim().to_owned())
@@ -139,7 +165,9 @@ fn default_worker_id() -> String {
 
 /// The LLM the workers use: the configured one, or, with no `llm.base_url`, the built-in demo
 /// model served on a local port. The returned server must live as long as the workers.
-async fn llm_settings(config: &Config) -> anyhow::Result<(llm::Settings, Option<ScriptedLlm>)> {
+pub(crate) async fn llm_settings(
+    config: &Config,
+) -> anyhow::Result<(llm::Settings, Option<ScriptedLlm>)> {
     if !config.llm.base_url.is_empty() {
         return Ok((llm::Settings::from_config(&config.llm), None));
     }
@@ -156,14 +184,23 @@ async fn llm_settings(config: &Config) -> anyhow::Result<(llm::Settings, Option<
     Ok((settings, Some(demo)))
 }
 
-fn init_tracing(config: &Config) {
+fn init_tracing(config: &Config, quiet: bool) {
+    let wanted = if quiet {
+        "warn"
+    } else {
+        config.log.filter.as_str()
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.filter))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(wanted))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if config.log.format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
 }
 
 async fn migrate(config: &Config) -> anyhow::Result<()> {

@@ -75,13 +75,15 @@ impl Bot {
             self.lock_pending().remove(&echo);
             return Err(disconnected());
         }
+        // An answer that arrived just before the connection closed still counts: the bot did send.
         let answer = tokio::select! {
-            _ = self.closed.cancelled() => Err(disconnected()),
+            biased;
             answer = tokio::time::timeout(timeout, rx) => match answer {
                 Ok(Ok(answer)) => Ok(answer),
                 Ok(Err(_)) => Err(disconnected()),
                 Err(_) => Err(ActionError::Timeout { action: action.into(), timeout }),
             },
+            _ = self.closed.cancelled() => Err(disconnected()),
         };
         self.lock_pending().remove(&echo);
         answer?.map_err(|message| ActionError::Refused {

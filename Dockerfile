@@ -1,0 +1,17 @@
+# One image for every hark role: `hark gateway`, `hark control`, `hark worker`, `hark dev`.
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p hark && cp target/release/hark /hark
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --no-create-home hark
+COPY --from=build /hark /usr/local/bin/hark
+USER hark
+ENTRYPOINT ["hark"]
+CMD ["--help"]

@@ -1,0 +1,87 @@
+//! `hark health <role>`: a healthcheck for containers, with nothing but the hark binary.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use hark_core::{bus::Names, config::Config};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Role {
+    /// task-control's gRPC health service reports SERVING.
+    Control,
+    /// The gateway's /healthz answers.
+    Gateway,
+    /// NATS answers and the run job stream exists.
+    Worker,
+}
+
+fn local(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip([127, 0, 0, 1].into());
+    }
+    addr
+}
+
+pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
+    let within = Duration::from_secs(5);
+    match role {
+        Role::Control => {
+            let url = format!("http://{}", local(config.control.grpc_listen));
+            let channel = tonic::transport::Endpoint::from_shared(url.clone())?
+                .connect_timeout(within)
+                .connect()
+                .await
+                .with_context(|| format!("task-control does not answer at {url}"))?;
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let status = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "hark.v1.TaskService".into(),
+                })
+                .await
+                .context("task-control's health check failed")?
+                .into_inner()
+                .status;
+            if status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+                bail!("task-control is not serving (status {status})");
+            }
+        }
+        Role::Gateway => {
+            let addr = local(config.gateway.listen);
+            let mut stream = tokio::time::timeout(within, tokio::net::TcpStream::connect(addr))
+                .await
+                .context("the gateway did not answer in time")?
+                .with_context(|| format!("the gateway does not answer at {addr}"))?;
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream
+                .write_all(
+                    format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await?;
+            let mut head = [0u8; 12];
+            tokio::time::timeout(within, stream.read_exact(&mut head))
+                .await
+                .context("the gateway did not answer in time")??;
+            if !head.starts_with(b"HTTP/1.1 200") {
+                bail!(
+                    "the gateway's /healthz answered {}",
+                    String::from_utf8_lossy(&head)
+                );
+            }
+        }
+        Role::Worker => {
+            let client = tokio::time::timeout(within, async_nats::connect(&config.nats.url))
+                .await
+                .context("NATS did not answer in time")?
+                .with_context(|| format!("NATS does not answer at {}", config.nats.url))?;
+            let names = Names::new(config.nats.namespace.parse()?);
+            async_nats::jetstream::new(client)
+                .get_stream(names.task_run_stream())
+                .await
+                .with_context(|| {
+                    format!("the stream {} does not exist yet", names.task_run_stream())
+                })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,541 @@
+//! `hark task …`: a client of the gRPC API, with readable output or `--json`.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use hark_core::{
+    config::Config,
+    domain::{HumanDuration, TaskState, TimeoutPolicy},
+};
+use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use serde_json::{Value, json};
+use tonic::{
+    Request, Status,
+    metadata::MetadataValue,
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::{Channel, Endpoint},
+};
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// The gRPC API to talk to [default: http://<control.grpc_listen>]
+    #[arg(long, env = "HARK_API", global = true, value_name = "URL")]
+    api: Option<String>,
+    /// A bearer token, one of the server's control.api_tokens.
+    #[arg(long, env = "HARK_API_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON (one object per line) instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: TaskCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum TaskCommand {
+    /// Create a task.
+    New {
+        /// Who the task works for, as platform:user_id.
+        #[arg(long, default_value = "cli:local")]
+        owner: String,
+        /// Default question deadline, e.g. 90s, 30m, 2h [default: task.ask_timeout]
+        #[arg(long)]
+        timeout: Option<HumanDuration>,
+        /// On a question's expiry: resume, fail or never [default: task.on_timeout]
+        #[arg(long)]
+        on_timeout: Option<String>,
+        /// Ask and report in this chat: platform, bot and stream (e.g. qq 10001 group:123456).
+        #[arg(long, num_args = 3, value_names = ["PLATFORM", "BOT", "STREAM"])]
+        chat: Option<Vec<String>>,
+        /// Idempotency key: the same key creates the task once.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// What the task should achieve.
+        #[arg(required = true, trailing_var_arg = true)]
+        goal: Vec<String>,
+    },
+    /// List tasks, newest first.
+    List {
+        #[arg(long)]
+        owner: Option<String>,
+        /// Only these states (pending, running, waiting_input, completed, failed, cancelled).
+        #[arg(long = "state")]
+        states: Vec<String>,
+        #[arg(long)]
+        stream: Option<String>,
+        #[arg(long)]
+        platform: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// Continue after a previous page.
+        #[arg(long)]
+        page_token: Option<String>,
+    },
+    /// Show a task and its questions. The id may be a unique prefix.
+    Get { id: String },
+    /// Cancel a task.
+    Cancel {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Answer a task's open question (or, with --question, a question by its id).
+    Answer {
+        /// A task id (or prefix), or with --question a question id.
+        id: String,
+        #[arg(required = true, trailing_var_arg = true)]
+        text: Vec<String>,
+        /// The id is a question id.
+        #[arg(long)]
+        question: bool,
+        /// Answer as this owner (platform:user_id); must be the task's owner.
+        #[arg(long = "as")]
+        answerer: Option<String>,
+        /// Idempotency key: the same key applies the answer once.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Tell a task something: a running task sees it at its next round, a waiting one on resume.
+    Tell {
+        id: String,
+        #[arg(required = true, trailing_var_arg = true)]
+        text: Vec<String>,
+        #[arg(long, default_value = "cli")]
+        author: String,
+    },
+    /// Follow a task's state changes until it ends.
+    Watch { id: String },
+    /// List questions: open ones, or all with --all.
+    Questions {
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        stream: Option<String>,
+        #[arg(long)]
+        platform: Option<String>,
+        /// Include answered, expired, cancelled and superseded questions.
+        #[arg(long)]
+        all: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
+
+/// Adds the bearer token to every call.
+#[derive(Debug, Clone)]
+struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = TaskServiceClient<InterceptedService<Channel, Bearer>>;
+
+async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
+    let api = match &args.api {
+        Some(api) => api.clone(),
+        None => {
+            let mut addr = config.control.grpc_listen;
+            if addr.ip().is_unspecified() {
+                addr.set_ip([127, 0, 0, 1].into());
+            }
+            format!("http://{addr}")
+        }
+    };
+    let channel = Endpoint::from_shared(api.clone())
+        .with_context(|| format!("`{api}` is not a URL for --api"))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach hark's gRPC API at {api}: is task-control running (hark dev or hark control)?"))?;
+    let token = match &args.token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .context("the token cannot be sent as a header")?,
+        ),
+        None => None,
+    };
+    Ok(TaskServiceClient::with_interceptor(channel, Bearer(token)))
+}
+
+/// Turns a gRPC error into a message a person can act on.
+fn explain(status: Status) -> anyhow::Error {
+    let hint = match status.code() {
+        tonic::Code::Unauthenticated => " (pass --token or set HARK_API_TOKEN)",
+        tonic::Code::Unavailable => " (is task-control running?)",
+        _ => "",
+    };
+    anyhow::anyhow!("{}{hint}", status.message())
+}
+
+fn state_name(state: i32) -> &'static str {
+    pb::TaskState::try_from(state)
+        .ok()
+        .and_then(TaskState::from_proto)
+        .map_or("unknown", TaskState::as_str)
+}
+
+fn outcome_name(outcome: i32) -> &'static str {
+    match pb::QuestionOutcome::try_from(outcome) {
+        Ok(pb::QuestionOutcome::Open) => "open",
+        Ok(pb::QuestionOutcome::Answered) => "answered",
+        Ok(pb::QuestionOutcome::Expired) => "expired",
+        Ok(pb::QuestionOutcome::Cancelled) => "cancelled",
+        Ok(pb::QuestionOutcome::Superseded) => "superseded",
+        _ => "unknown",
+    }
+}
+
+fn time_of(t: &Option<prost_types::Timestamp>) -> String {
+    t.as_ref()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn chat_json(chat: &Option<pb::ChatRoute>) -> Value {
+    chat.as_ref().map_or(
+        Value::Null,
+        |c| json!({"platform": c.platform, "bot_id": c.bot_id, "stream": c.stream}),
+    )
+}
+
+fn question_json(q: &pb::Question) -> Value {
+    json!({
+        "id": q.id, "task_id": q.task_id, "handle": q.handle, "text": q.text, "context": q.context,
+        "owner": q.owner, "chat": chat_json(&q.chat), "outcome": outcome_name(q.outcome),
+        "asked_at": time_of(&q.asked_at), "deadline": time_of(&q.deadline), "closed_at": time_of(&q.closed_at),
+        "answerer": q.answerer, "answer": q.answer,
+    })
+}
+
+fn task_json(t: &pb::Task) -> Value {
+    json!({
+        "id": t.id, "owner": t.owner, "chat": chat_json(&t.chat), "goal": t.goal, "state": state_name(t.state),
+        "generation": t.generation, "attempt": t.attempt, "rounds": t.rounds, "result": t.result, "error": t.error,
+        "created_at": time_of(&t.created_at), "updated_at": time_of(&t.updated_at), "finished_at": time_of(&t.finished_at),
+        "open_question": t.open_question.as_ref().map_or(Value::Null, question_json),
+    })
+}
+
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+fn clip(text: &str, max: usize) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= max {
+        line
+    } else {
+        format!("{}…", line.chars().take(max - 1).collect::<String>())
+    }
+}
+
+fn print_task(t: &pb::Task) {
+    println!("task     {}", t.id);
+    println!(
+        "state    {} (generation {}, attempt {}, {} rounds)",
+        state_name(t.state),
+        t.generation,
+        t.attempt,
+        t.rounds
+    );
+    println!("owner    {}", t.owner);
+    if let Some(c) = &t.chat {
+        println!("chat     {} bot {} {}", c.platform, c.bot_id, c.stream);
+    }
+    println!("goal     {}", t.goal);
+    println!("created  {}", time_of(&t.created_at));
+    if t.finished_at.is_some() {
+        println!("finished {}", time_of(&t.finished_at));
+    }
+    if !t.result.is_empty() {
+        println!("result   {}", t.result);
+    }
+    if !t.error.is_empty() {
+        println!("error    {}", t.error);
+    }
+}
+
+fn print_question(q: &pb::Question) {
+    let mut line = format!(
+        "#{} [{}] task {} · {}",
+        q.handle,
+        outcome_name(q.outcome),
+        short(&q.task_id),
+        clip(&q.text, 80)
+    );
+    if !q.answer.is_empty() {
+        line.push_str(&format!(" → {}", clip(&q.answer, 60)));
+    } else if q.deadline.is_some() && q.outcome == pb::QuestionOutcome::Open as i32 {
+        line.push_str(&format!(" (deadline {})", time_of(&q.deadline)));
+    }
+    println!("{line}   id {}", q.id);
+}
+
+fn joined(words: &[String]) -> String {
+    words.join(" ")
+}
+
+pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
+    let mut api = client(config, &args).await?;
+    let json_out = args.json;
+    match args.command {
+        TaskCommand::New {
+            owner,
+            timeout,
+            on_timeout,
+            chat,
+            request_id,
+            goal,
+        } => {
+            let on_timeout = match on_timeout {
+                None => pb::TimeoutPolicy::Unspecified,
+                Some(p) => p.parse::<TimeoutPolicy>()?.to_proto(),
+            };
+            let chat = chat.map(|c| pb::ChatRoute {
+                platform: c[0].clone(),
+                bot_id: c[1].clone(),
+                stream: c[2].clone(),
+                origin_message_id: String::new(),
+            });
+            let ask_timeout_s = timeout
+                .map(|t| u32::try_from(t.0.as_secs()).unwrap_or(u32::MAX))
+                .unwrap_or(0);
+            let task = api
+                .create_task(pb::CreateTaskRequest {
+                    owner,
+                    goal: joined(&goal),
+                    chat,
+                    ask_timeout_s,
+                    on_timeout: on_timeout as i32,
+                    request_id: request_id.unwrap_or_default(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner()
+                .task
+                .context("the server returned no task")?;
+            if json_out {
+                println!("{}", task_json(&task));
+            } else {
+                println!(
+                    "created {} ({}): {}",
+                    task.id,
+                    state_name(task.state),
+                    clip(&task.goal, 80)
+                );
+            }
+        }
+        TaskCommand::List {
+            owner,
+            states,
+            stream,
+            platform,
+            limit,
+            page_token,
+        } => {
+            let states = states
+                .iter()
+                .map(|s| s.parse::<TaskState>().map(|s| s.to_proto() as i32))
+                .collect::<Result<Vec<_>, _>>()?;
+            let page = api
+                .list_tasks(pb::ListTasksRequest {
+                    owner: owner.unwrap_or_default(),
+                    states,
+                    stream: stream.unwrap_or_default(),
+                    platform: platform.unwrap_or_default(),
+                    page_size: limit,
+                    page_token: page_token.unwrap_or_default(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            if json_out {
+                for t in &page.tasks {
+                    println!("{}", task_json(t));
+                }
+            } else if page.tasks.is_empty() {
+                println!("no tasks");
+            } else {
+                println!(
+                    "{:<8}  {:<13}  {:<20}  {:<20}  GOAL",
+                    "ID", "STATE", "OWNER", "CREATED"
+                );
+                for t in &page.tasks {
+                    println!(
+                        "{:<8}  {:<13}  {:<20}  {:<20}  {}",
+                        short(&t.id),
+                        state_name(t.state),
+                        clip(&t.owner, 20),
+                        time_of(&t.created_at),
+                        clip(&t.goal, 50)
+                    );
+                }
+            }
+            if !page.next_page_token.is_empty() && !json_out {
+                println!("more: --page-token {}", page.next_page_token);
+            }
+        }
+        TaskCommand::Get { id } => {
+            let got = api
+                .get_task(pb::GetTaskRequest { task_id: id })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            let task = got.task.context("the server returned no task")?;
+            if json_out {
+                let mut value = task_json(&task);
+                value["questions"] = got.questions.iter().map(question_json).collect();
+                println!("{value}");
+            } else {
+                print_task(&task);
+                if !got.questions.is_empty() {
+                    println!("questions");
+                    for q in &got.questions {
+                        print!("  ");
+                        print_question(q);
+                    }
+                }
+            }
+        }
+        TaskCommand::Cancel { id, reason } => {
+            let task = api
+                .cancel_task(pb::CancelTaskRequest {
+                    task_id: id,
+                    reason,
+                })
+                .await
+                .map_err(explain)?
+                .into_inner()
+                .task
+                .context("the server returned no task")?;
+            if json_out {
+                println!("{}", task_json(&task));
+            } else {
+                println!("cancelled {}", task.id);
+            }
+        }
+        TaskCommand::Answer {
+            id,
+            text,
+            question,
+            answerer,
+            request_id,
+        } => {
+            let (question_id, task_id) = if question {
+                (id, String::new())
+            } else {
+                (String::new(), id)
+            };
+            let answered = api
+                .answer_question(pb::AnswerQuestionRequest {
+                    question_id,
+                    task_id,
+                    answer: joined(&text),
+                    answerer: answerer.unwrap_or_default(),
+                    request_id: request_id.unwrap_or_default(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            let task = answered.task.context("the server returned no task")?;
+            if json_out {
+                println!("{}", task_json(&task));
+            } else {
+                println!("answered; task {} is {}", task.id, state_name(task.state));
+            }
+        }
+        TaskCommand::Tell { id, text, author } => {
+            let told = api
+                .tell_task(pb::TellTaskRequest {
+                    task_id: id,
+                    instruction: joined(&text),
+                    author,
+                })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            let when = match pb::tell_task_response::Delivery::try_from(told.delivery) {
+                Ok(pb::tell_task_response::Delivery::NextRound) => "at its next round",
+                _ => "when it resumes",
+            };
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"instruction_id": told.instruction_id, "delivery": when})
+                );
+            } else {
+                println!("told; the task sees it {when}");
+            }
+        }
+        TaskCommand::Watch { id } => {
+            let mut events = api
+                .watch_task(pb::WatchTaskRequest { task_id: id })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            while let Some(event) = events.message().await.map_err(explain)? {
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"task_id": event.task_id, "state": state_name(event.state), "generation": event.generation,
+                               "cause": event.cause, "at": time_of(&event.at)})
+                    );
+                } else {
+                    println!(
+                        "{}  {:<13}  generation {:<3}  ({})",
+                        time_of(&event.at),
+                        state_name(event.state),
+                        event.generation,
+                        event.cause
+                    );
+                }
+            }
+        }
+        TaskCommand::Questions {
+            owner,
+            stream,
+            platform,
+            all,
+            limit,
+        } => {
+            let listed = api
+                .list_questions(pb::ListQuestionsRequest {
+                    owner: owner.unwrap_or_default(),
+                    stream: stream.unwrap_or_default(),
+                    platform: platform.unwrap_or_default(),
+                    include_closed: all,
+                    page_size: limit,
+                    page_token: String::new(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            if json_out {
+                for q in &listed.questions {
+                    println!("{}", question_json(q));
+                }
+            } else if listed.questions.is_empty() {
+                println!("no questions");
+            } else {
+                for q in &listed.questions {
+                    print_question(q);
+                }
+            }
+        }
+    }
+    Ok(())
+}

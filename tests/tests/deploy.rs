@@ -1,0 +1,259 @@
+//! There is no Docker engine or cluster here, so the deployment files are kept honest another
+//! way: every hark command they run must exist in the `hark` CLI, every `HARK_…` variable they
+//! set must be a config key, and the values they set must be accepted by the config loader.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use hark_core::config::Config;
+use hark_e2e::hark_binary;
+use yaml_rust2::{Yaml, YamlLoader};
+
+/// HARK_ variables that are read by the CLI itself rather than the config.
+const NON_CONFIG: &[&str] = &[
+    "HARK_CONFIG",
+    "HARK_WORKER_ID",
+    "HARK_API",
+    "HARK_API_TOKEN",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+fn load(path: &str) -> Vec<Yaml> {
+    let text = std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{path} is not valid YAML: {e}"))
+}
+
+fn strings(yaml: &Yaml) -> Vec<String> {
+    yaml.as_vec()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Applies YAML merge keys (`<<: *anchor`), which the parser leaves as plain keys.
+fn merged(yaml: &Yaml) -> Yaml {
+    let Some(hash) = yaml.as_hash() else {
+        return yaml.clone();
+    };
+    let mut out = yaml_rust2::yaml::Hash::new();
+    if let Some(base) = hash.get(&Yaml::String("<<".into()))
+        && let Some(base) = merged(base).as_hash()
+    {
+        out.extend(base.clone());
+    }
+    for (k, v) in hash {
+        if k.as_str() != Some("<<") {
+            out.insert(k.clone(), merged(v));
+        }
+    }
+    Yaml::Hash(out)
+}
+
+/// `hark <args…> --help` must succeed: the subcommand and its flags exist.
+fn assert_command_exists(args: &[String], context: &str) {
+    let mut with_help: Vec<&str> = args.iter().map(String::as_str).collect();
+    with_help.push("--help");
+    let status = Command::new(hark_binary())
+        .args(&with_help)
+        .env_remove("HARK_CONFIG")
+        .output()
+        .expect("hark runs");
+    assert!(
+        status.status.success(),
+        "{context}: `hark {}` is not a hark command: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&status.stderr)
+    );
+}
+
+fn assert_config_keys(env: &BTreeMap<String, String>, context: &str) {
+    let keys = Config::env_keys();
+    for key in env.keys().filter(|k| k.starts_with("HARK_")) {
+        assert!(
+            keys.contains(key) || NON_CONFIG.contains(&key.as_str()),
+            "{context}: {key} is not a hark config key"
+        );
+    }
+    let config_env: BTreeMap<String, String> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with("HARK_") && !NON_CONFIG.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Err(e) = Config::from_parts(None, context, &config_env) {
+        panic!("{context}: the values it sets are refused: {e}");
+    }
+}
+
+/// Resolves `${VAR}`, `${VAR:-default}` from the example environment file.
+fn substitute(value: &str, vars: &BTreeMap<String, String>, used: &mut BTreeSet<String>) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').expect("closing brace") + start;
+        let inner = &rest[start + 2..end];
+        let (name, default) = match inner.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (inner, None),
+        };
+        match (vars.get(name), default) {
+            (Some(v), _) => out.push_str(v),
+            (None, Some(d)) => out.push_str(d),
+            (None, None) => {
+                panic!("${{{name}}} is used in docker-compose.yml but not set in .env.example")
+            }
+        }
+        used.insert(name.to_owned());
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn env_example() -> BTreeMap<String, String> {
+    std::fs::read_to_string(root().join(".env.example"))
+        .expect(".env.example")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+#[test]
+fn every_compose_command_and_environment_key_exists_in_hark() {
+    let docs = load("docker-compose.yml");
+    let compose = &docs[0];
+    let vars = env_example();
+    let mut used = BTreeSet::new();
+    let services = compose["services"].as_hash().expect("services");
+    let mut hark_services = 0;
+    for (name, service) in services {
+        let name = name.as_str().expect("service name");
+        let service = merged(service);
+        if service["image"].as_str() != Some("hark:local") {
+            continue;
+        }
+        hark_services += 1;
+        assert!(
+            !service["build"].is_badvalue(),
+            "{name}: hark services build from the Dockerfile"
+        );
+        let command = strings(&service["command"]);
+        assert!(!command.is_empty(), "{name} has no command");
+        assert_command_exists(&command, name);
+        let health = strings(&service["healthcheck"]["test"]);
+        if health.get(1).map(String::as_str) == Some("hark") {
+            assert_command_exists(&health[2..], &format!("{name} healthcheck"));
+        }
+        let env: BTreeMap<String, String> = service["environment"]
+            .as_hash()
+            .expect("environment")
+            .iter()
+            .map(|(k, v)| {
+                let value = v.as_str().map(str::to_owned).unwrap_or_default();
+                (
+                    k.as_str().expect("key").to_owned(),
+                    substitute(&value, &vars, &mut used),
+                )
+            })
+            .collect();
+        assert_config_keys(&env, name);
+    }
+    assert_eq!(hark_services, 4, "gateway, control and two workers");
+    for required in ["nats", "postgres"] {
+        assert!(
+            services.contains_key(&Yaml::String(required.into())),
+            "compose lacks {required}"
+        );
+    }
+    let postgres_env = services[&Yaml::String("postgres".into())]["environment"]
+        .as_hash()
+        .expect("postgres environment")
+        .values()
+        .filter_map(Yaml::as_str)
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    for value in postgres_env {
+        substitute(&value, &vars, &mut used);
+    }
+    for name in vars.keys() {
+        assert!(
+            used.contains(name),
+            ".env.example sets {name}, which docker-compose.yml never uses"
+        );
+    }
+}
+
+#[test]
+fn the_kubernetes_manifests_run_hark_commands_with_hark_config_keys() {
+    let docs = load("deploy/kubernetes/hark.yaml");
+    let mut config_map = BTreeMap::new();
+    let mut containers = Vec::new();
+    for doc in &docs {
+        match doc["kind"].as_str() {
+            Some("ConfigMap") => {
+                for (k, v) in doc["data"].as_hash().expect("data") {
+                    config_map.insert(
+                        k.as_str().expect("key").to_owned(),
+                        v.as_str().map(str::to_owned).unwrap_or_default(),
+                    );
+                }
+            }
+            Some("Deployment") => {
+                for c in doc["spec"]["template"]["spec"]["containers"]
+                    .as_vec()
+                    .expect("containers")
+                {
+                    containers.push(c.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(containers.len(), 3);
+    for c in &containers {
+        let name = c["name"].as_str().expect("name");
+        assert_command_exists(&strings(&c["args"]), name);
+        let probe = strings(&c["readinessProbe"]["exec"]["command"]);
+        assert_eq!(
+            probe.first().map(String::as_str),
+            Some("hark"),
+            "{name} probe"
+        );
+        assert_command_exists(&probe[1..], &format!("{name} probe"));
+        let mut env = config_map.clone();
+        for e in c["env"].as_vec().into_iter().flatten() {
+            env.insert(
+                e["name"].as_str().expect("env name").to_owned(),
+                "postgres://x@y/z".into(),
+            );
+        }
+        // Secrets carry values only known at deploy time; check their names, not values.
+        let keys = Config::env_keys();
+        for key in env.keys() {
+            assert!(keys.contains(key), "{name}: {key} is not a hark config key");
+        }
+        assert_config_keys(&config_map, name);
+    }
+}
+
+#[test]
+fn the_example_config_file_loads() {
+    let text = std::fs::read_to_string(root().join("deploy/hark.example.toml")).expect("example");
+    let config = Config::from_parts(Some(&text), "deploy/hark.example.toml", &BTreeMap::new())
+        .expect("it loads");
+    assert_eq!(config, Config::default(), "the example shows the defaults");
+}

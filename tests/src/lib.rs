@@ -4,6 +4,8 @@
 //! This library holds the harness: [`Env`] gives each test a database and a NATS namespace of
 //! its own, and [`Process`] runs one `hark` role and kills it (SIGKILL) on demand or on drop.
 
+pub mod bot;
+
 use std::{collections::BTreeMap, net::TcpListener, path::PathBuf, process::Stdio, time::Duration};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
@@ -119,17 +121,40 @@ impl Env {
 
     /// Starts `hark <args…>` with this installation's environment plus `extra`.
     pub fn spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Process {
+        // Each process logs to a file of its own; HARK_E2E_LOGS=inherit shows them inline.
+        let log_dir = std::env::temp_dir().join("hark-e2e").join(&self.namespace);
+        std::fs::create_dir_all(&log_dir).expect("log directory");
+        let log_path = log_dir.join(format!("{}.log", args.join("-")));
+        let (stdout, stderr) = if std::env::var("HARK_E2E_LOGS").as_deref() == Ok("inherit") {
+            (Stdio::inherit(), Stdio::inherit())
+        } else {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("log file");
+            (
+                Stdio::from(file.try_clone().expect("log file")),
+                Stdio::from(file),
+            )
+        };
         let mut command = Command::new(hark_binary());
         command
             .args(args)
             .env_remove("HARK_CONFIG")
+            .env("NO_COLOR", "1")
             .envs(self.process_env())
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
+            .stdout(stdout)
+            .stderr(stderr)
             .kill_on_drop(true);
         let child = command.spawn().expect("the hark binary starts");
+        eprintln!(
+            "started hark {} (log: {})",
+            args.join(" "),
+            log_path.display()
+        );
         Process {
             name: args.join(" "),
             child,

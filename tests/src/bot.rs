@@ -1,0 +1,177 @@
+//! A OneBot v11 bot played over WebSocket: it dials the gateway's reverse WebSocket, sends group
+//! messages as a QQ group would, and answers the gateway's send actions, recording what the
+//! bot "posted" in the group.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_tungstenite::{
+    connect_async,
+    tungstenite::{Message, client::IntoClientRequest},
+};
+
+/// A message the bot posted in a chat on hark's behalf.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub stream: String,
+    pub text: String,
+    /// The platform message id the bot gave it.
+    pub message_id: i64,
+    /// The message it quotes, if any.
+    pub reply_to: String,
+}
+
+#[derive(Debug)]
+pub struct Bot {
+    pub self_id: i64,
+    to_gateway: mpsc::Sender<String>,
+    sent: mpsc::Receiver<Sent>,
+    next_id: i64,
+}
+
+impl Bot {
+    /// Connects to the gateway at `port`, retrying while it starts.
+    pub async fn connect(port: u16, self_id: i64, token: &str) -> Self {
+        let url = format!("ws://127.0.0.1:{port}/onebot/v11/ws");
+        let mut socket = None;
+        for _ in 0..300 {
+            let mut request = url.clone().into_client_request().expect("request");
+            request
+                .headers_mut()
+                .insert("x-self-id", self_id.to_string().parse().expect("header"));
+            request.headers_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("header"),
+            );
+            if let Ok((ws, _)) = connect_async(request).await {
+                socket = Some(ws);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let socket = socket
+            .unwrap_or_else(|| panic!("the gateway did not accept a bot on {url} within 30s"));
+        let (mut sink, mut stream) = socket.split();
+        let (to_gateway, mut outgoing) = mpsc::channel::<String>(64);
+        let (sent_tx, sent) = mpsc::channel(256);
+        let replies = to_gateway.clone();
+        tokio::spawn(async move {
+            while let Some(text) = outgoing.recv().await {
+                if sink.send(Message::text(text)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut next_message_id = 9000i64;
+            while let Some(Ok(frame)) = stream.next().await {
+                let Message::Text(text) = frame else { continue };
+                let Ok(action) = serde_json::from_str::<Value>(&text) else {
+                    continue;
+                };
+                let Some(name) = action["action"].as_str() else {
+                    continue;
+                };
+                next_message_id += 1;
+                let params = &action["params"];
+                let stream_id = match name {
+                    "send_group_msg" => format!("group:{}", params["group_id"]),
+                    "send_private_msg" => format!("private:{}", params["user_id"]),
+                    _ => String::new(),
+                };
+                let mut body = String::new();
+                let mut reply_to = String::new();
+                for segment in params["message"].as_array().into_iter().flatten() {
+                    match segment["type"].as_str() {
+                        Some("text") => {
+                            body.push_str(segment["data"]["text"].as_str().unwrap_or_default())
+                        }
+                        Some("reply") => {
+                            reply_to = segment["data"]["id"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned()
+                        }
+                        _ => {}
+                    }
+                }
+                let response = json!({"status": "ok", "retcode": 0, "data": {"message_id": next_message_id}, "echo": action["echo"]});
+                let _ = replies.send(response.to_string()).await;
+                let _ = sent_tx
+                    .send(Sent {
+                        stream: stream_id,
+                        text: body,
+                        message_id: next_message_id,
+                        reply_to,
+                    })
+                    .await;
+            }
+        });
+        Self {
+            self_id,
+            to_gateway,
+            sent,
+            next_id: 1,
+        }
+    }
+
+    /// A group member writes in group `group`; returns the platform message id.
+    pub async fn group_message(&mut self, group: i64, user: i64, text: &str) -> i64 {
+        self.group_message_quoting(group, user, text, None).await
+    }
+
+    pub async fn group_message_quoting(
+        &mut self,
+        group: i64,
+        user: i64,
+        text: &str,
+        quote: Option<i64>,
+    ) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut segments = Vec::new();
+        if let Some(quoted) = quote {
+            segments.push(json!({"type": "reply", "data": {"id": quoted.to_string()}}));
+        }
+        segments.push(json!({"type": "text", "data": {"text": text}}));
+        let event = json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
+            "message_type": "group", "sub_type": "normal", "message_id": id, "group_id": group,
+            "user_id": user, "message": segments, "raw_message": text, "font": 0,
+            "sender": {"user_id": user, "nickname": format!("member {user}"), "card": ""}});
+        self.to_gateway
+            .send(event.to_string())
+            .await
+            .expect("the bot's connection is open");
+        id
+    }
+
+    /// Waits for a posted message matching `matches`, skipping others.
+    pub async fn expect(
+        &mut self,
+        what: &str,
+        wait: Duration,
+        matches: impl Fn(&Sent) -> bool,
+    ) -> Sent {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, self.sent.recv()).await {
+                Ok(Some(sent)) if matches(&sent) => return sent,
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the bot's connection closed while waiting for {what}"),
+                Err(_) => panic!("the bot posted no {what} within {wait:?}"),
+            }
+        }
+    }
+
+    /// Collects everything posted within `wait`.
+    pub async fn drain(&mut self, wait: Duration) -> Vec<Sent> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut out = Vec::new();
+        while let Ok(Some(sent)) = tokio::time::timeout_at(deadline, self.sent.recv()).await {
+            out.push(sent);
+        }
+        out
+    }
+}

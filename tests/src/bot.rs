@@ -7,10 +7,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio_tungstenite::{
-    connect_async,
-    tungstenite::{Message, client::IntoClientRequest},
-};
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 
 /// A message the bot posted in a chat on hark's behalf.
 #[derive(Debug, Clone)]
@@ -45,7 +42,9 @@ impl Bot {
                 "authorization",
                 format!("Bearer {token}").parse().expect("header"),
             );
-            if let Ok((ws, _)) = connect_async(request).await {
+            if let Ok((ws, _)) =
+                tokio_tungstenite::connect_async_with_config(request, None, true).await
+            {
                 socket = Some(ws);
                 break;
             }

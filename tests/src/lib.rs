@@ -6,7 +6,7 @@
 
 pub mod bot;
 
-use std::{collections::BTreeMap, net::TcpListener, path::PathBuf, process::Stdio, time::Duration};
+use std::{collections::BTreeMap, net::TcpListener, path::{Path, PathBuf}, process::Stdio, time::Duration};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::StreamExt;
@@ -27,24 +27,45 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
-/// The `hark` binary cargo built beside this test.
+/// The `hark` binary beside this test's executable, built first (once per test process) so
+/// that the suite does not depend on what else was built before it.
 pub fn hark_binary() -> PathBuf {
-    if let Some(path) = option_env!("CARGO_BIN_EXE_hark") {
-        return PathBuf::from(path);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/hark
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target directory");
-    let bin = dir.join("hark");
-    assert!(
-        bin.exists(),
-        "{} does not exist: build it with `cargo build -p hark` (cargo test --workspace does)",
-        bin.display()
-    );
-    bin
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test executable path");
+            // target/<profile>/deps/<test> → target/<profile>/hark
+            let dir = exe
+                .parent()
+                .and_then(|d| d.parent())
+                .expect("target directory");
+            let profile = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("debug")
+                .to_owned();
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("workspace root");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut build = std::process::Command::new(cargo);
+            build
+                .current_dir(workspace)
+                .args(["build", "--quiet", "-p", "hark", "--bin", "hark"]);
+            if profile == "release" {
+                build.arg("--release");
+            }
+            let status = build.status().expect("cargo runs");
+            assert!(status.success(), "cargo build -p hark failed");
+            let bin = dir.join("hark");
+            assert!(
+                bin.exists(),
+                "{} does not exist after building it",
+                bin.display()
+            );
+            bin
+        })
+        .clone()
 }
 
 /// A free TCP port on 127.0.0.1.

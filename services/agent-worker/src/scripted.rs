@@ -150,6 +150,10 @@ struct Inner {
 struct Shared {
     inner: Arc<Mutex<Inner>>,
     arrived: Arc<tokio::sync::Notify>,
+    /// Every request as it arrives, for benchmarks that time arrivals.
+    feed: tokio::sync::broadcast::Sender<Recorded>,
+    /// Whether to keep every request for [`ScriptedLlm::requests`] (off for long benchmarks).
+    keep: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A running scripted LLM server. Stops when dropped.
@@ -181,6 +185,8 @@ impl ScriptedLlm {
                 ..Default::default()
             })),
             arrived: Default::default(),
+            feed: tokio::sync::broadcast::channel(16_384).0,
+            keep: Arc::new(true.into()),
         };
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -215,6 +221,18 @@ impl ScriptedLlm {
     /// The base URL to configure as `llm.base_url`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request from now on, as it arrives.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Recorded> {
+        self.shared.feed.subscribe()
+    }
+
+    /// Whether to keep every request in memory for [`ScriptedLlm::requests`] (default true).
+    pub fn keep_requests(&self, keep: bool) {
+        self.shared
+            .keep
+            .store(keep, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn set_script(&self, name: &str, script: Script) {
@@ -284,11 +302,15 @@ async fn complete(
         ms.iter().filter(|m| m["role"] == "assistant").count()
     });
     let (step, quirks, failure) = {
-        let mut inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.requests.push(Recorded {
+        let recorded = Recorded {
             at: Instant::now(),
             body: body.clone(),
-        });
+        };
+        let _ = shared.feed.send(recorded.clone());
+        let mut inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.keep.load(std::sync::atomic::Ordering::Relaxed) {
+            inner.requests.push(recorded);
+        }
         let script = inner
             .scripts
             .get(&script_name(&goal))
@@ -300,12 +322,16 @@ async fn complete(
             .get(step_index)
             .cloned()
             .unwrap_or_else(|| Step::say("(the script has no more steps)"));
-        let attempts = inner
-            .attempts
-            .entry((goal.clone(), step_index))
-            .or_insert(0);
-        let failure = step.failures.get(*attempts).copied();
-        *attempts += 1;
+        let failure = if step.failures.is_empty() {
+            None
+        } else {
+            let attempts = inner
+                .attempts
+                .entry((goal.clone(), step_index))
+                .or_insert(0);
+            *attempts += 1;
+            step.failures.get(*attempts - 1).copied()
+        };
         (step, script.quirks, failure)
     };
     shared.arrived.notify_waiters();

@@ -190,9 +190,10 @@ impl Worker {
             }
         };
         // The task is ours under a lease now; if this process dies, the lease lapses and the
-        // task is recovered, so the job itself is done.
-        if let Err(e) = message.double_ack().await {
-            tracing::debug!(error = %e, "run job ack not confirmed");
+        // task is recovered, so the job itself is done. The ack is not awaited: a lost one only
+        // brings the job back, and its claim is then refused as stale.
+        if let Err(e) = message.ack().await {
+            tracing::debug!(error = %e, "run job ack not sent");
         }
         let outcome = self.run_claimed(claimed, shutdown).await;
         tracing::info!(task = job.task_id, ?outcome, "run ended");

@@ -7,6 +7,7 @@ use axum::{
     Json, Router,
     extract::{DefaultBodyLimit, State},
     routing::{any, get, post},
+    serve::ListenerExt,
 };
 use hark_core::{
     bus::{self, Names},
@@ -116,6 +117,12 @@ impl App {
             .with_state(hub.clone());
         tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
+        // Chat frames are small and latency matters more than packet count.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await;

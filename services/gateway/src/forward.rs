@@ -45,7 +45,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max));
-    let (socket, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), false)
+    let (socket, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .map_err(|e| e.to_string())?;
     let (mut sink, mut stream) = socket.split();

@@ -2,6 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
+mod bench;
 mod dev;
 mod health;
 mod task;
@@ -58,6 +59,8 @@ enum Command {
     },
     /// Talk to a running hark over its gRPC API.
     Task(task::TaskArgs),
+    /// Measure resume latency and mass suspend/resume against a running hark (see BENCHMARKS.md).
+    Bench(bench::BenchArgs),
     /// Exit 0 when a role answers on this host (for container healthchecks).
     Health {
         #[arg(value_enum)]
@@ -83,7 +86,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // The task client prints for people; only warnings belong on its stderr.
     let quiet = matches!(
         cli.command,
-        Command::Task(_) | Command::Config | Command::Health { .. }
+        Command::Task(_) | Command::Config | Command::Health { .. } | Command::Bench(_)
     );
     init_tracing(&config, quiet);
     match cli.command {
@@ -91,6 +94,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dev { workers } => dev::run(config, workers, shutdown_on_signal()).await,
         Command::Task(args) => task::run(&config, args).await,
         Command::Health { role } => health::check(&config, role).await,
+        Command::Bench(args) => bench::run(config, args).await,
         Command::Gateway => {
             let app = hark_gateway::app::App::build(&config).await?;
             tracing::info!(addr = %app.addr(), "gateway started");

@@ -270,23 +270,21 @@ impl TaskService for Api {
                     .map_err(status_of)?
             }
             ("", task) => {
-                let task = self
-                    .shared
-                    .store
-                    .resolve_task(&task_ref("task_id", task)?)
-                    .await
-                    .map_err(status_of)?;
-                self.shared
-                    .store
-                    .open_question_of(task.id)
-                    .await
-                    .map_err(status_of)?
-                    .ok_or_else(|| {
-                        Status::failed_precondition(format!(
+                let store = &self.shared.store;
+                let id = match task_ref("task_id", task)? {
+                    TaskRef::Full(id) => id,
+                    prefix => store.resolve_task(&prefix).await.map_err(status_of)?.id,
+                };
+                match store.open_question_of(id).await.map_err(status_of)? {
+                    Some(question) => question,
+                    None => {
+                        let task = store.get_task(id).await.map_err(status_of)?;
+                        return Err(Status::failed_precondition(format!(
                             "task {} has no open question (it is {})",
                             task.id, task.state
-                        ))
-                    })?
+                        )));
+                    }
+                }
             }
             _ => {
                 return Err(invalid(

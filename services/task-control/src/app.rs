@@ -13,10 +13,10 @@ use hark_core::{
     domain::QuestionId,
 };
 use hark_proto::v1 as pb;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{api, chat, control, shared::Shared, store, timers};
+use crate::{api, chat, control, shared::Shared, store, store::OutboxMessage, timers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -43,6 +43,8 @@ pub enum Error {
 pub struct App {
     shared: Shared,
     listener: TcpListener,
+    /// Outbox messages of committed transactions, for the relay.
+    committed: UnboundedReceiver<Vec<OutboxMessage>>,
 }
 
 impl App {
@@ -64,7 +66,9 @@ impl App {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Listen { addr, source })?;
-        let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone());
+        let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
+        let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
+            .with_relay(relay);
         Ok(Self {
             shared: Shared {
                 store,
@@ -74,6 +78,7 @@ impl App {
                 config: Arc::new(config),
             },
             listener,
+            committed,
         })
     }
 
@@ -89,10 +94,15 @@ impl App {
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
-        let Self { shared, listener } = self;
+        let Self {
+            shared,
+            listener,
+            committed,
+        } = self;
         let tracker = TaskTracker::new();
 
-        tracker.spawn(relay(shared.clone(), shutdown.clone()));
+        tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
+        tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_chat(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
@@ -133,27 +143,95 @@ impl App {
     }
 }
 
-/// Publishes what committed transactions wrote to the outbox: at once when woken by a commit,
-/// and every second in any case, which also picks up what a crashed replica left behind.
-async fn relay(shared: Shared, shutdown: CancellationToken) {
-    let ready = shared.store.outbox_ready();
+/// Publishes outbox messages the moment their transaction commits, and forgets them (in
+/// batches, off the hot path) once JetStream acknowledged them.
+async fn relay(
+    shared: Shared,
+    mut committed: UnboundedReceiver<Vec<OutboxMessage>>,
+    shutdown: CancellationToken,
+) {
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let mut flush = tokio::time::interval(Duration::from_millis(50));
     loop {
-        match shared.store.relay_outbox(&shared.js, 256).await {
+        let batch = tokio::select! {
+            batch = committed.recv() => batch,
+            _ = flush.tick() => {
+                forget(&shared, &mut acknowledged).await;
+                continue;
+            }
+            _ = shutdown.cancelled() => None,
+        };
+        let Some(mut batch) = batch else { break };
+        // Take whatever else committed meanwhile, to publish it in one pipelined go.
+        while let Ok(more) = committed.try_recv() {
+            batch.extend(more);
+        }
+        let mut pending = Vec::with_capacity(batch.len());
+        for message in batch {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
+            match shared
+                .js
+                .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+                .await
+            {
+                Ok(ack) => pending.push((message, ack)),
+                // Left in the outbox: the sweep publishes it.
+                Err(e) => {
+                    tracing::warn!(subject = message.subject, error = %e, "cannot publish; the sweep will retry")
+                }
+            }
+        }
+        for (message, ack) in pending {
+            match ack.await {
+                Ok(_) => acknowledged.push((message.subject, message.msg_id)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry")
+                }
+            }
+        }
+        if acknowledged.len() >= 256 {
+            forget(&shared, &mut acknowledged).await;
+        }
+    }
+    forget(&shared, &mut acknowledged).await;
+}
+
+async fn forget(shared: &Shared, acknowledged: &mut Vec<(String, String)>) {
+    if acknowledged.is_empty() {
+        return;
+    }
+    match shared.store.outbox_forget(acknowledged).await {
+        Ok(()) => acknowledged.clear(),
+        // Kept for the next try; if this process dies first, the sweep publishes the rows again
+        // and JetStream drops the duplicates by their Nats-Msg-Id.
+        Err(e) => tracing::warn!(error = %e, "cannot clear published outbox rows"),
+    }
+}
+
+/// Publishes outbox rows nobody published: those a crashed process (this one before a restart,
+/// or another replica) committed but did not relay. At start it takes every row; afterwards
+/// only rows older than [`SWEEP_AGE`], so as not to race the relay of fresh commits.
+async fn sweep(shared: Shared, shutdown: CancellationToken) {
+    let ready = shared.store.outbox_ready();
+    let mut min_age = Duration::ZERO;
+    loop {
+        match shared.store.relay_outbox(&shared.js, 256, min_age).await {
             Ok(256) => continue,
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "outbox relay failed; retrying"),
+            Ok(_) => min_age = SWEEP_AGE,
+            Err(e) => tracing::warn!(error = %e, "outbox sweep failed; retrying"),
         }
         tokio::select! {
-            _ = shutdown.cancelled() => {
-                // One last pass so that a clean stop leaves nothing behind.
-                let _ = shared.store.relay_outbox(&shared.js, 1024).await;
-                return;
-            }
-            _ = ready.notified() => {}
+            _ = shutdown.cancelled() => return,
+            // A commit without a relay to hand its messages to.
+            _ = ready.notified() => min_age = Duration::ZERO,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
 }
+
+/// How old an outbox row must be before the sweep takes it over from the relay.
+const SWEEP_AGE: Duration = Duration::from_secs(3);
 
 async fn consumer(shared: &Shared, stream: String) -> Result<PullConsumer, async_nats::Error> {
     Ok(shared

@@ -31,8 +31,8 @@ mod timers;
 
 pub use connect::{connect, migrate};
 pub use ops::{
-    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, QuestionFilter, Resume,
-    TaskFilter, TellDelivery,
+    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, OutboxMessage, QuestionFilter,
+    Resume, TaskFilter, TellDelivery,
 };
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 
@@ -126,6 +126,8 @@ pub struct Store {
     outbox_ready: std::sync::Arc<tokio::sync::Notify>,
     /// The label put before a question's context in the chat.
     context_label: String,
+    /// Where committed outbox messages go to be published at once, when a relay runs here.
+    relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
 }
 
 impl Store {
@@ -139,7 +141,17 @@ impl Store {
             names,
             outbox_ready: Default::default(),
             context_label: context_label.into(),
+            relay: None,
         }
+    }
+
+    /// Sends committed outbox messages to `relay` for publishing at once.
+    pub fn with_relay(
+        mut self,
+        relay: tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>,
+    ) -> Self {
+        self.relay = Some(relay);
+        self
     }
 
     pub fn pool(&self) -> &sqlx::PgPool {

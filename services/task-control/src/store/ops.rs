@@ -115,12 +115,12 @@ pub struct TaskFilter {
     pub limit: i64,
 }
 
-/// A message to publish once the transaction commits.
+/// A message to publish once the transaction that decided it commits.
 #[derive(Debug, Clone)]
-pub(super) struct Outgoing {
-    subject: String,
-    msg_id: String,
-    payload: Bytes,
+pub struct OutboxMessage {
+    pub subject: String,
+    pub msg_id: String,
+    pub payload: Bytes,
 }
 
 /// One compare-and-set transition.
@@ -141,7 +141,11 @@ pub(super) struct Cas<'a> {
     pub(super) rounds: i32,
     pub(super) actor: &'a str,
     pub(super) detail: &'a str,
-    pub(super) outbox: Vec<Outgoing>,
+    pub(super) outbox: Vec<OutboxMessage>,
+    /// Close the task's open questions with this outcome in the same statement.
+    pub(super) close_questions: Option<QuestionOutcome>,
+    /// Record this answer on this (open) question in the same statement.
+    pub(super) answer: Option<(QuestionId, &'a Answer)>,
 }
 
 impl<'a> Cas<'a> {
@@ -167,6 +171,8 @@ impl<'a> Cas<'a> {
             actor,
             detail: "",
             outbox: Vec::new(),
+            close_questions: None,
+            answer: None,
         }
     }
 }
@@ -186,7 +192,7 @@ impl Store {
         state: TaskState,
         generation: i64,
         cause: &str,
-    ) -> Outgoing {
+    ) -> OutboxMessage {
         let event = pb::TaskEvent {
             task_id: task.to_string(),
             state: state.to_proto() as i32,
@@ -195,21 +201,26 @@ impl Store {
             at: Some(now_ts()),
             ..Default::default()
         };
-        Outgoing {
+        OutboxMessage {
             subject: self.names.task_event(task),
             msg_id: Names::task_event_msg_id(task, generation as u64),
             payload: codec::encode(event),
         }
     }
 
-    pub(super) fn run_msg(&self, task: TaskId, generation: i64, reason: pb::RunReason) -> Outgoing {
+    pub(super) fn run_msg(
+        &self,
+        task: TaskId,
+        generation: i64,
+        reason: pb::RunReason,
+    ) -> OutboxMessage {
         let job = pb::RunJob {
             task_id: task.to_string(),
             generation: generation as u64,
             reason: reason as i32,
             ..Default::default()
         };
-        Outgoing {
+        OutboxMessage {
             subject: self.names.task_run(),
             msg_id: Names::run_job_msg_id(task, generation as u64),
             payload: codec::encode(job),
@@ -224,7 +235,7 @@ impl Store {
         text: &str,
         question: Option<QuestionId>,
         reply_to: Option<&str>,
-    ) -> Vec<Outgoing> {
+    ) -> Vec<OutboxMessage> {
         let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
             tracing::warn!(
                 platform = route.platform,
@@ -255,7 +266,7 @@ impl Store {
                     question_id: question.map(|q| q.to_string()).unwrap_or_default(),
                     ..Default::default()
                 };
-                Outgoing {
+                OutboxMessage {
                     subject: subject.clone(),
                     msg_id: id,
                     payload: codec::encode(message),
@@ -271,6 +282,7 @@ impl Store {
         &self,
         conn: &mut PgConnection,
         mut change: Cas<'_>,
+        sent: &mut Vec<OutboxMessage>,
     ) -> Result<Option<TaskRow>, Error> {
         let to = transition(change.from, change.event)
             .map_err(|e| Error::wrong_state(change.task, e))?;
@@ -278,7 +290,8 @@ impl Store {
         change
             .outbox
             .push(self.event_msg(change.task, to, next_generation, change.event.as_str()));
-        let (subjects, msg_ids, payloads) = columns(change.outbox);
+        let outbox = std::mem::take(&mut change.outbox);
+        let (subjects, msg_ids, payloads) = columns(outbox.clone());
         let sql = concat!(
             "WITH t AS (
                 UPDATE tasks SET
@@ -304,6 +317,17 @@ impl Store {
                 INSERT INTO outbox (subject, msg_id, payload)
                 SELECT s, m, p FROM unnest($15::text[], $16::text[], $17::bytea[]) AS x(s, m, p)
                 WHERE EXISTS (SELECT 1 FROM t)
+            ), answered AS (
+                UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = $19, answer = $20,
+                                     inbound_message_id = $21
+                WHERE $18::uuid IS NOT NULL AND id = $18 AND outcome = 'open' AND EXISTS (SELECT 1 FROM t)
+            ), applied AS (
+                INSERT INTO applied_inbound (key, task_id, question_id)
+                SELECT $21, id, $18 FROM t WHERE $21::text IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), closed AS (
+                UPDATE questions SET outcome = $22, closed_at = now()
+                WHERE $22::text IS NOT NULL AND task_id = $1 AND outcome = 'open' AND EXISTS (SELECT 1 FROM t)
             )
             SELECT * FROM t"
         );
@@ -325,24 +349,41 @@ impl Store {
             .bind(subjects)
             .bind(msg_ids)
             .bind(payloads)
+            .bind(change.answer.map(|(q, _)| q.as_uuid()))
+            .bind(change.answer.map(|(_, a)| a.answerer.as_str()))
+            .bind(change.answer.map(|(_, a)| a.text.as_str()))
+            .bind(change.answer.and_then(|(_, a)| a.inbound_key.as_deref()))
+            .bind(change.close_questions.map(QuestionOutcome::as_str))
             .fetch_optional(&mut *conn)
             .await?;
+        if row.is_some() {
+            sent.extend(outbox);
+        }
         Ok(row)
     }
 
-    pub(super) fn notify_outbox(&self) {
-        self.outbox_ready.notify_one();
+    /// Hands messages whose transaction committed to the relay, which publishes them at once.
+    /// Without a relay in this process, the outbox sweep picks them up.
+    pub(super) fn published(&self, sent: Vec<OutboxMessage>) {
+        if sent.is_empty() {
+            return;
+        }
+        match &self.relay {
+            Some(relay) if relay.send(sent).is_ok() => {}
+            _ => self.outbox_ready.notify_one(),
+        }
     }
 
     pub(super) async fn enqueue(
         &self,
         conn: &mut PgConnection,
-        outbox: Vec<Outgoing>,
+        outbox: Vec<OutboxMessage>,
+        sent: &mut Vec<OutboxMessage>,
     ) -> Result<(), Error> {
         if outbox.is_empty() {
             return Ok(());
         }
-        let (subjects, msg_ids, payloads) = columns(outbox);
+        let (subjects, msg_ids, payloads) = columns(outbox.clone());
         sqlx::query(
             "INSERT INTO outbox (subject, msg_id, payload)
              SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])",
@@ -352,6 +393,7 @@ impl Store {
         .bind(payloads)
         .execute(conn)
         .await?;
+        sent.extend(outbox);
         Ok(())
     }
 
@@ -361,6 +403,7 @@ impl Store {
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
         let mut tx = self.pool.begin().await?;
+        let mut sent = Vec::new();
         let chat = new.chat.as_ref();
         let sql = concat!(
             "INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state, on_timeout,
@@ -409,9 +452,9 @@ impl Store {
             self.event_msg(id, TaskState::Pending, task.generation, "create"),
             self.run_msg(id, task.generation, pb::RunReason::Start),
         ];
-        self.enqueue(&mut tx, outbox).await?;
+        self.enqueue(&mut tx, outbox, &mut sent).await?;
         tx.commit().await?;
-        self.notify_outbox();
+        self.published(sent);
         Ok(task)
     }
 
@@ -545,6 +588,10 @@ impl Store {
     // Worker operations.
 
     /// Takes a pending task for `worker` if the job's generation is still current.
+    ///
+    /// The claim itself is one statement; what the worker needs (the checkpoint, the answer,
+    /// told instructions) is read after it, in parallel: while the lease is held nobody else
+    /// writes those rows.
     pub async fn claim(
         &self,
         task: TaskId,
@@ -552,7 +599,7 @@ impl Store {
         worker: &str,
         lease: Duration,
     ) -> Result<Claimed, Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut sent = Vec::new();
         let mut change = Cas::new(
             task,
             TaskState::Pending,
@@ -562,8 +609,11 @@ impl Store {
         );
         change.new_worker = Some(worker);
         change.lease = lease;
-        let Some(row) = self.cas(&mut tx, change).await? else {
-            drop(tx);
+        let won = {
+            let mut conn = self.pool.acquire().await?;
+            self.cas(&mut conn, change, &mut sent).await?
+        };
+        let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
                 TaskState::Cancelled => Error::Cancelled {
@@ -577,28 +627,23 @@ impl Store {
                 },
             });
         };
-        let rounds = sqlx::query_as::<_, RoundRow>(
-            "SELECT round, messages FROM checkpoints WHERE task_id = $1 ORDER BY round",
-        )
-        .bind(task.as_uuid())
-        .fetch_all(&mut *tx)
-        .await?;
-        let last_round = rounds.last().map_or(0, |r| r.round);
-        let sql = concat!(
+        self.published(sent);
+        let last_question = sqlx::query_as::<_, QuestionRow>(concat!(
             "SELECT ",
             question_columns!(),
             " FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1"
-        );
-        let last_question = sqlx::query_as::<_, QuestionRow>(sql)
-            .bind(task.as_uuid())
-            .fetch_optional(&mut *tx)
-            .await?;
+        ))
+        .bind(task.as_uuid())
+        .fetch_optional(&self.pool);
+        let (rounds, last_question, instructions) = tokio::try_join!(
+            self.rounds_of(task),
+            async { Ok(last_question.await?) },
+            self.instructions_of(task)
+        )?;
+        let last_round = rounds.last().map_or(0, |r| r.round);
         let resume = last_question
             .filter(|q| q.round >= last_round)
             .and_then(|q| resume_of(&q));
-        let instructions = pending_instructions(&mut tx, task).await?;
-        tx.commit().await?;
-        self.notify_outbox();
         Ok(Claimed {
             lease: Lease {
                 task,
@@ -647,8 +692,7 @@ impl Store {
         if renewed == 0 {
             return Err(self.refusal(lease).await);
         }
-        let mut conn = self.pool.acquire().await?;
-        pending_instructions(&mut conn, lease.task).await
+        self.instructions_of(lease.task).await
     }
 
     /// Stores one round under the lease. Storing the same round again changes nothing.
@@ -693,6 +737,7 @@ impl Store {
     /// chat (through the outbox, in the same transaction).
     pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
         let mut tx = self.pool.begin().await?;
+        let mut sent = Vec::new();
         let sql = concat!(
             "SELECT ",
             task_columns!(),
@@ -748,7 +793,7 @@ impl Store {
                 route.origin_message_id.as_deref(),
             ));
         }
-        if self.cas(&mut tx, change).await?.is_none() {
+        if self.cas(&mut tx, change, &mut sent).await?.is_none() {
             drop(tx);
             return Err(self.refusal(lease).await);
         }
@@ -796,41 +841,34 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.notify_outbox();
+        self.published(sent);
         Ok(question)
     }
 
-    /// Applies an answer to an open question: the question becomes answered and the task goes
-    /// from waiting_input to pending with its resume job queued, in one transaction.
+    /// Applies an answer to an open question: the question becomes answered, the inbound message
+    /// is recorded as applied, and the task goes from waiting_input to pending with its resume job
+    /// queued, all in one statement.
     pub async fn answer(
         &self,
         question: QuestionId,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        let mut tx = self.pool.begin().await?;
-        if let Some(key) = &answer.inbound_key {
-            let fresh = sqlx::query(
-                "INSERT INTO applied_inbound (key, question_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            )
-            .bind(key)
-            .bind(question.as_uuid())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if fresh == 0 {
-                return Ok(AnswerOutcome::Duplicate);
-            }
-        }
-        let found: Option<(Uuid, String, i64, String)> = sqlx::query_as(
-            "SELECT t.id, t.state, t.generation, q.outcome FROM questions q JOIN tasks t ON t.id = q.task_id
+        let found: Option<(Uuid, String, i64, String, bool)> = sqlx::query_as(
+            "SELECT t.id, t.state, t.generation, q.outcome,
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2)
+             FROM questions q JOIN tasks t ON t.id = q.task_id
              WHERE q.id = $1",
         )
         .bind(question.as_uuid())
-        .fetch_optional(&mut *tx)
+        .bind(answer.inbound_key.as_deref())
+        .fetch_optional(&self.pool)
         .await?;
-        let Some((task_uuid, state, generation, outcome)) = found else {
+        let Some((task_uuid, state, generation, outcome, applied)) = found else {
             return Err(Error::QuestionNotFound(question.to_string()));
         };
+        if applied {
+            return Ok(AnswerOutcome::Duplicate);
+        }
         let task_id = TaskId::from_uuid(task_uuid);
         let outcome: QuestionOutcome = outcome.parse().unwrap_or(QuestionOutcome::Cancelled);
         if !outcome.is_open() {
@@ -842,51 +880,68 @@ impl Store {
         let state: TaskState = state
             .parse()
             .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
+        // The task moves only from the generation just read. A question is only ever closed
+        // together with a move of its task, so when this move wins the question is still open.
+        let mut sent = Vec::new();
         let mut change = Cas::new(task_id, state, generation, Event::Answer, &answer.answerer);
+        change.answer = Some((question, answer));
         change
             .outbox
             .push(self.run_msg(task_id, generation + 1, pb::RunReason::ResumeReply));
-        let Some(task) = self.cas(&mut tx, change).await? else {
-            // A cancel or an expiry won the race; say what became of the question.
-            drop(tx);
+        let won = {
+            let mut conn = self.pool.acquire().await?;
+            self.cas(&mut conn, change, &mut sent).await?
+        };
+        let Some(task) = won else {
+            // Another writer won: the same message applied concurrently, or a cancel or an
+            // expiry. Say which.
+            if let Some(key) = &answer.inbound_key
+                && self.was_applied(key).await?
+            {
+                return Ok(AnswerOutcome::Duplicate);
+            }
             let now = self.get_question(question).await?;
             return Err(Error::QuestionClosed {
                 id: question.to_string(),
                 outcome: now.outcome,
             });
         };
-        let sql = concat!(
-            "UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = $2, answer = $3,
-                                  inbound_message_id = $4
-             WHERE id = $1 AND outcome = 'open'
-             RETURNING ", question_columns!(), ""
-        );
-        let question_row = sqlx::query_as::<_, QuestionRow>(sql)
-            .bind(question.as_uuid())
-            .bind(&answer.answerer)
-            .bind(&answer.text)
-            .bind(answer.inbound_key.as_deref())
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| Error::QuestionClosed {
-                id: question.to_string(),
-                outcome: QuestionOutcome::Cancelled,
-            })?;
-        tx.commit().await?;
         hark_core::failpoint::hit("answer.after_commit");
-        self.notify_outbox();
+        self.published(sent);
+        let question_row = self.get_question(question).await?;
         Ok(AnswerOutcome::Applied {
             task: Box::new(task),
             question: Box::new(question_row),
         })
     }
 
+    /// The instructions of a task not yet consumed by a checkpoint, oldest first.
+    pub async fn instructions_of(&self, task: TaskId) -> Result<Vec<Instruction>, Error> {
+        Ok(sqlx::query_as::<_, Instruction>(
+            "SELECT id, text, author FROM instructions WHERE task_id = $1 AND consumed_round IS NULL
+             ORDER BY created_at, id",
+        )
+        .bind(task.as_uuid())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn was_applied(&self, key: &str) -> Result<bool, Error> {
+        Ok(
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM applied_inbound WHERE key = $1)")
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
     /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
-    /// is told. Retries when another transition races it, since a cancel must win eventually.
+    /// is told, in one statement. Retries when another transition races it, since a cancel must
+    /// win eventually.
     pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
         for _ in 0..16 {
             let current = self.get_task(task).await?;
-            let mut tx = self.pool.begin().await?;
+            let mut sent = Vec::new();
             let mut change = Cas::new(
                 task,
                 current.state,
@@ -900,6 +955,7 @@ impl Store {
             } else {
                 reason
             });
+            change.close_questions = Some(QuestionOutcome::Cancelled);
             if let Some(route) = current.chat() {
                 change.outbox.extend(self.chat_msgs(
                     &route,
@@ -908,18 +964,14 @@ impl Store {
                     None,
                 ));
             }
-            let Some(row) = self.cas(&mut tx, change).await? else {
-                continue;
+            let won = {
+                let mut conn = self.pool.acquire().await?;
+                self.cas(&mut conn, change, &mut sent).await?
             };
-            sqlx::query(
-                "UPDATE questions SET outcome = 'cancelled', closed_at = now() WHERE task_id = $1 AND outcome = 'open'",
-            )
-            .bind(task.as_uuid())
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            self.notify_outbox();
-            return Ok(row);
+            if let Some(row) = won {
+                self.published(sent);
+                return Ok(row);
+            }
         }
         Err(Error::Database(sqlx::Error::Protocol(format!(
             "cancelling task {task} kept losing races; try again"
@@ -933,8 +985,11 @@ impl Store {
         final_round: Option<(i32, &serde_json::Value)>,
         result: &str,
     ) -> Result<TaskRow, Error> {
-        let mut tx = self.pool.begin().await?;
+        // Read before the transaction: holding one pooled connection while waiting for another
+        // deadlocks once every connection is held that way.
         let chat = self.chat_of(lease.task).await?;
+        let mut tx = self.pool.begin().await?;
+        let mut sent = Vec::new();
         let mut change = Cas::new(
             lease.task,
             TaskState::Running,
@@ -953,7 +1008,7 @@ impl Store {
                 None,
             ));
         }
-        let Some(row) = self.cas(&mut tx, change).await? else {
+        let Some(row) = self.cas(&mut tx, change, &mut sent).await? else {
             drop(tx);
             return Err(self.refusal(lease).await);
         };
@@ -966,7 +1021,7 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        self.notify_outbox();
+        self.published(sent);
         Ok(row)
     }
 
@@ -974,6 +1029,7 @@ impl Store {
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
         let mut conn = self.pool.acquire().await?;
+        let mut sent = Vec::new();
         let mut change = Cas::new(
             lease.task,
             TaskState::Running,
@@ -992,22 +1048,22 @@ impl Store {
                 None,
             ));
         }
-        let Some(row) = self.cas(&mut conn, change).await? else {
+        let Some(row) = self.cas(&mut conn, change, &mut sent).await? else {
             return Err(self.refusal(lease).await);
         };
-        self.notify_outbox();
+        self.published(sent);
         Ok(row)
     }
 
-    /// Queues a progress message to the task's chat, if the lease still holds.
     /// Queues a progress message to the task's chat, if the lease still holds. With an
     /// idempotency key, sending again under the same key changes nothing.
     pub async fn send(&self, lease: &Lease, text: &str, key: Option<&str>) -> Result<bool, Error> {
         let Some(route) = self.chat_of(lease.task).await? else {
             return Ok(false);
         };
-        let (subjects, msg_ids, payloads) = columns(self.chat_msgs(&route, text, None, None));
-        let held: bool = sqlx::query_scalar(
+        let messages = self.chat_msgs(&route, text, None, None);
+        let (subjects, msg_ids, payloads) = columns(messages.clone());
+        let (held, queued): (bool, bool) = sqlx::query_as(
             "WITH t AS (
                 SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
             ), fresh AS (
@@ -1019,8 +1075,9 @@ impl Store {
                 INSERT INTO outbox (subject, msg_id, payload)
                 SELECT s, m, p FROM unnest($4::text[], $5::text[], $6::bytea[]) AS x(s, m, p)
                 WHERE EXISTS (SELECT 1 FROM t) AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM fresh))
+                RETURNING 1
             )
-            SELECT EXISTS (SELECT 1 FROM t)",
+            SELECT EXISTS (SELECT 1 FROM t), EXISTS (SELECT 1 FROM o)",
         )
         .bind(lease.task.as_uuid())
         .bind(lease.generation)
@@ -1034,7 +1091,9 @@ impl Store {
         if !held {
             return Err(self.refusal(lease).await);
         }
-        self.notify_outbox();
+        if queued {
+            self.published(messages);
+        }
         Ok(true)
     }
 
@@ -1098,7 +1157,7 @@ impl Store {
 }
 
 /// The outbox messages as three parallel arrays, for `unnest`.
-fn columns(outbox: Vec<Outgoing>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>>) {
+fn columns(outbox: Vec<OutboxMessage>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>>) {
     let mut subjects = Vec::with_capacity(outbox.len());
     let mut msg_ids = Vec::with_capacity(outbox.len());
     let mut payloads = Vec::with_capacity(outbox.len());
@@ -1128,18 +1187,6 @@ fn resume_of(question: &QuestionRow) -> Option<Resume> {
         expired,
         text,
     })
-}
-
-async fn pending_instructions(
-    conn: &mut PgConnection,
-    task: TaskId,
-) -> Result<Vec<Instruction>, Error> {
-    Ok(sqlx::query_as::<_, Instruction>(
-        "SELECT id, text, author FROM instructions WHERE task_id = $1 AND consumed_round IS NULL ORDER BY created_at, id",
-    )
-    .bind(task.as_uuid())
-    .fetch_all(conn)
-    .await?)
 }
 
 /// A handle no other open question of this owner in this stream uses.
@@ -1312,18 +1359,42 @@ impl Store {
         .await?)
     }
 
-    /// Relays up to `limit` outbox messages to JetStream and deletes those the stream
+    /// Forgets outbox messages, named by subject and dedup id, once JetStream acknowledged them.
+    pub async fn outbox_forget(&self, published: &[(String, String)]) -> Result<(), Error> {
+        if published.is_empty() {
+            return Ok(());
+        }
+        let (subjects, msg_ids): (Vec<&str>, Vec<&str>) = published
+            .iter()
+            .map(|(s, m)| (s.as_str(), m.as_str()))
+            .unzip();
+        sqlx::query(
+            "DELETE FROM outbox o USING unnest($1::text[], $2::text[]) AS d(s, m)
+             WHERE o.msg_id = d.m AND o.subject = d.s",
+        )
+        .bind(subjects)
+        .bind(msg_ids)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Relays up to `limit` outbox messages older than `min_age` to JetStream and deletes those the stream
     /// acknowledged. Rows another relay holds are skipped. Returns how many were relayed.
     pub async fn relay_outbox(
         &self,
         js: &async_nats::jetstream::Context,
         limit: i64,
+        min_age: Duration,
     ) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let batch = sqlx::query_as::<_, OutboxEntry>(
-            "SELECT id, subject, msg_id, payload FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            "SELECT id, subject, msg_id, payload FROM outbox
+             WHERE created_at <= now() - $2 * interval '1 millisecond'
+             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
         .bind(limit)
+        .bind(min_age.as_millis() as i64)
         .fetch_all(&mut *tx)
         .await?;
         if batch.is_empty() {

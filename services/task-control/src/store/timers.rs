@@ -8,7 +8,7 @@ use hark_core::domain::{Event, TaskId, TaskState, TimeoutPolicy};
 use hark_proto::v1 as pb;
 use uuid::Uuid;
 
-use super::{ChatRoute, Error, QuestionRow, Store, ops::Cas};
+use super::{ChatRoute, Error, OutboxMessage, QuestionRow, Store, ops::Cas};
 use crate::render;
 
 #[derive(Debug, sqlx::FromRow)]
@@ -54,6 +54,7 @@ impl Store {
     /// questions expired.
     pub async fn expire_due(&self, limit: i64) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
+        let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueQuestion>(
             "SELECT q.id AS question_id, q.handle, t.id AS task_id, t.generation, t.on_timeout,
                     (extract(epoch FROM q.deadline - q.asked_at) * 1000)::bigint AS waited_ms,
@@ -114,7 +115,7 @@ impl Store {
                     q.chat_message_id.as_deref(),
                 ));
             }
-            if self.cas(&mut tx, change).await?.is_none() {
+            if self.cas(&mut tx, change, &mut sent).await?.is_none() {
                 continue;
             }
             sqlx::query("UPDATE questions SET outcome = 'expired', closed_at = now() WHERE id = $1 AND outcome = 'open'")
@@ -124,9 +125,7 @@ impl Store {
             expired += 1;
         }
         tx.commit().await?;
-        if expired > 0 {
-            self.notify_outbox();
-        }
+        self.published(sent);
         Ok(expired)
     }
 
@@ -137,6 +136,7 @@ impl Store {
             return Ok(0);
         }
         let mut tx = self.pool.begin().await?;
+        let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, QuestionRow>(concat!(
             "UPDATE questions SET reminded_at = now()
              WHERE id IN (
@@ -171,11 +171,9 @@ impl Store {
             );
             outbox.extend(self.chat_msgs(&route, &text, None, q.chat_message_id.as_deref()));
         }
-        self.enqueue(&mut tx, outbox).await?;
+        self.enqueue(&mut tx, outbox, &mut sent).await?;
         tx.commit().await?;
-        if !due.is_empty() {
-            self.notify_outbox();
-        }
+        self.published(sent);
         Ok(due.len())
     }
 
@@ -184,6 +182,7 @@ impl Store {
     /// how many tasks were recovered or failed.
     pub async fn recover_leases(&self, max_attempts: i32, limit: i64) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
+        let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueTask>(
             "SELECT id, generation, attempt, platform, bot_id, stream FROM tasks
              WHERE state = 'running' AND lease_until < now()
@@ -228,14 +227,12 @@ impl Store {
                     .push(self.run_msg(task, t.generation + 1, pb::RunReason::Recover));
                 change
             };
-            if self.cas(&mut tx, change).await?.is_some() {
+            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
                 moved += 1;
             }
         }
         tx.commit().await?;
-        if moved > 0 {
-            self.notify_outbox();
-        }
+        self.published(sent);
         Ok(moved)
     }
 
@@ -250,6 +247,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut tx = self.pool.begin().await?;
+        let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueTask>(
             "SELECT id, generation, attempt, platform, bot_id, stream FROM tasks
              WHERE state = 'running'
@@ -279,14 +277,12 @@ impl Store {
                     None,
                 ));
             }
-            if self.cas(&mut tx, change).await?.is_some() {
+            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
                 failed.push(task);
             }
         }
         tx.commit().await?;
-        if !failed.is_empty() {
-            self.notify_outbox();
-        }
+        self.published(sent);
         Ok(failed)
     }
 }

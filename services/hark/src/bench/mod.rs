@@ -1,0 +1,208 @@
+//! `hark bench`: measures resume latency (W1), mass suspend and resume (W2), and what Postgres and
+//! JetStream allow on this machine (the limits), against a running hark whose workers call the
+//! bench's scripted LLM, which answers at once.
+//!
+//! By default the bench starts that hark itself, as separate `hark control`, `hark gateway` and
+//! `hark worker` processes on a fresh database and NATS namespace, so that each process's memory
+//! can be read. With `--external` it measures a hark you started, whose `llm.base_url` must point
+//! at `--llm-listen`.
+
+mod hub;
+mod limits;
+mod procs;
+mod w1;
+mod w2;
+
+use std::{net::SocketAddr, time::Duration};
+
+use anyhow::Context as _;
+use clap::Args;
+use hark_core::{bus::Names, config::Config};
+use hark_proto::v1::task_service_client::TaskServiceClient;
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Measure a hark that is already running (its llm.base_url must be http://<llm-listen>/v1)
+    /// instead of starting one.
+    #[arg(long)]
+    external: bool,
+    /// Where the bench's scripted LLM listens.
+    #[arg(long, default_value = "127.0.0.1:18080")]
+    llm_listen: SocketAddr,
+    /// Workers to start (without --external).
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Slots per worker (without --external).
+    #[arg(long, default_value_t = 64)]
+    worker_concurrency: u32,
+    /// Measured W1 rounds, after the warm-up rounds.
+    #[arg(long, default_value_t = 200)]
+    rounds: usize,
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    /// Tasks in W2.
+    #[arg(long, default_value_t = 2000)]
+    tasks: usize,
+    /// Requests in flight while W2 creates and answers tasks.
+    #[arg(long, default_value_t = 64)]
+    in_flight: usize,
+    /// Which workloads to run, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "limits,w1-grpc,w1-onebot,w2"
+    )]
+    workloads: Vec<String>,
+}
+
+/// What every workload needs.
+pub struct Bench {
+    pub config: Config,
+    pub names: Names,
+    pub api: TaskServiceClient<Channel>,
+    pub nats: async_nats::Client,
+    /// The scripted LLM the workers call; it stops when dropped.
+    pub llm: ScriptedLlm,
+    pub events: hub::EventHub,
+    pub arrivals: hub::ArrivalHub,
+    pub procs: procs::Processes,
+}
+
+/// One finished measurement: a JSON line and a row of the table.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub json: Value,
+    pub rows: Vec<(String, String, String)>,
+}
+
+/// The scripts: W1 and W2 tasks ask at once, then finish as soon as they have the answer.
+fn scripts() -> std::collections::BTreeMap<String, Script> {
+    let ask_then_finish = Script::new(vec![Step::ask("Go on?"), Step::say("done: {answer}")]);
+    [
+        ("w1", ask_then_finish.clone()),
+        ("w2", ask_then_finish.clone()),
+        ("default", ask_then_finish),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
+    let llm = ScriptedLlm::start(args.llm_listen, scripts())
+        .await
+        .with_context(|| format!("cannot listen for the scripted LLM on {}", args.llm_listen))?;
+    llm.keep_requests(false);
+    let procs = if args.external {
+        procs::Processes::find_running()
+    } else {
+        let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+        config.nats.namespace = format!("bench{tag}");
+        let base = config
+            .database
+            .url
+            .rsplit_once('/')
+            .map_or(config.database.url.as_str(), |(b, _)| b);
+        config.database.url = format!("{base}/hark_bench_{tag}");
+        procs::Processes::spawn(
+            &config,
+            &llm.base_url(),
+            args.workers,
+            args.worker_concurrency,
+        )
+        .await?
+    };
+    let names = Names::new(config.nats.namespace.parse()?);
+    let nats = async_nats::connect(&config.nats.url)
+        .await
+        .with_context(|| format!("cannot reach NATS at {}", config.nats.url))?;
+    let api = procs::connect_api(&config).await?;
+    let events = hub::EventHub::start(&nats, &names).await?;
+    let arrivals = hub::ArrivalHub::start(&llm);
+    let mut bench = Bench {
+        config,
+        names,
+        api,
+        nats,
+        llm,
+        events,
+        arrivals,
+        procs,
+    };
+    eprintln!(
+        "bench: namespace {}, database {}, {} hark processes, scripted LLM at {}",
+        bench.config.nats.namespace,
+        bench.config.database.url,
+        bench.procs.list().len(),
+        bench.llm.base_url()
+    );
+
+    let mut reports = Vec::new();
+    let mut limits = None;
+    for workload in &args.workloads {
+        let report = match workload.as_str() {
+            "limits" => {
+                let l = limits::measure(&bench).await?;
+                let r = l.report();
+                limits = Some(l);
+                r
+            }
+            "w1-grpc" => w1::run(&mut bench, w1::Via::Grpc, args.warmup, args.rounds).await?,
+            "w1-onebot" => w1::run(&mut bench, w1::Via::OneBot, args.warmup, args.rounds).await?,
+            "w2" => w2::run(&mut bench, args.tasks, args.in_flight, limits.as_ref()).await?,
+            other => anyhow::bail!(
+                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
+            ),
+        };
+        println!("{}", report.json);
+        reports.push(report);
+    }
+
+    println!("\n| workload | measure | value |\n|---|---|---|");
+    for report in &reports {
+        for (workload, measure, value) in &report.rows {
+            println!("| {workload} | {measure} | {value} |");
+        }
+    }
+    bench.procs.stop().await;
+    if !args.external {
+        procs::drop_database(&bench.config).await;
+        let js = async_nats::jetstream::new(bench.nats.clone());
+        for stream in bench.names.stream_configs() {
+            let _ = js.delete_stream(&stream.name).await;
+        }
+    }
+    Ok(())
+}
+
+/// Percentile of sorted samples.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0
+}
+
+pub fn mib(bytes: u64) -> f64 {
+    ((bytes as f64) / (1024.0 * 1024.0) * 10.0).round() / 10.0
+}
+
+pub fn summary(samples: &mut [Duration]) -> Value {
+    samples.sort();
+    let mean = samples.iter().sum::<Duration>() / samples.len().max(1) as u32;
+    json!({
+        "p50_ms": ms(percentile(samples, 50.0)),
+        "p90_ms": ms(percentile(samples, 90.0)),
+        "p99_ms": ms(percentile(samples, 99.0)),
+        "max_ms": ms(samples.last().copied().unwrap_or_default()),
+        "mean_ms": ms(mean),
+    })
+}

@@ -1,0 +1,191 @@
+//! The hark processes under test: started by the bench, or found among the running ones; and
+//! the memory they (and Postgres) use.
+
+use std::{process::Stdio, time::Duration};
+
+use anyhow::Context as _;
+use hark_core::config::Config;
+use hark_proto::v1::task_service_client::TaskServiceClient;
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+pub struct Proc {
+    pub role: String,
+    pub pid: u32,
+    child: Option<Child>,
+}
+
+pub struct Processes {
+    procs: Vec<Proc>,
+}
+
+impl Processes {
+    pub fn list(&self) -> &[Proc] {
+        &self.procs
+    }
+
+    /// Starts `hark control`, `hark gateway` and `workers` × `hark worker` with `config`'s
+    /// database and namespace, the workers calling `llm_url`.
+    pub async fn spawn(
+        config: &Config,
+        llm_url: &str,
+        workers: u32,
+        concurrency: u32,
+    ) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("cannot find the hark binary")?;
+        let env = [
+            ("HARK_DATABASE__URL", config.database.url.clone()),
+            ("HARK_NATS__URL", config.nats.url.clone()),
+            ("HARK_NATS__NAMESPACE", config.nats.namespace.clone()),
+            (
+                "HARK_CONTROL__GRPC_LISTEN",
+                config.control.grpc_listen.to_string(),
+            ),
+            ("HARK_GATEWAY__LISTEN", config.gateway.listen.to_string()),
+            (
+                "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+                config.gateway.onebot.access_token.clone(),
+            ),
+            ("HARK_LLM__BASE_URL", llm_url.to_owned()),
+            ("HARK_WORKER__CONCURRENCY", concurrency.to_string()),
+            ("HARK_LOG__FILTER", "warn".to_owned()),
+        ];
+        let start = |args: Vec<String>| -> anyhow::Result<Proc> {
+            let child = Command::new(&exe)
+                .args(&args)
+                .env_remove("HARK_CONFIG")
+                .envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("cannot start hark {}", args.join(" ")))?;
+            Ok(Proc {
+                role: args.join(" "),
+                pid: child.id().unwrap_or(0),
+                child: Some(child),
+            })
+        };
+        let mut procs = vec![start(vec!["control".into()])?];
+        // task-control migrates and creates the streams; the others start once it answers.
+        connect_api(config).await?;
+        procs.push(start(vec!["gateway".into()])?);
+        for n in 1..=workers {
+            procs.push(start(vec![
+                "worker".into(),
+                "--id".into(),
+                format!("bench-w{n}"),
+            ])?);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(Self { procs })
+    }
+
+    /// The hark processes running on this machine (`hark control|gateway|worker|dev`).
+    pub fn find_running() -> Self {
+        let mut procs = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let is_hark = args
+                .first()
+                .is_some_and(|a| a.ends_with("/hark") || a == "hark");
+            let role = args
+                .iter()
+                .skip(1)
+                .find(|a| ["control", "gateway", "worker", "dev"].contains(&a.as_str()));
+            if let (true, Some(role)) = (is_hark, role) {
+                procs.push(Proc {
+                    role: role.clone(),
+                    pid,
+                    child: None,
+                });
+            }
+        }
+        Self { procs }
+    }
+
+    pub async fn stop(&mut self) {
+        for proc in &mut self.procs {
+            if let Some(child) = &mut proc.child {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &proc.pid.to_string()])
+                    .status()
+                    .await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
+/// Resident memory of a process, in bytes.
+pub fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Proportional memory of all Postgres processes together (shared buffers counted once), in bytes.
+pub fn postgres_pss() -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let is_postgres = std::fs::read_to_string(path.join("comm"))
+            .is_ok_and(|c| c.trim().starts_with("postgres"));
+        if !is_postgres {
+            continue;
+        }
+        if let Ok(rollup) = std::fs::read_to_string(path.join("smaps_rollup"))
+            && let Some(kb) = rollup
+                .lines()
+                .find(|l| l.starts_with("Pss:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        {
+            total += kb * 1024;
+        }
+    }
+    total
+}
+
+pub async fn connect_api(config: &Config) -> anyhow::Result<TaskServiceClient<Channel>> {
+    let mut addr = config.control.grpc_listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip([127, 0, 0, 1].into());
+    }
+    let url = format!("http://{addr}");
+    for _ in 0..300 {
+        if let Ok(client) = TaskServiceClient::connect(url.clone()).await {
+            return Ok(client);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("task-control did not answer at {url} within 30s")
+}
+
+pub async fn drop_database(config: &Config) {
+    let Some((base, name)) = config.database.url.rsplit_once('/') else {
+        return;
+    };
+    if let Ok(pool) = sqlx::PgPool::connect(&format!("{base}/postgres")).await {
+        let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await;
+        pool.close().await;
+    }
+}

@@ -6,7 +6,13 @@
 
 pub mod bot;
 
-use std::{collections::BTreeMap, net::TcpListener, path::{Path, PathBuf}, process::Stdio, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::StreamExt;

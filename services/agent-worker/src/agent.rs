@@ -166,6 +166,7 @@ impl Runner {
             let mut messages = history.clone();
             messages.extend(pending.iter().cloned());
             let call_prefix = format!("r{number}");
+            tracing::debug!(task = spec.id, round = number, "calling the LLM");
             let reply = tokio::select! {
                 _ = cancel.cancelled() => return Outcome::Stopped("cancelled during an LLM call".into()),
                 reply = self.llm.complete(&messages, &offered, &call_prefix) => reply,

@@ -189,6 +189,7 @@ impl Worker {
                 return;
             }
         };
+        tracing::debug!(task = job.task_id, "claimed");
         // The task is ours under a lease now; if this process dies, the lease lapses and the
         // task is recovered, so the job itself is done. The ack is not awaited: a lost one only
         // brings the job back, and its claim is then refused as stale.

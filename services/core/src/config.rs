@@ -132,7 +132,7 @@ impl Default for GatewayConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_frame_bytes: 1 << 20,
-            rate_limit: 20,
+            rate_limit: 50,
             send_timeout: HumanDuration::from_secs(10),
             onebot: OneBotConfig::default(),
             http: HttpAdapterConfig::default(),
@@ -588,6 +588,7 @@ mod tests {
         assert_eq!(config.task.max_rounds, 30);
         assert_eq!(config.task.max_attempts, 3);
         assert_eq!(config.permission.default_role, Role::User);
+        assert_eq!(config.gateway.rate_limit, 50);
     }
 
     #[test]

@@ -259,32 +259,22 @@ impl TaskService for Api {
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
         let request = request.into_inner();
         let text = text_field("answer", &request.answer)?;
-        let question = match (request.question_id.as_str(), request.task_id.as_str()) {
+        let store = &self.shared.store;
+        // Either a question by id, or whichever question the task has open.
+        let (question, task) = match (request.question_id.as_str(), request.task_id.as_str()) {
             ("", "") => return Err(invalid("question_id", "give question_id or task_id")),
             (id, "") => {
                 let id: QuestionId = id.parse().map_err(|e| invalid("question_id", e))?;
-                self.shared
-                    .store
-                    .get_question(id)
-                    .await
-                    .map_err(status_of)?
+                let question = store.get_question(id).await.map_err(status_of)?;
+                let task = question.task_id;
+                (Some(question), task)
             }
             ("", task) => {
-                let store = &self.shared.store;
                 let id = match task_ref("task_id", task)? {
                     TaskRef::Full(id) => id,
                     prefix => store.resolve_task(&prefix).await.map_err(status_of)?.id,
                 };
-                match store.open_question_of(id).await.map_err(status_of)? {
-                    Some(question) => question,
-                    None => {
-                        let task = store.get_task(id).await.map_err(status_of)?;
-                        return Err(Status::failed_precondition(format!(
-                            "task {} has no open question (it is {})",
-                            task.id, task.state
-                        )));
-                    }
-                }
+                (None, id)
             }
             _ => {
                 return Err(invalid(
@@ -294,14 +284,19 @@ impl TaskService for Api {
             }
         };
         let answerer = match owner_field("answerer", &request.answerer)? {
-            Some(answerer) if answerer != question.owner => {
-                return Err(Status::permission_denied(format!(
-                    "{answerer} cannot answer a question of {}'s task",
-                    question.owner
-                )));
-            }
-            Some(answerer) => answerer.to_string(),
             None => "api".to_owned(),
+            Some(answerer) => {
+                let owner = match &question {
+                    Some(q) => q.owner.clone(),
+                    None => store.get_task(task).await.map_err(status_of)?.owner,
+                };
+                if answerer != owner {
+                    return Err(Status::permission_denied(format!(
+                        "{answerer} cannot answer a question of {owner}'s task"
+                    )));
+                }
+                answerer.to_string()
+            }
         };
         let answer = Answer {
             answerer,
@@ -309,38 +304,37 @@ impl TaskService for Api {
             inbound_key: (!request.request_id.is_empty())
                 .then(|| format!("api:{}", request.request_id)),
         };
-        match self
-            .shared
-            .store
-            .answer(question.id, &answer)
-            .await
-            .map_err(status_of)?
-        {
-            AnswerOutcome::Applied { task, question } => {
-                Ok(Response::new(pb::AnswerQuestionResponse {
-                    task: Some(convert::task(&task, None)),
-                    question: Some(convert::question(&question)),
-                }))
+        let applied = match &question {
+            Some(q) => store.answer(q.id, &answer).await,
+            None => store.answer_task(task, &answer).await,
+        };
+        let (task, question) = match applied {
+            Ok(AnswerOutcome::Applied { task, question }) => (*task, *question),
+            Ok(AnswerOutcome::Duplicate) => {
+                let question = match question {
+                    Some(q) => store.get_question(q.id).await.map_err(status_of)?,
+                    None => store
+                        .questions_of(task)
+                        .await
+                        .map_err(status_of)?
+                        .pop()
+                        .ok_or_else(|| Status::failed_precondition("the task asked no question"))?,
+                };
+                (store.get_task(task).await.map_err(status_of)?, question)
             }
-            AnswerOutcome::Duplicate => {
-                let question = self
-                    .shared
-                    .store
-                    .get_question(question.id)
-                    .await
-                    .map_err(status_of)?;
-                let task = self
-                    .shared
-                    .store
-                    .get_task(question.task_id)
-                    .await
-                    .map_err(status_of)?;
-                Ok(Response::new(pb::AnswerQuestionResponse {
-                    task: Some(convert::task(&task, None)),
-                    question: Some(convert::question(&question)),
-                }))
+            Err(store::Error::NoOpenQuestion { .. }) => {
+                let task = store.get_task(task).await.map_err(status_of)?;
+                return Err(Status::failed_precondition(format!(
+                    "task {} has no open question (it is {})",
+                    task.id, task.state
+                )));
             }
-        }
+            Err(e) => return Err(status_of(e)),
+        };
+        Ok(Response::new(pb::AnswerQuestionResponse {
+            task: Some(convert::task(&task, None)),
+            question: Some(convert::question(&question)),
+        }))
     }
 
     #[tracing::instrument(skip_all)]

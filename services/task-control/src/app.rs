@@ -182,6 +182,7 @@ async fn relay(
                 }
             }
         }
+        tracing::debug!(messages = pending.len(), "relayed");
         for (message, ack) in pending {
             match ack.await {
                 Ok(_) => acknowledged.push((message.subject, message.msg_id)),

@@ -169,6 +169,7 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
             ..Default::default()
         },
         Ok(claimed) => {
+            tracing::debug!(task = %claimed.task.id, "claim won");
             let role = shared.role_of(&claimed.task.owner);
             pb::ClaimResponse {
                 refusal: None,

@@ -48,7 +48,11 @@ impl Processes {
             ),
             ("HARK_LLM__BASE_URL", llm_url.to_owned()),
             ("HARK_WORKER__CONCURRENCY", concurrency.to_string()),
-            ("HARK_LOG__FILTER", "warn".to_owned()),
+            ("HARK_GATEWAY__RATE_LIMIT", "1000000".to_owned()),
+            (
+                "HARK_LOG__FILTER",
+                std::env::var("HARK_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            ),
         ];
         let start = |args: Vec<String>| -> anyhow::Result<Proc> {
             let child = Command::new(&exe)

@@ -18,6 +18,9 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(std::time::Duration::from_secs(10))
+        // A ping before every use would add a round trip to every query on the resume path; a
+        // connection that died is noticed by the query itself, which fails as retryable.
+        .test_before_acquire(false)
         .connect_with(options.log_statements(tracing::log::LevelFilter::Trace))
         .await?;
     Ok(pool)

@@ -589,9 +589,9 @@ impl Store {
 
     /// Takes a pending task for `worker` if the job's generation is still current.
     ///
-    /// The claim itself is one statement; what the worker needs (the checkpoint, the answer,
-    /// told instructions) is read after it, in parallel: while the lease is held nobody else
-    /// writes those rows.
+    /// The claim itself is one statement. What the worker needs (the checkpoint, the answer,
+    /// told instructions) does not change while the task is pending, so it is read beside the
+    /// claim, in parallel, rather than after it.
     pub async fn claim(
         &self,
         task: TaskId,
@@ -609,10 +609,28 @@ impl Store {
         );
         change.new_worker = Some(worker);
         change.lease = lease;
-        let won = {
+        let decide = async {
             let mut conn = self.pool.acquire().await?;
-            self.cas(&mut conn, change, &mut sent).await?
+            self.cas(&mut conn, change, &mut sent).await
         };
+        let last_question = async {
+            Ok::<_, Error>(
+                sqlx::query_as::<_, QuestionRow>(concat!(
+                    "SELECT ",
+                    question_columns!(),
+                    " FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1"
+                ))
+                .bind(task.as_uuid())
+                .fetch_optional(&self.pool)
+                .await?,
+            )
+        };
+        let (won, rounds, last_question, instructions) = tokio::try_join!(
+            decide,
+            self.rounds_of(task),
+            last_question,
+            self.instructions_of(task)
+        )?;
         let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
@@ -628,18 +646,6 @@ impl Store {
             });
         };
         self.published(sent);
-        let last_question = sqlx::query_as::<_, QuestionRow>(concat!(
-            "SELECT ",
-            question_columns!(),
-            " FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1"
-        ))
-        .bind(task.as_uuid())
-        .fetch_optional(&self.pool);
-        let (rounds, last_question, instructions) = tokio::try_join!(
-            self.rounds_of(task),
-            async { Ok(last_question.await?) },
-            self.instructions_of(task)
-        )?;
         let last_round = rounds.last().map_or(0, |r| r.round);
         let resume = last_question
             .filter(|q| q.round >= last_round)
@@ -853,19 +859,42 @@ impl Store {
         question: QuestionId,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        let found: Option<(Uuid, String, i64, String, bool)> = sqlx::query_as(
-            "SELECT t.id, t.state, t.generation, q.outcome,
-                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2)
+        self.apply_answer(Some(question), None, answer).await
+    }
+
+    /// Answers the open question of `task`, if it has one.
+    pub async fn answer_task(&self, task: TaskId, answer: &Answer) -> Result<AnswerOutcome, Error> {
+        self.apply_answer(None, Some(task), answer).await
+    }
+
+    /// Applies an answer to `question`, or to the open question of `task`.
+    async fn apply_answer(
+        &self,
+        question: Option<QuestionId>,
+        task: Option<TaskId>,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let found: Option<(Uuid, Uuid, String, i64, String, bool)> = sqlx::query_as(
+            "SELECT q.id, t.id, t.state, t.generation, q.outcome,
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $3)
              FROM questions q JOIN tasks t ON t.id = q.task_id
-             WHERE q.id = $1",
+             WHERE q.id = $1 OR (q.task_id = $2 AND q.outcome = 'open')
+             ORDER BY q.asked_at DESC LIMIT 1",
         )
-        .bind(question.as_uuid())
+        .bind(question.map(|q| q.as_uuid()))
+        .bind(task.map(|t| t.as_uuid()))
         .bind(answer.inbound_key.as_deref())
         .fetch_optional(&self.pool)
         .await?;
-        let Some((task_uuid, state, generation, outcome, applied)) = found else {
-            return Err(Error::QuestionNotFound(question.to_string()));
+        let Some((question_uuid, task_uuid, state, generation, outcome, applied)) = found else {
+            return Err(match (question, task) {
+                (Some(q), _) => Error::QuestionNotFound(q.to_string()),
+                (None, t) => Error::NoOpenQuestion {
+                    task: t.map(|t| t.to_string()).unwrap_or_default(),
+                },
+            });
         };
+        let question = QuestionId::from_uuid(question_uuid);
         if applied {
             return Ok(AnswerOutcome::Duplicate);
         }

@@ -11,7 +11,7 @@
 //! | `CHAT_OUT`   | `<ns>.chat.out.<platform>.<bot>`  | work queue | `gateway_<platform>_<bot>`          |
 //! | `CHAT_RECEIPT` | `<ns>.chat.receipt`             | work queue | `control`                           |
 //! | `TASK_RUN`   | `<ns>.task.run`                   | work queue | `workers` (all workers)             |
-//! | `TASK_EVENTS`| `<ns>.task.event.<task id>`       | limits     | ephemeral watchers                  |
+//! | `TASK_EVENTS`| `<ns>.task.event.<task id>`       | limits, memory, 1 h | watchers (best effort)    |
 //!
 //! Core NATS (no stream): `<ns>.task.cancel.<task id>` and `<ns>.control.<op>` (request/reply in
 //! the queue group `<ns>.control`).
@@ -296,13 +296,16 @@ impl Names {
                 RetentionPolicy::WorkQueue,
                 30 * day,
             ),
+            // Task events are published best effort (the task row is the truth), so they live in
+            // memory, for an hour.
             stream::Config {
-                max_messages_per_subject: 1000,
+                max_messages_per_subject: 100,
+                storage: StorageType::Memory,
                 ..base(
                     self.task_events_stream(),
                     vec![self.task_events_all()],
                     RetentionPolicy::Limits,
-                    day,
+                    Duration::from_secs(3600),
                 )
             },
         ]
@@ -332,12 +335,25 @@ pub fn durable(
 pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error> {
     for config in names.stream_configs() {
         let stream = config.name.clone();
-        js.create_or_update_stream(config)
-            .await
-            .map_err(|e| Error::Stream {
-                stream,
-                source: e.into(),
-            })?;
+        let disposable = stream == names.task_events_stream();
+        match js.create_or_update_stream(config.clone()).await {
+            Ok(_) => {}
+            // Settings a stream cannot change in place (its storage type, say): task events are
+            // disposable, so that stream is made anew.
+            Err(_) if disposable => {
+                let _ = js.delete_stream(&stream).await;
+                js.create_stream(config).await.map_err(|e| Error::Stream {
+                    stream: stream.clone(),
+                    source: e.into(),
+                })?;
+            }
+            Err(e) => {
+                return Err(Error::Stream {
+                    stream,
+                    source: e.into(),
+                });
+            }
+        }
     }
     let ack_wait = Duration::from_secs(30);
     ensure_consumer(

@@ -168,6 +168,13 @@ async fn relay(
         }
         let mut pending = Vec::with_capacity(batch.len());
         for message in batch {
+            if !message.durable {
+                // Best effort: no outbox row to forget, no ack to wait for.
+                if let Err(e) = shared.nats.publish(message.subject, message.payload).await {
+                    tracing::debug!(error = %e, "cannot publish a task event");
+                }
+                continue;
+            }
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
             match shared

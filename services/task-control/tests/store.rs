@@ -398,15 +398,16 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
 #[tokio::test]
 async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_chat() {
     let db = TestDb::new().await;
-    let task = new_task(&db.store, Some(group_chat())).await;
-    let claimed = db
-        .store
+    // A store with a relay attached, as task-control runs it: committed messages reach the relay.
+    let (relay, mut committed) = tokio::sync::mpsc::unbounded_channel();
+    let store = db.store.clone().with_relay(relay);
+    let task = new_task(&store, Some(group_chat())).await;
+    let claimed = store
         .claim(task.id, task.generation, "w1", LEASE)
         .await
         .expect("claim");
     let long = "x".repeat(2500);
-    let done = db
-        .store
+    let done = store
         .complete(
             &claimed.lease,
             Some((1, &json!([{"role": "assistant", "content": "ok"}]))),
@@ -417,8 +418,7 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
     assert_eq!(done.state, TaskState::Completed);
     assert!(done.finished_at.is_some());
 
-    let audit: Vec<String> = db
-        .store
+    let audit: Vec<String> = store
         .transitions_of(task.id)
         .await
         .expect("audit")
@@ -427,12 +427,17 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
         .collect();
     assert_eq!(audit, ["create", "claim", "finish"]);
 
-    let outbox = db.store.outbox_batch(100).await.expect("outbox");
-    let events: Vec<i32> = outbox
+    // Every state change is announced to the relay, best effort: not kept in the outbox.
+    let mut handed = Vec::new();
+    while let Ok(batch) = committed.try_recv() {
+        handed.extend(batch);
+    }
+    let events: Vec<i32> = handed
         .iter()
-        .filter(|e| e.subject == db.store.names().task_event(task.id))
-        .map(|e| {
-            codec::decode::<pb::TaskEvent>(&e.payload)
+        .filter(|m| m.subject == store.names().task_event(task.id))
+        .map(|m| {
+            assert!(!m.durable);
+            codec::decode::<pb::TaskEvent>(&m.payload)
                 .expect("event")
                 .state
         })
@@ -445,7 +450,19 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
             pb::TaskState::Completed as i32
         ]
     );
-    let chat_subject = db.store.names().chat_out("qq", "42").expect("subject");
+    let outbox = store.outbox_batch(100).await.expect("outbox");
+    assert!(
+        outbox
+            .iter()
+            .all(|e| e.subject != store.names().task_event(task.id)),
+        "events are not kept in the outbox"
+    );
+    assert_eq!(
+        handed.iter().filter(|m| m.durable).count(),
+        outbox.len(),
+        "everything durable in the outbox was handed to the relay"
+    );
+    let chat_subject = store.names().chat_out("qq", "42").expect("subject");
     let parts: Vec<pb::OutboundMessage> = outbox
         .iter()
         .filter(|e| e.subject == chat_subject)

@@ -121,6 +121,10 @@ pub struct OutboxMessage {
     pub subject: String,
     pub msg_id: String,
     pub payload: Bytes,
+    /// Written to the outbox table and published with an ack. Task events are not: they are
+    /// published once, best effort (watchers also read the task row), which keeps them off the
+    /// database and out of JetStream's acknowledgement path.
+    pub durable: bool,
 }
 
 /// One compare-and-set transition.
@@ -146,6 +150,34 @@ pub(super) struct Cas<'a> {
     pub(super) close_questions: Option<QuestionOutcome>,
     /// Record this answer on this (open) question in the same statement.
     pub(super) answer: Option<(QuestionId, &'a Answer)>,
+    /// Store this round (number, messages) and mark these instructions consumed by it.
+    pub(super) checkpoint: Option<(i32, &'a serde_json::Value, &'a [Uuid])>,
+    /// Create this question (for `ask`).
+    pub(super) question: Option<NewQuestion<'a>>,
+    /// Also return what a worker needs to run the task: rounds, last question, instructions.
+    pub(super) with_context: bool,
+}
+
+/// A question created by the statement of an `ask`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NewQuestion<'a> {
+    pub(super) id: QuestionId,
+    pub(super) handle: &'a str,
+    pub(super) text: &'a str,
+    pub(super) context: &'a str,
+    pub(super) tool_call_id: &'a str,
+    /// Overrides the task's deadline.
+    pub(super) timeout_ms: Option<i64>,
+}
+
+/// The row a compare-and-set returns: the task, and with `with_context` what a worker needs.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct CasRow {
+    #[sqlx(flatten)]
+    pub(super) task: TaskRow,
+    pub(super) ctx_rounds: Option<Json<serde_json::Value>>,
+    pub(super) ctx_question: Option<Json<serde_json::Value>>,
+    pub(super) ctx_instructions: Option<Json<serde_json::Value>>,
 }
 
 impl<'a> Cas<'a> {
@@ -173,6 +205,9 @@ impl<'a> Cas<'a> {
             outbox: Vec::new(),
             close_questions: None,
             answer: None,
+            checkpoint: None,
+            question: None,
+            with_context: false,
         }
     }
 }
@@ -205,6 +240,7 @@ impl Store {
             subject: self.names.task_event(task),
             msg_id: Names::task_event_msg_id(task, generation as u64),
             payload: codec::encode(event),
+            durable: false,
         }
     }
 
@@ -224,6 +260,7 @@ impl Store {
             subject: self.names.task_run(),
             msg_id: Names::run_job_msg_id(task, generation as u64),
             payload: codec::encode(job),
+            durable: true,
         }
     }
 
@@ -270,6 +307,7 @@ impl Store {
                     subject: subject.clone(),
                     msg_id: id,
                     payload: codec::encode(message),
+                    durable: true,
                 }
             })
             .collect()
@@ -281,9 +319,19 @@ impl Store {
     pub(super) async fn cas(
         &self,
         conn: &mut PgConnection,
-        mut change: Cas<'_>,
+        change: Cas<'_>,
         sent: &mut Vec<OutboxMessage>,
     ) -> Result<Option<TaskRow>, Error> {
+        Ok(self.cas_row(conn, change, sent).await?.map(|row| row.task))
+    }
+
+    /// [`Store::cas`], returning the whole row of the statement.
+    pub(super) async fn cas_row(
+        &self,
+        conn: &mut PgConnection,
+        mut change: Cas<'_>,
+        sent: &mut Vec<OutboxMessage>,
+    ) -> Result<Option<CasRow>, Error> {
         let to = transition(change.from, change.event)
             .map_err(|e| Error::wrong_state(change.task, e))?;
         let next_generation = change.generation + 1;
@@ -292,6 +340,13 @@ impl Store {
             .push(self.event_msg(change.task, to, next_generation, change.event.as_str()));
         let outbox = std::mem::take(&mut change.outbox);
         let (subjects, msg_ids, payloads) = columns(outbox.clone());
+        let (round, messages, consumed) = match change.checkpoint {
+            Some((round, messages, consumed)) => {
+                (Some(round), Some(Json(messages)), consumed.to_vec())
+            }
+            None => (None, None, Vec::new()),
+        };
+        let question = change.question;
         let sql = concat!(
             "WITH t AS (
                 UPDATE tasks SET
@@ -328,10 +383,40 @@ impl Store {
             ), closed AS (
                 UPDATE questions SET outcome = $22, closed_at = now()
                 WHERE $22::text IS NOT NULL AND task_id = $1 AND outcome = 'open' AND EXISTS (SELECT 1 FROM t)
+            ), checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages)
+                SELECT id, $23, $24 FROM t WHERE $23::int IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), consumed AS (
+                UPDATE instructions SET consumed_round = $23
+                WHERE $23::int IS NOT NULL AND task_id = $1 AND id = ANY($25::uuid[]) AND consumed_round IS NULL
+                  AND EXISTS (SELECT 1 FROM t)
+            ), asked AS (
+                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
+                                       platform, bot_id, stream, deadline)
+                SELECT $26, id, $27, $28, $29, $30, $23, owner, platform, bot_id, stream,
+                       CASE WHEN on_timeout = 'never' THEN NULL
+                            WHEN $31::bigint IS NOT NULL THEN now() + $31 * interval '1 millisecond'
+                            WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
+                            ELSE NULL END
+                FROM t WHERE $26::uuid IS NOT NULL
             )
-            SELECT * FROM t"
+            SELECT t.*,
+                CASE WHEN $32 THEN (
+                    SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
+                    FROM checkpoints WHERE task_id = $1) END AS ctx_rounds,
+                CASE WHEN $32 THEN (
+                    SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
+                        'outcome', outcome, 'answer', answer,
+                        'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
+                    FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1) END AS ctx_question,
+                CASE WHEN $32 THEN (
+                    SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
+                                             ORDER BY created_at, id), '[]')
+                    FROM instructions WHERE task_id = $1 AND consumed_round IS NULL) END AS ctx_instructions
+            FROM t"
         );
-        let row = sqlx::query_as::<_, TaskRow>(sql)
+        let row = sqlx::query_as::<_, CasRow>(sql)
             .bind(change.task.as_uuid())
             .bind(change.from.as_str())
             .bind(change.generation)
@@ -354,6 +439,16 @@ impl Store {
             .bind(change.answer.map(|(_, a)| a.text.as_str()))
             .bind(change.answer.and_then(|(_, a)| a.inbound_key.as_deref()))
             .bind(change.close_questions.map(QuestionOutcome::as_str))
+            .bind(round)
+            .bind(messages)
+            .bind(consumed)
+            .bind(question.map(|q| q.id.as_uuid()))
+            .bind(question.map(|q| q.handle))
+            .bind(question.map(|q| q.text))
+            .bind(question.map(|q| q.context))
+            .bind(question.map(|q| q.tool_call_id))
+            .bind(question.and_then(|q| q.timeout_ms))
+            .bind(change.with_context)
             .fetch_optional(&mut *conn)
             .await?;
         if row.is_some() {
@@ -399,18 +494,29 @@ impl Store {
 
     // Creating and reading.
 
-    /// Creates a task in `pending` and queues its first run.
+    /// Creates a task in `pending` and queues its first run, in one statement.
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
-        let mut tx = self.pool.begin().await?;
-        let mut sent = Vec::new();
         let chat = new.chat.as_ref();
+        let job = self.run_msg(id, 1, pb::RunReason::Start);
+        let event = self.event_msg(id, TaskState::Pending, 1, "create");
+        let (subjects, msg_ids, payloads) = columns(vec![job.clone()]);
         let sql = concat!(
-            "INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state, on_timeout,
-                                ask_timeout_s, request_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10)
-             ON CONFLICT (request_id) DO NOTHING
-             RETURNING ", task_columns!(), ""
+            "WITH t AS (
+                INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
+                                   on_timeout, ask_timeout_s, request_id)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10)
+                ON CONFLICT (request_id) DO NOTHING
+                RETURNING ", task_columns!(), "
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
+                SELECT id, NULL, 'pending', 'create', generation, owner FROM t
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT s, m, p FROM unnest($11::text[], $12::text[], $13::bytea[]) AS x(s, m, p)
+                WHERE EXISTS (SELECT 1 FROM t)
+            )
+            SELECT * FROM t"
         );
         let created = sqlx::query_as::<_, TaskRow>(sql)
             .bind(id.as_uuid())
@@ -423,39 +529,26 @@ impl Store {
             .bind(new.on_timeout.as_str())
             .bind(i32::try_from(new.ask_timeout.as_secs()).unwrap_or(i32::MAX))
             .bind(new.request_id.as_deref())
-            .fetch_optional(&mut *tx)
+            .bind(subjects)
+            .bind(msg_ids)
+            .bind(payloads)
+            .fetch_optional(&self.pool)
             .await?;
-        let Some(task) = created else {
-            // The request id was used before: return that task.
-            let sql = concat!(
+        match created {
+            Some(task) => {
+                self.published(vec![job, event]);
+                Ok(task)
+            }
+            // The request id was used before: that task is the answer.
+            None => Ok(sqlx::query_as::<_, TaskRow>(concat!(
                 "SELECT ",
                 task_columns!(),
                 " FROM tasks WHERE request_id = $1"
-            );
-            let existing = sqlx::query_as::<_, TaskRow>(sql)
-                .bind(new.request_id.as_deref())
-                .fetch_one(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            return Ok(existing);
-        };
-        sqlx::query(
-            "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
-             VALUES ($1, NULL, 'pending', 'create', $2, $3)",
-        )
-        .bind(id.as_uuid())
-        .bind(task.generation)
-        .bind(new.owner.as_str())
-        .execute(&mut *tx)
-        .await?;
-        let outbox = vec![
-            self.event_msg(id, TaskState::Pending, task.generation, "create"),
-            self.run_msg(id, task.generation, pb::RunReason::Start),
-        ];
-        self.enqueue(&mut tx, outbox, &mut sent).await?;
-        tx.commit().await?;
-        self.published(sent);
-        Ok(task)
+            ))
+            .bind(new.request_id.as_deref())
+            .fetch_one(&self.pool)
+            .await?),
+        }
     }
 
     pub async fn get_task(&self, id: TaskId) -> Result<TaskRow, Error> {
@@ -587,11 +680,9 @@ impl Store {
 
     // Worker operations.
 
-    /// Takes a pending task for `worker` if the job's generation is still current.
-    ///
-    /// The claim itself is one statement. What the worker needs (the checkpoint, the answer,
-    /// told instructions) does not change while the task is pending, so it is read beside the
-    /// claim, in parallel, rather than after it.
+    /// Takes a pending task for `worker` if the job's generation is still current. One
+    /// statement decides the claim and returns what the worker needs: the checkpoint, the answer
+    /// (or expiry notice) for its pending ask, and the instructions told meanwhile.
     pub async fn claim(
         &self,
         task: TaskId,
@@ -609,28 +700,11 @@ impl Store {
         );
         change.new_worker = Some(worker);
         change.lease = lease;
-        let decide = async {
+        change.with_context = true;
+        let won = {
             let mut conn = self.pool.acquire().await?;
-            self.cas(&mut conn, change, &mut sent).await
+            self.cas_row(&mut conn, change, &mut sent).await?
         };
-        let last_question = async {
-            Ok::<_, Error>(
-                sqlx::query_as::<_, QuestionRow>(concat!(
-                    "SELECT ",
-                    question_columns!(),
-                    " FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1"
-                ))
-                .bind(task.as_uuid())
-                .fetch_optional(&self.pool)
-                .await?,
-            )
-        };
-        let (won, rounds, last_question, instructions) = tokio::try_join!(
-            decide,
-            self.rounds_of(task),
-            last_question,
-            self.instructions_of(task)
-        )?;
         let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
@@ -646,17 +720,44 @@ impl Store {
             });
         };
         self.published(sent);
+        let rounds: Vec<RoundRow> = row
+            .ctx_rounds
+            .map(|j| j.0)
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| RoundRow {
+                round: r["round"].as_i64().unwrap_or(0) as i32,
+                messages: Json(r["messages"].clone()),
+            })
+            .collect();
+        let instructions = row
+            .ctx_instructions
+            .map(|j| j.0)
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| {
+                Some(Instruction {
+                    id: i["id"].as_str()?.parse().ok()?,
+                    text: i["text"].as_str()?.to_owned(),
+                    author: i["author"].as_str()?.to_owned(),
+                })
+            })
+            .collect();
         let last_round = rounds.last().map_or(0, |r| r.round);
-        let resume = last_question
-            .filter(|q| q.round >= last_round)
-            .and_then(|q| resume_of(&q));
+        let resume = row
+            .ctx_question
+            .map(|j| j.0)
+            .filter(|q| q["round"].as_i64().unwrap_or(0) >= i64::from(last_round))
+            .and_then(|q| resume_from_json(&q));
         Ok(Claimed {
             lease: Lease {
                 task,
-                generation: row.generation,
+                generation: row.task.generation,
                 worker_id: worker.to_owned(),
             },
-            task: row,
+            task: row.task,
             rounds,
             resume,
             instructions,
@@ -742,113 +843,76 @@ impl Store {
     /// ask_user call, and the question row, all committed before the question is queued for the
     /// chat (through the outbox, in the same transaction).
     pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
-        let mut tx = self.pool.begin().await?;
-        let mut sent = Vec::new();
-        let sql = concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE id = $1 FOR UPDATE"
-        );
-        let task = sqlx::query_as::<_, TaskRow>(sql)
-            .bind(lease.task.as_uuid())
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or_else(|| Error::TaskNotFound(lease.task.to_string()))?;
+        let task = self.get_task(lease.task).await?;
         if task.state != TaskState::Running
             || task.generation != lease.generation
             || task.worker_id.as_deref() != Some(&lease.worker_id)
         {
-            drop(tx);
             return Err(self.refusal(lease).await);
         }
         let chat = task.chat();
-        let handle = match &chat {
-            Some(route) => pick_handle(&mut tx, route, &task.owner).await?,
-            None => Handle::random().to_string(),
-        };
         let question_id = QuestionId::new();
-        let timeout = input.timeout.unwrap_or(Duration::from_secs(
-            u64::try_from(task.ask_timeout_s).unwrap_or(0),
-        ));
-        let deadline_ms: Option<i64> = (task.on_timeout != TimeoutPolicy::Never
-            && !timeout.is_zero())
-        .then_some(timeout.as_millis() as i64);
-
-        let mut change = Cas::new(
-            task.id,
-            TaskState::Running,
-            task.generation,
-            Event::Ask,
-            &lease.worker_id,
-        );
-        change.worker_guard = Some(&lease.worker_id);
-        change.rounds = input.round;
-        change.detail = &input.question;
-        if let Some(route) = &chat {
-            let text = render::question(
+        // A handle is unique among the open questions of one owner in one stream; a collision
+        // fails the statement on the unique index, and a new handle is drawn.
+        for _ in 0..8 {
+            let handle = Handle::random().to_string();
+            let mut sent = Vec::new();
+            let mut change = Cas::new(
                 task.id,
-                &handle,
-                &input.question,
-                &input.context,
-                &self.context_label,
+                TaskState::Running,
+                task.generation,
+                Event::Ask,
+                &lease.worker_id,
             );
-            change.outbox.extend(self.chat_msgs(
-                route,
-                &text,
-                Some(question_id),
-                route.origin_message_id.as_deref(),
-            ));
+            change.worker_guard = Some(&lease.worker_id);
+            change.rounds = input.round;
+            change.detail = &input.question;
+            change.close_questions = Some(QuestionOutcome::Superseded);
+            change.checkpoint = Some((input.round, &input.messages, &input.consumed_instructions));
+            change.question = Some(NewQuestion {
+                id: question_id,
+                handle: &handle,
+                text: &input.question,
+                context: &input.context,
+                tool_call_id: &input.tool_call_id,
+                timeout_ms: input.timeout.map(|t| t.as_millis() as i64),
+            });
+            if let Some(route) = &chat {
+                let text = render::question(
+                    task.id,
+                    &handle,
+                    &input.question,
+                    &input.context,
+                    &self.context_label,
+                );
+                change.outbox.extend(self.chat_msgs(
+                    route,
+                    &text,
+                    Some(question_id),
+                    route.origin_message_id.as_deref(),
+                ));
+            }
+            let won = {
+                let mut conn = self.pool.acquire().await?;
+                self.cas(&mut conn, change, &mut sent).await
+            };
+            match won {
+                Ok(Some(_)) => {
+                    self.published(sent);
+                    return self.get_question(question_id).await;
+                }
+                Ok(None) => return Err(self.refusal(lease).await),
+                Err(Error::Database(sqlx::Error::Database(e)))
+                    if e.code().as_deref() == Some("23505") =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        if self.cas(&mut tx, change, &mut sent).await?.is_none() {
-            drop(tx);
-            return Err(self.refusal(lease).await);
-        }
-        sqlx::query("INSERT INTO checkpoints (task_id, round, messages) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-            .bind(task.id.as_uuid())
-            .bind(input.round)
-            .bind(Json(&input.messages))
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "UPDATE instructions SET consumed_round = $3
-             WHERE task_id = $1 AND id = ANY($2) AND consumed_round IS NULL",
-        )
-        .bind(task.id.as_uuid())
-        .bind(&input.consumed_instructions)
-        .bind(input.round)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE questions SET outcome = 'superseded', closed_at = now() WHERE task_id = $1 AND outcome = 'open'",
-        )
-        .bind(task.id.as_uuid())
-        .execute(&mut *tx)
-        .await?;
-        let sql = concat!(
-            "INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner, platform,
-                                    bot_id, stream, deadline)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                     CASE WHEN $12::bigint IS NULL THEN NULL ELSE now() + $12 * interval '1 millisecond' END)
-             RETURNING ", question_columns!(), ""
-        );
-        let question = sqlx::query_as::<_, QuestionRow>(sql)
-            .bind(question_id.as_uuid())
-            .bind(task.id.as_uuid())
-            .bind(&handle)
-            .bind(&input.question)
-            .bind(&input.context)
-            .bind(&input.tool_call_id)
-            .bind(input.round)
-            .bind(task.owner.as_str())
-            .bind(chat.as_ref().map(|c| c.platform.as_str()))
-            .bind(chat.as_ref().map(|c| c.bot_id.as_str()))
-            .bind(chat.as_ref().map(|c| c.stream.as_str()))
-            .bind(deadline_ms)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        self.published(sent);
-        Ok(question)
+        Err(Error::Database(sqlx::Error::Protocol(
+            "no free question handle after 8 tries".into(),
+        )))
     }
 
     /// Applies an answer to an open question: the question becomes answered, the inbound message
@@ -1014,10 +1078,7 @@ impl Store {
         final_round: Option<(i32, &serde_json::Value)>,
         result: &str,
     ) -> Result<TaskRow, Error> {
-        // Read before the transaction: holding one pooled connection while waiting for another
-        // deadlocks once every connection is held that way.
         let chat = self.chat_of(lease.task).await?;
-        let mut tx = self.pool.begin().await?;
         let mut sent = Vec::new();
         let mut change = Cas::new(
             lease.task,
@@ -1029,6 +1090,7 @@ impl Store {
         change.worker_guard = Some(&lease.worker_id);
         change.result = Some(result);
         change.rounds = final_round.map_or(0, |(n, _)| n);
+        change.checkpoint = final_round.map(|(n, m)| (n, m, &[][..]));
         if let Some(route) = chat {
             change.outbox.extend(self.chat_msgs(
                 &route,
@@ -1037,19 +1099,13 @@ impl Store {
                 None,
             ));
         }
-        let Some(row) = self.cas(&mut tx, change, &mut sent).await? else {
-            drop(tx);
+        let won = {
+            let mut conn = self.pool.acquire().await?;
+            self.cas(&mut conn, change, &mut sent).await?
+        };
+        let Some(row) = won else {
             return Err(self.refusal(lease).await);
         };
-        if let Some((round, messages)) = final_round {
-            sqlx::query("INSERT INTO checkpoints (task_id, round, messages) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
-                .bind(lease.task.as_uuid())
-                .bind(round)
-                .bind(Json(messages))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
         self.published(sent);
         Ok(row)
     }
@@ -1190,7 +1246,7 @@ fn columns(outbox: Vec<OutboxMessage>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>
     let mut subjects = Vec::with_capacity(outbox.len());
     let mut msg_ids = Vec::with_capacity(outbox.len());
     let mut payloads = Vec::with_capacity(outbox.len());
-    for o in outbox {
+    for o in outbox.into_iter().filter(|o| o.durable) {
         subjects.push(o.subject);
         msg_ids.push(o.msg_id);
         payloads.push(o.payload.to_vec());
@@ -1198,46 +1254,29 @@ fn columns(outbox: Vec<OutboxMessage>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>
     (subjects, msg_ids, payloads)
 }
 
-fn resume_of(question: &QuestionRow) -> Option<Resume> {
-    let (expired, text) = match question.outcome {
-        QuestionOutcome::Answered => (false, question.answer.clone().unwrap_or_default()),
-        QuestionOutcome::Expired => {
-            let waited = question
-                .deadline
-                .map(|d| (d - question.asked_at).unsigned_abs())
-                .unwrap_or_default();
+/// The resume of a claimed task from the last question, as the claim statement returns it.
+fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
+    let id: QuestionId = question["id"].as_str()?.parse().ok()?;
+    let tool_call_id = question["tool_call_id"].as_str()?.to_owned();
+    let (expired, text) = match question["outcome"].as_str()? {
+        "answered" => (
+            false,
+            question["answer"].as_str().unwrap_or_default().to_owned(),
+        ),
+        "expired" => {
+            let waited = Duration::from_millis(
+                u64::try_from(question["waited_ms"].as_i64().unwrap_or(0)).unwrap_or(0),
+            );
             (true, render::expiry_notice(waited))
         }
         _ => return None,
     };
     Some(Resume {
-        question_id: question.id,
-        tool_call_id: question.tool_call_id.clone(),
+        question_id: id,
+        tool_call_id,
         expired,
         text,
     })
-}
-
-/// A handle no other open question of this owner in this stream uses.
-async fn pick_handle(
-    conn: &mut PgConnection,
-    route: &ChatRoute,
-    owner: &Owner,
-) -> Result<String, Error> {
-    let taken: Vec<String> = sqlx::query_scalar(
-        "SELECT handle FROM questions WHERE platform = $1 AND stream = $2 AND owner = $3 AND outcome = 'open'",
-    )
-    .bind(&route.platform)
-    .bind(&route.stream)
-    .bind(owner.as_str())
-    .fetch_all(conn)
-    .await?;
-    loop {
-        let handle = Handle::random().to_string();
-        if !taken.contains(&handle) {
-            return Ok(handle);
-        }
-    }
 }
 
 /// Which questions to list.

@@ -128,6 +128,47 @@ pub struct Store {
     context_label: String,
     /// Where committed outbox messages go to be published at once, when a relay runs here.
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
+    /// The chats of recently seen tasks, which never change, to spare a read per write.
+    routes: std::sync::Arc<RouteCache>,
+}
+
+/// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
+/// it forgets the oldest entries.
+#[derive(Debug, Default)]
+pub(crate) struct RouteCache {
+    inner: std::sync::Mutex<Routes>,
+}
+
+/// The routes, and the order they were learnt in.
+type Routes = (
+    std::collections::HashMap<hark_core::domain::TaskId, Option<ChatRoute>>,
+    std::collections::VecDeque<hark_core::domain::TaskId>,
+);
+
+impl RouteCache {
+    const CAPACITY: usize = 50_000;
+
+    pub(crate) fn get(&self, task: hark_core::domain::TaskId) -> Option<Option<ChatRoute>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .get(&task)
+            .cloned()
+    }
+
+    pub(crate) fn remember(&self, task: hark_core::domain::TaskId, route: Option<ChatRoute>) {
+        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *guard;
+        if map.insert(task, route).is_none() {
+            order.push_back(task);
+            while order.len() > Self::CAPACITY {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl Store {
@@ -142,6 +183,7 @@ impl Store {
             outbox_ready: Default::default(),
             context_label: context_label.into(),
             relay: None,
+            routes: Default::default(),
         }
     }
 

@@ -537,6 +537,7 @@ impl Store {
         match created {
             Some(task) => {
                 self.published(vec![job, event]);
+                self.routes.remember(task.id, task.chat());
                 Ok(task)
             }
             // The request id was used before: that task is the answer.
@@ -720,6 +721,7 @@ impl Store {
             });
         };
         self.published(sent);
+        self.routes.remember(task, row.task.chat());
         let rounds: Vec<RoundRow> = row
             .ctx_rounds
             .map(|j| j.0)
@@ -843,14 +845,9 @@ impl Store {
     /// ask_user call, and the question row, all committed before the question is queued for the
     /// chat (through the outbox, in the same transaction).
     pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
-        let task = self.get_task(lease.task).await?;
-        if task.state != TaskState::Running
-            || task.generation != lease.generation
-            || task.worker_id.as_deref() != Some(&lease.worker_id)
-        {
-            return Err(self.refusal(lease).await);
-        }
-        let chat = task.chat();
+        // The statement checks the lease; only the (unchanging) chat is needed beforehand.
+        let chat = self.chat_of(lease.task).await?;
+
         let question_id = QuestionId::new();
         // A handle is unique among the open questions of one owner in one stream; a collision
         // fails the statement on the unique index, and a new handle is drawn.
@@ -858,9 +855,9 @@ impl Store {
             let handle = Handle::random().to_string();
             let mut sent = Vec::new();
             let mut change = Cas::new(
-                task.id,
+                lease.task,
                 TaskState::Running,
-                task.generation,
+                lease.generation,
                 Event::Ask,
                 &lease.worker_id,
             );
@@ -879,7 +876,7 @@ impl Store {
             });
             if let Some(route) = &chat {
                 let text = render::question(
-                    task.id,
+                    lease.task,
                     &handle,
                     &input.question,
                     &input.context,
@@ -938,19 +935,28 @@ impl Store {
         task: Option<TaskId>,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        let found: Option<(Uuid, Uuid, String, i64, String, bool)> = sqlx::query_as(
-            "SELECT q.id, t.id, t.state, t.generation, q.outcome,
-                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $3)
-             FROM questions q JOIN tasks t ON t.id = q.task_id
-             WHERE q.id = $1 OR (q.task_id = $2 AND q.outcome = 'open')
-             ORDER BY q.asked_at DESC LIMIT 1",
-        )
+        let found = sqlx::query_as::<_, AnswerTarget>(concat!(
+            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $3) AS applied
+             FROM (SELECT ",
+            question_columns!(),
+            " FROM questions
+                   WHERE id = $1 OR (task_id = $2 AND outcome = 'open')
+                   ORDER BY asked_at DESC LIMIT 1) q
+             JOIN tasks t ON t.id = q.task_id"
+        ))
         .bind(question.map(|q| q.as_uuid()))
         .bind(task.map(|t| t.as_uuid()))
         .bind(answer.inbound_key.as_deref())
         .fetch_optional(&self.pool)
         .await?;
-        let Some((question_uuid, task_uuid, state, generation, outcome, applied)) = found else {
+        let Some(AnswerTarget {
+            question: mut question_row,
+            task_state: state,
+            task_generation: generation,
+            applied,
+        }) = found
+        else {
             return Err(match (question, task) {
                 (Some(q), _) => Error::QuestionNotFound(q.to_string()),
                 (None, t) => Error::NoOpenQuestion {
@@ -958,16 +964,15 @@ impl Store {
                 },
             });
         };
-        let question = QuestionId::from_uuid(question_uuid);
+        let question = question_row.id;
         if applied {
             return Ok(AnswerOutcome::Duplicate);
         }
-        let task_id = TaskId::from_uuid(task_uuid);
-        let outcome: QuestionOutcome = outcome.parse().unwrap_or(QuestionOutcome::Cancelled);
-        if !outcome.is_open() {
+        let task_id = question_row.task_id;
+        if !question_row.outcome.is_open() {
             return Err(Error::QuestionClosed {
                 id: question.to_string(),
-                outcome,
+                outcome: question_row.outcome,
             });
         }
         let state: TaskState = state
@@ -1001,7 +1006,12 @@ impl Store {
         };
         hark_core::failpoint::hit("answer.after_commit");
         self.published(sent);
-        let question_row = self.get_question(question).await?;
+        // The statement changed exactly these fields of the question read above.
+        question_row.outcome = QuestionOutcome::Answered;
+        question_row.closed_at = Some(task.updated_at);
+        question_row.answerer = Some(answer.answerer.clone());
+        question_row.answer = Some(answer.text.clone());
+        question_row.inbound_message_id = answer.inbound_key.clone();
         Ok(AnswerOutcome::Applied {
             task: Box::new(task),
             question: Box::new(question_row),
@@ -1182,8 +1192,14 @@ impl Store {
         Ok(true)
     }
 
+    /// The chat of a task. A task's chat never changes, so it is remembered.
     async fn chat_of(&self, task: TaskId) -> Result<Option<ChatRoute>, Error> {
-        Ok(self.get_task(task).await?.chat())
+        if let Some(route) = self.routes.get(task) {
+            return Ok(route);
+        }
+        let route = self.get_task(task).await?.chat();
+        self.routes.remember(task, route.clone());
+        Ok(route)
     }
 
     /// Records an instruction for a task that has not ended.
@@ -1277,6 +1293,16 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
         expired,
         text,
     })
+}
+
+/// The question an answer is for, with its task's state and whether the answer was applied.
+#[derive(Debug, sqlx::FromRow)]
+struct AnswerTarget {
+    #[sqlx(flatten)]
+    question: QuestionRow,
+    task_state: String,
+    task_generation: i64,
+    applied: bool,
 }
 
 /// Which questions to list.

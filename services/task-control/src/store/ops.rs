@@ -935,21 +935,33 @@ impl Store {
         task: Option<TaskId>,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        let found = sqlx::query_as::<_, AnswerTarget>(concat!(
+        // Two statements rather than one with an OR, so each is a plain index lookup.
+        let by_question = concat!(
             "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
-                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $3) AS applied
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2) AS applied
              FROM (SELECT ",
             question_columns!(),
-            " FROM questions
-                   WHERE id = $1 OR (task_id = $2 AND outcome = 'open')
-                   ORDER BY asked_at DESC LIMIT 1) q
+            " FROM questions WHERE id = $1) q
              JOIN tasks t ON t.id = q.task_id"
-        ))
-        .bind(question.map(|q| q.as_uuid()))
-        .bind(task.map(|t| t.as_uuid()))
-        .bind(answer.inbound_key.as_deref())
-        .fetch_optional(&self.pool)
-        .await?;
+        );
+        let open_of_task = concat!(
+            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2) AS applied
+             FROM (SELECT ",
+            question_columns!(),
+            " FROM questions WHERE task_id = $1 AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1) q
+             JOIN tasks t ON t.id = q.task_id"
+        );
+        let (sql, id) = match (question, task) {
+            (Some(q), _) => (by_question, q.as_uuid()),
+            (None, Some(t)) => (open_of_task, t.as_uuid()),
+            (None, None) => return Err(Error::QuestionNotFound(String::new())),
+        };
+        let found = sqlx::query_as::<_, AnswerTarget>(sql)
+            .bind(id)
+            .bind(answer.inbound_key.as_deref())
+            .fetch_optional(&self.pool)
+            .await?;
         let Some(AnswerTarget {
             question: mut question_row,
             task_state: state,

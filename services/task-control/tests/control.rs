@@ -486,3 +486,61 @@ async fn a_malformed_control_request_is_refused_without_harm() {
     tc.new_task_in_chat(GROUP, "100", "still alive").await;
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn the_owner_is_reminded_before_the_deadline_once() {
+    let tc =
+        TestControl::start_with(|c| c.task.remind_before = "2s".parse().expect("duration")).await;
+    tc.say(
+        GROUP,
+        "100",
+        "/task new --timeout 3s --on-timeout fail remind me",
+    )
+    .await;
+    tc.out_containing("created").await;
+    tc.claim_and_ask("Still there?", 0).await;
+    let question = tc.out_containing("Still there?").await;
+    let reminder = tc.out_containing("still waiting for your answer").await;
+    assert!(reminder.text.contains("Still there?"), "{}", reminder.text);
+    assert!(!question.question_id.is_empty());
+    // One reminder only, then the expiry.
+    let next = tc.next_out().await;
+    assert!(next.text.contains("no answer within 3s"), "{}", next.text);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_task_running_past_max_runtime_fails_and_its_worker_is_told_to_stop() {
+    let tc =
+        TestControl::start_with(|c| c.task.max_runtime = "1s".parse().expect("duration")).await;
+    let id = tc.new_task_in_chat(GROUP, "100", "run forever").await;
+    let job = tc.next_job().await;
+    let lease = tc.claim(&job, "w1").await.lease.expect("lease");
+    let mut hints = tc
+        .nats
+        .subscribe(tc.names.task_cancel(task_id(&id)))
+        .await
+        .expect("subscribe");
+    // The worker keeps its lease alive; the running time bound ends the task anyway.
+    tc.eventually("the task fails on its running time", || async {
+        let _ = tc.heartbeat(&lease).await;
+        tc.store.get_task(task_id(&id)).await.expect("task").state == TaskState::Failed
+    })
+    .await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert!(
+        task.error.as_deref().unwrap_or("").contains("max_runtime"),
+        "{:?}",
+        task.error
+    );
+    let hint = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures_util::StreamExt::next(&mut hints),
+    )
+    .await;
+    assert!(matches!(hint, Ok(Some(_))), "the worker is told to stop");
+    let refused = tc.heartbeat(&lease).await.refusal.expect("refused");
+    assert_eq!(refused.reason, pb::RefusalReason::LeaseLost as i32);
+    tc.out_containing("failed").await;
+    tc.stop().await;
+}

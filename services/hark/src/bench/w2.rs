@@ -182,7 +182,8 @@ pub async fn run(
         ),
         (
             "w2".to_owned(),
-            "Postgres transactions (reads included) per task, answer to completion (measured)".to_owned(),
+            "Postgres transactions (reads included) per task, answer to completion (measured)"
+                .to_owned(),
             format!("{tx_per_task:.2}"),
         ),
     ];

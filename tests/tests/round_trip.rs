@@ -329,8 +329,30 @@ async fn two_open_questions_are_answered_by_quote_and_by_handle() {
             s.text.contains("Your pick?") && s.text.contains(&second)
         })
         .await;
-    // The delivery receipt of the second question must be in before a quote can find it.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A quote finds a question once the gateway's delivery receipt named its message.
+    let mut api = hark.env.client().await;
+    for attempt in 0.. {
+        let questions = api
+            .list_questions(pb::ListQuestionsRequest {
+                owner: format!("qq:{OWNER}"),
+                ..Default::default()
+            })
+            .await
+            .expect("questions")
+            .into_inner()
+            .questions;
+        if questions
+            .iter()
+            .any(|q| q.chat_message_id == q2.message_id.to_string())
+        {
+            break;
+        }
+        assert!(
+            attempt < 200,
+            "the delivery receipt of the second question never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     hark.bot
         .group_message_quoting(GROUP, OWNER, "B", Some(q2.message_id))

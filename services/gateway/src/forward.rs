@@ -3,14 +3,14 @@
 
 use std::{sync::Arc, time::Duration};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::{
     Message, client::IntoClientRequest, protocol::WebSocketConfig,
 };
 
-use crate::onebot::conn::{Hub, Incoming};
+use crate::onebot::conn::{Hub, Incoming, write_frames};
 
 /// Keeps one forward connection up until shutdown.
 pub async fn keep_connected(hub: Arc<Hub>, url: String) {
@@ -48,7 +48,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     let (socket, _) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .map_err(|e| e.to_string())?;
-    let (mut sink, mut stream) = socket.split();
+    let (sink, mut stream) = socket.split();
 
     // The bot names itself in its first event (the lifecycle event, or any other).
     let first = tokio::time::timeout(Duration::from_secs(15), async {
@@ -74,28 +74,16 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     tracing::info!(url, bot = self_id, "forward OneBot connection up");
 
     let platform = hub.settings.platform.clone();
-    let (bot, mut outgoing) = hub.attach(&platform, &self_id);
+    let (bot, outgoing) = hub.attach(&platform, &self_id);
     let (tx, rx) = mpsc::channel(256);
     let _ = tx.send(Incoming::Text(first_text)).await;
-    let closed = bot.closed.clone();
-    let writer = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = closed.cancelled() => {
-                    let _ = sink.send(Message::Close(None)).await;
-                    return;
-                }
-                frame = outgoing.recv() => match frame {
-                    Some(text) => {
-                        if sink.send(Message::Text(text.into())).await.is_err() {
-                            return;
-                        }
-                    }
-                    None => return,
-                },
-            }
-        }
-    });
+    let writer = tokio::spawn(write_frames(
+        sink,
+        outgoing,
+        bot.closed.clone(),
+        |t| Message::Text(t.into()),
+        Message::Close(None),
+    ));
     let reader = tokio::spawn(async move {
         while let Some(frame) = stream.next().await {
             let incoming = match frame {

@@ -11,10 +11,10 @@ use axum::{
     http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::onebot::conn::{Hub, Incoming};
+use crate::onebot::conn::{Hub, Incoming, write_frames};
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -83,33 +83,20 @@ pub async fn upgrade(
 
 async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
     let platform = hub.settings.platform.clone();
-    let (bot, mut outgoing) = hub.attach(&platform, &self_id);
-    let (mut sink, mut stream) = socket.split();
+    let (bot, outgoing) = hub.attach(&platform, &self_id);
+    let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel(256);
-    let closed = bot.closed.clone();
-    let writer = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = closed.cancelled() => {
-                    let _ = sink
-                        .send(Message::Close(Some(axum::extract::ws::CloseFrame {
-                            code: 1000,
-                            reason: "closed by hark".into(),
-                        })))
-                        .await;
-                    return;
-                }
-                frame = outgoing.recv() => match frame {
-                    Some(text) => {
-                        if sink.send(Message::Text(text.into())).await.is_err() {
-                            return;
-                        }
-                    }
-                    None => return,
-                },
-            }
-        }
-    });
+    let close = Message::Close(Some(axum::extract::ws::CloseFrame {
+        code: 1000,
+        reason: "closed by hark".into(),
+    }));
+    let writer = tokio::spawn(write_frames(
+        sink,
+        outgoing,
+        bot.closed.clone(),
+        |t| Message::Text(t.into()),
+        close,
+    ));
     let reader = tokio::spawn(async move {
         while let Some(frame) = stream.next().await {
             let incoming = match frame {

@@ -36,6 +36,7 @@ struct Gw {
 
 impl Gw {
     async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
+        hark_core::install_crypto();
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -77,6 +78,27 @@ impl Gw {
         for config in self.names.stream_configs() {
             let _ = self.js.delete_stream(&config.name).await;
         }
+    }
+
+    /// Waits until the gateway's /healthz no longer lists the bot.
+    async fn until_offline(&self, bot: &str) {
+        let url = format!("http://{}/healthz", self.addr);
+        for _ in 0..200 {
+            let health: Value = reqwest::get(&url)
+                .await
+                .expect("healthz")
+                .json()
+                .await
+                .expect("json");
+            let online = health["bots"]
+                .as_array()
+                .is_some_and(|b| b.iter().any(|x| x == &json!(format!("qq:{bot}"))));
+            if !online {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("bot {bot} still online after 5s");
     }
 
     fn url(&self, path: &str) -> String {
@@ -420,7 +442,7 @@ async fn a_failed_send_is_retried_and_messages_wait_while_the_bot_is_offline() {
 
     // The bot goes away; a message waits; a new connection gets it.
     drop(ws);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.until_offline("42").await;
     gw.publish_out("42", "private:100", "while you were away", "", "")
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;

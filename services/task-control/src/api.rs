@@ -79,6 +79,28 @@ fn owner_field(field: &str, value: &str) -> Result<Option<Owner>, Status> {
     value.parse().map(Some).map_err(|e| invalid(field, e))
 }
 
+/// The cursor of a paged listing: the id of the last item of the previous page.
+fn page_token<T: std::str::FromStr>(token: &str) -> Result<Option<T>, Status>
+where
+    T::Err: std::fmt::Display,
+{
+    match token {
+        "" => Ok(None),
+        token => token
+            .parse()
+            .map(Some)
+            .map_err(|e| invalid("page_token", e)),
+    }
+}
+
+/// The token of the next page: the last item's id when the page was full.
+fn next_page<T>(items: &[T], limit: i64, id: impl Fn(&T) -> String) -> String {
+    match items.last() {
+        Some(last) if items.len() as i64 == limit => id(last),
+        _ => String::new(),
+    }
+}
+
 fn page_size(size: u32) -> i64 {
     match size {
         0 => 50,
@@ -190,14 +212,7 @@ impl TaskService for Api {
                     .ok_or_else(|| invalid("states", format!("{s} is not a task state")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let before = match request.page_token.as_str() {
-            "" => None,
-            token => Some(
-                token
-                    .parse::<TaskId>()
-                    .map_err(|e| invalid("page_token", e))?,
-            ),
-        };
+        let before = page_token::<TaskId>(&request.page_token)?;
         let limit = page_size(request.page_size);
         let tasks = self
             .shared
@@ -212,10 +227,7 @@ impl TaskService for Api {
             })
             .await
             .map_err(status_of)?;
-        let next_page_token = match tasks.last() {
-            Some(last) if tasks.len() as i64 == limit => last.id.to_string(),
-            _ => String::new(),
-        };
+        let next_page_token = next_page(&tasks, limit, |t| t.id.to_string());
         Ok(Response::new(pb::ListTasksResponse {
             tasks: tasks.iter().map(|t| convert::task(t, None)).collect(),
             next_page_token,
@@ -478,14 +490,7 @@ impl TaskService for Api {
                 .parse::<StreamId>()
                 .map_err(|e| invalid("stream", e))?;
         }
-        let after = match request.page_token.as_str() {
-            "" => None,
-            token => Some(
-                token
-                    .parse::<QuestionId>()
-                    .map_err(|e| invalid("page_token", e))?,
-            ),
-        };
+        let after = page_token::<QuestionId>(&request.page_token)?;
         let limit = page_size(request.page_size);
         let questions = self
             .shared
@@ -500,10 +505,7 @@ impl TaskService for Api {
             })
             .await
             .map_err(status_of)?;
-        let next_page_token = match questions.last() {
-            Some(last) if questions.len() as i64 == limit => last.id.to_string(),
-            _ => String::new(),
-        };
+        let next_page_token = next_page(&questions, limit, |q| q.id.to_string());
         Ok(Response::new(pb::ListQuestionsResponse {
             questions: questions.iter().map(convert::question).collect(),
             next_page_token,

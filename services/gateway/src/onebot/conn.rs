@@ -28,6 +28,36 @@ pub enum Incoming {
     Closed(String),
 }
 
+/// Writes a connection's outgoing frames until it closes or is replaced, then sends `close`.
+/// `text` wraps a frame in the WebSocket library's message type.
+pub async fn write_frames<S, M>(
+    mut sink: S,
+    mut outgoing: mpsc::Receiver<String>,
+    closed: CancellationToken,
+    text: fn(String) -> M,
+    close: M,
+) where
+    S: futures_util::Sink<M> + Unpin,
+{
+    use futures_util::SinkExt;
+    loop {
+        tokio::select! {
+            _ = closed.cancelled() => {
+                let _ = sink.send(close).await;
+                return;
+            }
+            frame = outgoing.recv() => match frame {
+                Some(frame) => {
+                    if sink.send(text(frame)).await.is_err() {
+                        return;
+                    }
+                }
+                None => return,
+            },
+        }
+    }
+}
+
 /// Why an action failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {

@@ -119,6 +119,7 @@ impl App {
         health
             .set_serving::<pb::task_service_server::TaskServiceServer<api::Api>>()
             .await;
+        tracker.spawn(watch_health(shared.clone(), health, shutdown.clone()));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(hark_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -140,6 +141,40 @@ impl App {
         tracker.close();
         tracker.wait().await;
         served.map_err(|e| Error::Serve(format!("gRPC server failed: {e}")))
+    }
+}
+
+/// Reports NOT_SERVING while NATS or Postgres does not answer, SERVING again once both do.
+async fn watch_health(
+    shared: Shared,
+    health: tonic_health::server::HealthReporter,
+    shutdown: CancellationToken,
+) {
+    type Service = pb::task_service_server::TaskServiceServer<api::Api>;
+    let mut serving = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+        let nats_up = shared.nats.connection_state() == async_nats::connection::State::Connected;
+        let db_up = sqlx::query("SELECT 1")
+            .execute(shared.store.pool())
+            .await
+            .is_ok();
+        match (serving, nats_up && db_up) {
+            (true, false) => {
+                tracing::warn!(nats_up, db_up, "not serving: a dependency does not answer");
+                health.set_not_serving::<Service>().await;
+                serving = false;
+            }
+            (false, true) => {
+                tracing::info!("serving again");
+                health.set_serving::<Service>().await;
+                serving = true;
+            }
+            _ => {}
+        }
     }
 }
 

@@ -45,6 +45,8 @@ pub struct Worker {
     js: jetstream::Context,
     names: Names,
     concurrency: usize,
+    /// The runs in flight, by task id, so a cancel hint can stop the right one.
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>>,
 }
 
 impl Worker {
@@ -79,6 +81,7 @@ impl Worker {
             js,
             names,
             concurrency: config.worker.concurrency as usize,
+            running: Default::default(),
         })
     }
 
@@ -97,6 +100,7 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
         let this = Arc::new(self);
+        tokio::spawn(this.clone().watch_cancels(shutdown.clone()));
         tracing::info!(
             worker = this.runner.worker_id,
             slots = this.concurrency,
@@ -160,6 +164,42 @@ impl Worker {
         Ok(())
     }
 
+    fn lock_running(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CancellationToken>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One subscription for every task's cancel hint; a hint for a task this worker runs stops
+    /// that run at its next step, an LLM call in flight included.
+    async fn watch_cancels(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut hints = match self.nats.subscribe(self.names.task_cancel_all()).await {
+            Ok(hints) => hints,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch for cancellations; relying on refusals");
+                return;
+            }
+        };
+        loop {
+            let hint = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                hint = hints.next() => hint,
+            };
+            let Some(hint) = hint else { return };
+            let task = hint
+                .subject
+                .as_str()
+                .rsplit('.')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            if let Some(cancel) = self.lock_running().get(&task) {
+                tracing::info!(task, "cancelled: stopping the run");
+                cancel.cancel();
+            }
+        }
+    }
+
     async fn handle(&self, message: jetstream::Message, shutdown: CancellationToken) {
         let job: pb::RunJob = match codec::decode(&message.payload) {
             Ok(job) => job,
@@ -212,27 +252,9 @@ impl Worker {
         let inbox = Inbox::default();
         let helpers = CancellationToken::new();
 
-        // Stop at once when the task is cancelled.
-        match lease.task_id.parse() {
-            Ok(task) => match self.nats.subscribe(self.names.task_cancel(task)).await {
-                Ok(mut hints) => {
-                    let (cancel, helpers) = (cancel.clone(), helpers.clone());
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            _ = helpers.cancelled() => {}
-                            hint = hints.next() => if hint.is_some() {
-                                cancel.cancel();
-                            },
-                        }
-                        let _ = hints.unsubscribe().await;
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch for cancellation; relying on refusals")
-                }
-            },
-            Err(_) => return Outcome::Stopped("the lease names no valid task".into()),
-        }
+        // Stop at once when the task is cancelled (see `watch_cancels`).
+        self.lock_running()
+            .insert(lease.task_id.clone(), cancel.clone());
 
         // Keep the lease, and pick up told instructions.
         {
@@ -267,8 +289,10 @@ impl Worker {
             });
         }
 
+        let task_id = lease.task_id.clone();
         let outcome = self.runner.run(claimed, cancel, inbox).await;
         helpers.cancel();
+        self.lock_running().remove(&task_id);
         outcome
     }
 }

@@ -198,6 +198,11 @@ impl Names {
         format!("{}.task.cancel.{task}", self.ns)
     }
 
+    /// Every task's cancel subject, for a worker that watches all the tasks it runs at once.
+    pub fn task_cancel_all(&self) -> String {
+        format!("{}.task.cancel.*", self.ns)
+    }
+
     pub fn control(&self, op: ControlOp) -> String {
         format!("{}.control.{}", self.ns, op.as_str())
     }

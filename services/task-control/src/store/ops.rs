@@ -178,6 +178,8 @@ pub(super) struct CasRow {
     pub(super) ctx_rounds: Option<Json<serde_json::Value>>,
     pub(super) ctx_question: Option<Json<serde_json::Value>>,
     pub(super) ctx_instructions: Option<Json<serde_json::Value>>,
+    /// The deadline of the question an `ask` created.
+    pub(super) asked_deadline: Option<OffsetDateTime>,
 }
 
 impl<'a> Cas<'a> {
@@ -400,8 +402,10 @@ impl Store {
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
                             ELSE NULL END
                 FROM t WHERE $26::uuid IS NOT NULL
+                RETURNING deadline
             )
             SELECT t.*,
+                (SELECT deadline FROM asked) AS asked_deadline,
                 CASE WHEN $32 THEN (
                     SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                     FROM checkpoints WHERE task_id = $1) END AS ctx_rounds,
@@ -891,12 +895,34 @@ impl Store {
             }
             let won = {
                 let mut conn = self.pool.acquire().await?;
-                self.cas(&mut conn, change, &mut sent).await
+                self.cas_row(&mut conn, change, &mut sent).await
             };
             match won {
-                Ok(Some(_)) => {
+                Ok(Some(row)) => {
                     self.published(sent);
-                    return self.get_question(question_id).await;
+                    // The question as the statement created it.
+                    return Ok(QuestionRow {
+                        id: question_id,
+                        task_id: lease.task,
+                        handle,
+                        text: input.question.clone(),
+                        context: input.context.clone(),
+                        tool_call_id: input.tool_call_id.clone(),
+                        round: input.round,
+                        owner: row.task.owner.clone(),
+                        platform: row.task.platform.clone(),
+                        bot_id: row.task.bot_id.clone(),
+                        stream: row.task.stream.clone(),
+                        outcome: QuestionOutcome::Open,
+                        asked_at: row.task.updated_at,
+                        deadline: row.asked_deadline,
+                        reminded_at: None,
+                        closed_at: None,
+                        answerer: None,
+                        answer: None,
+                        inbound_message_id: None,
+                        chat_message_id: None,
+                    });
                 }
                 Ok(None) => return Err(self.refusal(lease).await),
                 Err(Error::Database(sqlx::Error::Database(e)))

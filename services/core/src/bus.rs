@@ -364,13 +364,15 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
     ensure_consumer(
         js,
         &names.chat_in_stream(),
-        durable(Names::CONTROL_CONSUMER, names.chat_in_all(), ack_wait, 20),
+        // No delivery limit: a message that cannot be decoded is terminated explicitly, and one
+        // that failed because the database was down must wait for it, however long.
+        durable(Names::CONTROL_CONSUMER, names.chat_in_all(), ack_wait, -1),
     )
     .await?;
     ensure_consumer(
         js,
         &names.chat_receipt_stream(),
-        durable(Names::CONTROL_CONSUMER, names.chat_receipt(), ack_wait, 20),
+        durable(Names::CONTROL_CONSUMER, names.chat_receipt(), ack_wait, -1),
     )
     .await?;
     ensure_consumer(

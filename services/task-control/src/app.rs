@@ -340,9 +340,11 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
             let ack = match outcome {
                 Handled::Done => message.ack().await,
                 Handled::Retry => {
-                    message
-                        .ack_with(jetstream::AckKind::Nak(Some(chat::RETRY_DELAY)))
-                        .await
+                    // Back off while the store is down: 2 s, 4 s, … up to a minute.
+                    let delivered = message.info().map_or(1, |i| i.delivered.max(1) as u32);
+                    let delay = (chat::RETRY_DELAY * 2u32.pow(delivered.min(5) - 1))
+                        .min(Duration::from_secs(60));
+                    message.ack_with(jetstream::AckKind::Nak(Some(delay))).await
                 }
                 Handled::Poison => message.ack_with(jetstream::AckKind::Term).await,
             };

@@ -31,6 +31,16 @@ impl Api {
     pub fn new(shared: Shared) -> Self {
         Self { shared }
     }
+
+    /// The task a request names in `field`, by full id or unique prefix.
+    async fn resolve(&self, field: &str, value: &str) -> Result<store::TaskRow, Status> {
+        let reference = task_ref(field, value)?;
+        self.shared
+            .store
+            .resolve_task(&reference)
+            .await
+            .map_err(status_of)
+    }
 }
 
 /// The one mapping from store errors to gRPC status codes.
@@ -176,13 +186,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
-        let reference = task_ref("task_id", &request.get_ref().task_id)?;
-        let task = self
-            .shared
-            .store
-            .resolve_task(&reference)
-            .await
-            .map_err(status_of)?;
+        let task = self.resolve("task_id", &request.get_ref().task_id).await?;
         let questions = self
             .shared
             .store
@@ -240,13 +244,7 @@ impl TaskService for Api {
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
         let request = request.into_inner();
-        let reference = task_ref("task_id", &request.task_id)?;
-        let task = self
-            .shared
-            .store
-            .resolve_task(&reference)
-            .await
-            .map_err(status_of)?;
+        let task = self.resolve("task_id", &request.task_id).await?;
         let reason = if request.reason.trim().is_empty() {
             "cancelled over the API".to_owned()
         } else {
@@ -356,12 +354,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::TellTaskResponse>, Status> {
         let request = request.into_inner();
         let text = text_field("instruction", &request.instruction)?;
-        let task = self
-            .shared
-            .store
-            .resolve_task(&task_ref("task_id", &request.task_id)?)
-            .await
-            .map_err(status_of)?;
+        let task = self.resolve("task_id", &request.task_id).await?;
         let author = if request.author.trim().is_empty() {
             "api"
         } else {
@@ -395,13 +388,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
-        let reference = task_ref("task_id", &request.get_ref().task_id)?;
-        let task = self
-            .shared
-            .store
-            .resolve_task(&reference)
-            .await
-            .map_err(status_of)?;
+        let task = self.resolve("task_id", &request.get_ref().task_id).await?;
         // Subscribe before reading the current state, so no change falls between the two.
         let mut events = self
             .shared

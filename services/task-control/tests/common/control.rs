@@ -20,6 +20,20 @@ pub const PLATFORM: &str = "qq";
 pub const BOT: &str = "42";
 pub const GROUP: &str = "group:777";
 
+/// The next message of a consumer within `wait`, acknowledged and decoded.
+async fn next_from<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(wait)
+        .messages()
+        .await
+        .expect("fetch");
+    let message = batch.next().await?.expect("message");
+    message.ack().await.expect("ack");
+    Some(codec::decode(&message.payload).expect("the message decodes"))
+}
+
 pub fn nats_url() -> String {
     std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
@@ -180,17 +194,7 @@ impl TestControl {
     }
 
     pub async fn try_next_out(&self, wait: Duration) -> Option<pb::OutboundMessage> {
-        let mut batch = self
-            .outbound
-            .fetch()
-            .max_messages(1)
-            .expires(wait)
-            .messages()
-            .await
-            .expect("fetch");
-        let message = batch.next().await?.expect("message");
-        message.ack().await.expect("ack");
-        Some(codec::decode(&message.payload).expect("outbound decodes"))
+        next_from(&self.outbound, wait).await
     }
 
     /// Reads outbound messages until one contains `needle`.
@@ -219,17 +223,7 @@ impl TestControl {
     }
 
     pub async fn try_next_job(&self, wait: Duration) -> Option<pb::RunJob> {
-        let mut batch = self
-            .jobs
-            .fetch()
-            .max_messages(1)
-            .expires(wait)
-            .messages()
-            .await
-            .expect("fetch");
-        let message = batch.next().await?.expect("message");
-        message.ack().await.expect("ack");
-        Some(codec::decode(&message.payload).expect("job decodes"))
+        next_from(&self.jobs, wait).await
     }
 
     /// Sends a control request as a worker and decodes the response.

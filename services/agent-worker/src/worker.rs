@@ -24,11 +24,6 @@ use crate::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot reach NATS at nats.url = {url}: {source}")]
-    Nats {
-        url: String,
-        source: async_nats::ConnectError,
-    },
     #[error(transparent)]
     Bus(#[from] bus::Error),
     #[error("cannot build the LLM client: {0}")]
@@ -57,17 +52,11 @@ impl Worker {
         llm: llm::Settings,
         worker_id: String,
     ) -> Result<Self, Error> {
-        let names = Names::new(config.nats.namespace.parse()?);
-        let nats = async_nats::ConnectOptions::new()
-            .name(format!("hark worker {worker_id}"))
-            .connect(&config.nats.url)
-            .await
-            .map_err(|source| Error::Nats {
-                url: config.nats.url.clone(),
-                source,
-            })?;
-        let js = jetstream::new(nats.clone());
-        bus::ensure(&js, &names).await?;
+        let bus::Connection {
+            client: nats,
+            js,
+            names,
+        } = bus::connect(&config.nats, &format!("hark worker {worker_id}")).await?;
         let runner = Runner {
             control: ControlClient::new(nats.clone(), names.clone()),
             llm: llm::Client::new(llm)?,

@@ -44,6 +44,11 @@ pub enum Error {
         "`{0}` cannot be part of a NATS subject: it must be non-empty and contain no `.`, `*`, `>` or spaces"
     )]
     Token(String),
+    #[error("cannot reach NATS at nats.url = {url}: {source}")]
+    Connect {
+        url: String,
+        source: async_nats::ConnectError,
+    },
     #[error("cannot create or update JetStream stream {stream}: {source}")]
     Stream {
         stream: String,
@@ -382,6 +387,34 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
     )
     .await?;
     Ok(())
+}
+
+/// A service's link to the bus: its NATS connection, JetStream context and names.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub names: Names,
+}
+
+/// Connects as `client_name` to the configured NATS and makes sure every stream and shared
+/// consumer exists. Every role starts this way.
+pub async fn connect(
+    config: &crate::config::NatsConfig,
+    client_name: &str,
+) -> Result<Connection, Error> {
+    let names = Names::new(config.namespace.parse()?);
+    let client = async_nats::ConnectOptions::new()
+        .name(client_name)
+        .connect(&config.url)
+        .await
+        .map_err(|source| Error::Connect {
+            url: config.url.clone(),
+            source,
+        })?;
+    let js = jetstream::new(client.clone());
+    ensure(&js, &names).await?;
+    Ok(Connection { client, js, names })
 }
 
 /// Creates the consumer, or updates it when it exists with other settings.

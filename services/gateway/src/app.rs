@@ -9,10 +9,7 @@ use axum::{
     routing::{any, get, post},
     serve::ListenerExt,
 };
-use hark_core::{
-    bus::{self, Names},
-    config::Config,
-};
+use hark_core::{bus, config::Config};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -21,11 +18,6 @@ use crate::{Settings, forward, http, onebot::conn::Hub, ws};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot reach NATS at nats.url = {url}: {source}")]
-    Nats {
-        url: String,
-        source: async_nats::ConnectError,
-    },
     #[error(transparent)]
     Bus(#[from] bus::Error),
     #[error("cannot listen on gateway.listen = {addr}: {source}")]
@@ -48,17 +40,7 @@ pub struct App {
 impl App {
     pub async fn build(config: &Config) -> Result<Self, Error> {
         hark_core::install_crypto();
-        let names = Names::new(config.nats.namespace.parse()?);
-        let nats = async_nats::ConnectOptions::new()
-            .name("hark gateway")
-            .connect(&config.nats.url)
-            .await
-            .map_err(|source| Error::Nats {
-                url: config.nats.url.clone(),
-                source,
-            })?;
-        let js = async_nats::jetstream::new(nats);
-        bus::ensure(&js, &names).await?;
+        let bus::Connection { js, names, .. } = bus::connect(&config.nats, "hark gateway").await?;
         let addr = config.gateway.listen;
         let listener = TcpListener::bind(addr)
             .await

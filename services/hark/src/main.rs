@@ -9,10 +9,7 @@ mod task;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use hark_core::{
-    bus::{self, Names},
-    config::Config,
-};
+use hark_core::{bus, config::Config};
 use hark_worker::{
     llm,
     scripted::{Script, ScriptedLlm},
@@ -218,11 +215,7 @@ async fn migrate(config: &Config) -> anyhow::Result<()> {
         })?;
     hark_control::store::migrate(&pool).await?;
     tracing::info!(database = config.database.url, "database migrated");
-    let client = async_nats::connect(&config.nats.url)
-        .await
-        .with_context(|| format!("cannot reach NATS at nats.url = {}", config.nats.url))?;
-    let names = Names::new(config.nats.namespace.parse()?);
-    bus::ensure(&async_nats::jetstream::new(client), &names).await?;
+    bus::connect(&config.nats, "hark migrate").await?;
     tracing::info!(
         namespace = config.nats.namespace,
         "streams and consumers are in place"

@@ -22,11 +22,6 @@ use crate::{api, chat, control, shared::Shared, store, store::OutboxMessage, tim
 pub enum Error {
     #[error(transparent)]
     Store(#[from] store::Error),
-    #[error("cannot reach NATS at nats.url = {url}: {source}")]
-    Nats {
-        url: String,
-        source: async_nats::ConnectError,
-    },
     #[error(transparent)]
     Bus(#[from] bus::Error),
     #[error("cannot listen for gRPC on control.grpc_listen = {addr}: {source}")]
@@ -49,19 +44,13 @@ pub struct App {
 
 impl App {
     pub async fn build(config: Config) -> Result<Self, Error> {
-        let names = Names::new(config.nats.namespace.parse()?);
         let pool = store::connect(&config.database.url, config.database.max_connections).await?;
         store::migrate(&pool).await?;
-        let nats = async_nats::ConnectOptions::new()
-            .name("hark task-control")
-            .connect(&config.nats.url)
-            .await
-            .map_err(|source| Error::Nats {
-                url: config.nats.url.clone(),
-                source,
-            })?;
-        let js = jetstream::new(nats.clone());
-        bus::ensure(&js, &names).await?;
+        let bus::Connection {
+            client: nats,
+            js,
+            names,
+        } = bus::connect(&config.nats, "hark task-control").await?;
         let addr = config.control.grpc_listen;
         let listener = TcpListener::bind(addr)
             .await

@@ -43,6 +43,14 @@ impl Api {
     }
 }
 
+/// What an AnswerQuestion request answers.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    Question(QuestionId),
+    /// Whichever question this task has open.
+    OpenOf(TaskId),
+}
+
 /// The one mapping from store errors to gRPC status codes.
 pub fn status_of(error: store::Error) -> Status {
     use store::Error as E;
@@ -271,21 +279,18 @@ impl TaskService for Api {
         let text = text_field("answer", &request.answer)?;
         let store = &self.shared.store;
         // Either a question by id, or whichever question the task has open.
-        let (question, task) = match (request.question_id.as_str(), request.task_id.as_str()) {
+        // Either a question by id, or whichever question the task has open. Neither is read
+        // here: the answer's own read finds it (an extra read only checks a named answerer).
+        let target = match (request.question_id.as_str(), request.task_id.as_str()) {
             ("", "") => return Err(invalid("question_id", "give question_id or task_id")),
-            (id, "") => {
-                let id: QuestionId = id.parse().map_err(|e| invalid("question_id", e))?;
-                let question = store.get_question(id).await.map_err(status_of)?;
-                let task = question.task_id;
-                (Some(question), task)
-            }
-            ("", task) => {
-                let id = match task_ref("task_id", task)? {
-                    TaskRef::Full(id) => id,
-                    prefix => store.resolve_task(&prefix).await.map_err(status_of)?.id,
-                };
-                (None, id)
-            }
+            (id, "") => Target::Question(
+                id.parse::<QuestionId>()
+                    .map_err(|e| invalid("question_id", e))?,
+            ),
+            ("", task) => Target::OpenOf(match task_ref("task_id", task)? {
+                TaskRef::Full(id) => id,
+                prefix => store.resolve_task(&prefix).await.map_err(status_of)?.id,
+            }),
             _ => {
                 return Err(invalid(
                     "question_id",
@@ -296,9 +301,9 @@ impl TaskService for Api {
         let answerer = match owner_field("answerer", &request.answerer)? {
             None => "api".to_owned(),
             Some(answerer) => {
-                let owner = match &question {
-                    Some(q) => q.owner.clone(),
-                    None => store.get_task(task).await.map_err(status_of)?.owner,
+                let owner = match target {
+                    Target::Question(q) => store.get_question(q).await.map_err(status_of)?.owner,
+                    Target::OpenOf(t) => store.get_task(t).await.map_err(status_of)?.owner,
                 };
                 if answerer != owner {
                     return Err(Status::permission_denied(format!(
@@ -314,26 +319,30 @@ impl TaskService for Api {
             inbound_key: (!request.request_id.is_empty())
                 .then(|| format!("api:{}", request.request_id)),
         };
-        let applied = match &question {
-            Some(q) => store.answer(q.id, &answer).await,
-            None => store.answer_task(task, &answer).await,
+        let applied = match target {
+            Target::Question(q) => store.answer(q, &answer).await,
+            Target::OpenOf(t) => store.answer_task(t, &answer).await,
         };
         let (task, question) = match applied {
             Ok(AnswerOutcome::Applied { task, question }) => (*task, *question),
             Ok(AnswerOutcome::Duplicate) => {
-                let question = match question {
-                    Some(q) => store.get_question(q.id).await.map_err(status_of)?,
-                    None => store
-                        .questions_of(task)
+                let question = match target {
+                    Target::Question(q) => store.get_question(q).await.map_err(status_of)?,
+                    Target::OpenOf(t) => store
+                        .questions_of(t)
                         .await
                         .map_err(status_of)?
                         .pop()
                         .ok_or_else(|| Status::failed_precondition("the task asked no question"))?,
                 };
-                (store.get_task(task).await.map_err(status_of)?, question)
+                (
+                    store.get_task(question.task_id).await.map_err(status_of)?,
+                    question,
+                )
             }
-            Err(store::Error::NoOpenQuestion { .. }) => {
-                let task = store.get_task(task).await.map_err(status_of)?;
+            Err(store::Error::NoOpenQuestion { task }) => {
+                let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
+                let task = store.get_task(id).await.map_err(status_of)?;
                 return Err(Status::failed_precondition(format!(
                     "task {} has no open question (it is {})",
                     task.id, task.state

@@ -475,8 +475,14 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
         Some("group:777")
     );
 
-    let ids: Vec<i64> = outbox.iter().map(|e| e.id).collect();
-    db.store.outbox_done(&ids).await.expect("outbox cleared");
+    let published: Vec<(String, String)> = outbox
+        .iter()
+        .map(|e| (e.subject.clone(), e.msg_id.clone()))
+        .collect();
+    db.store
+        .outbox_forget(&published)
+        .await
+        .expect("outbox cleared");
     assert!(db.store.outbox_batch(100).await.expect("outbox").is_empty());
     db.drop().await;
 }

@@ -1284,15 +1284,6 @@ impl Store {
         .fetch_all(&self.pool)
         .await?)
     }
-
-    /// Forgets messages NATS has acknowledged.
-    pub async fn outbox_done(&self, ids: &[i64]) -> Result<(), Error> {
-        sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-            .bind(ids)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
 }
 
 /// The outbox messages as three parallel arrays, for `unnest`.

@@ -93,6 +93,7 @@ impl App {
         tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
+        tracker.spawn(timers::upkeep(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_chat(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
         {

@@ -49,3 +49,41 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     }
     Ok(())
 }
+
+/// How often the upkeep loop looks at the tables' statistics.
+pub const UPKEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps hark's tables analyzed and vacuumed while the server's autovacuum is off (see
+/// [`crate::store::Upkeep`]).
+pub async fn upkeep(shared: Shared, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(UPKEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let pass = async {
+            if shared.store.autovacuum_on().await? {
+                return Ok(None);
+            }
+            shared.store.upkeep().await.map(Some)
+        };
+        match pass.await {
+            Ok(None) => {}
+            Ok(Some(done)) => {
+                if !told {
+                    tracing::info!(
+                        "the database's autovacuum is off: task-control analyzes and vacuums its own tables"
+                    );
+                    told = true;
+                }
+                if !done.analyzed.is_empty() || !done.vacuumed.is_empty() {
+                    tracing::debug!(analyzed = ?done.analyzed, vacuumed = ?done.vacuumed, "table upkeep");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "table upkeep failed; retrying later"),
+        }
+    }
+}

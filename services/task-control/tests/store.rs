@@ -574,3 +574,80 @@ async fn a_task_is_found_by_a_unique_prefix_and_listed_newest_first() {
     assert_eq!(in_stream.len(), 1);
     db.drop().await;
 }
+
+/// Runs upkeep passes until what they did together satisfies `done`; backends report their
+/// row counts to the statistics within seconds, not at once.
+async fn upkeep_until(
+    store: &Store,
+    done: impl Fn(&hark_control::store::Upkeep) -> bool,
+) -> hark_control::store::Upkeep {
+    let mut all = hark_control::store::Upkeep::default();
+    for _ in 0..60 {
+        let pass = store.upkeep().await.expect("upkeep pass");
+        all.analyzed.extend(pass.analyzed);
+        all.vacuumed.extend(pass.vacuumed);
+        if done(&all) {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("upkeep never did what was due: {all:?}");
+}
+
+#[tokio::test]
+async fn upkeep_vacuums_tables_with_dead_rows_and_analyzes_tables_that_grew() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    // Each claim leaves a dead version of its task's row; each task writes two audit rows.
+    for _ in 0..80 {
+        let task = new_task(store, None).await;
+        store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+    }
+
+    // While another replica holds the upkeep lock, a pass does nothing.
+    let mut other = store.pool().acquire().await.expect("connection");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(hark_control::store::UPKEEP_LOCK)
+        .execute(&mut *other)
+        .await
+        .expect("lock taken");
+    assert_eq!(
+        store.upkeep().await.expect("pass"),
+        hark_control::store::Upkeep::default()
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(hark_control::store::UPKEEP_LOCK)
+        .execute(&mut *other)
+        .await
+        .expect("lock released");
+    drop(other);
+
+    upkeep_until(store, |p| {
+        p.vacuumed.iter().any(|t| t == "tasks")
+            && (p.analyzed.iter().chain(&p.vacuumed)).any(|t| t == "transitions")
+    })
+    .await;
+    let (vacuumed, analyzed): (bool, bool) = sqlx::query_as(
+        "SELECT (SELECT last_vacuum IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'tasks'),
+                (SELECT last_analyze IS NOT NULL FROM pg_stat_user_tables WHERE relname = 'transitions')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("statistics");
+    assert!(vacuumed && analyzed);
+
+    // Nothing changed since: the next pass leaves both alone.
+    let next = store.upkeep().await.expect("pass");
+    assert!(
+        !next
+            .analyzed
+            .iter()
+            .chain(&next.vacuumed)
+            .any(|t| t == "tasks" || t == "transitions"),
+        "{next:?}"
+    );
+    db.drop().await;
+}

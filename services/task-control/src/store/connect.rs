@@ -21,7 +21,14 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         // A ping before every use would add a round trip to every query on the resume path; a
         // connection that died is noticed by the query itself, which fails as retryable.
         .test_before_acquire(false)
-        .connect_with(options.log_statements(tracing::log::LevelFilter::Trace))
+        .connect_with(
+            options
+                // Each statement is planned once per connection (and again when its tables'
+                // statistics change), not for every call: they are point lookups whose plan does
+                // not depend on the values bound.
+                .options([("plan_cache_mode", "force_generic_plan")])
+                .log_statements(tracing::log::LevelFilter::Trace),
+        )
         .await?;
     Ok(pool)
 }

@@ -28,6 +28,7 @@ mod connect;
 mod ops;
 mod rows;
 mod timers;
+mod upkeep;
 
 pub use connect::{connect, migrate};
 pub use ops::{
@@ -35,6 +36,7 @@ pub use ops::{
     Resume, TaskFilter, TellDelivery,
 };
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
+pub use upkeep::{UPKEEP_LOCK, Upkeep};
 
 use hark_core::domain::{Event, QuestionOutcome, TaskState, TransitionError};
 

@@ -14,7 +14,7 @@ use hark_core::{
     },
 };
 use hark_proto::v1 as pb;
-use sqlx::{PgConnection, types::Json};
+use sqlx::{Arguments as _, AssertSqlSafe, PgConnection, postgres::PgArguments, types::Json};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -336,123 +336,16 @@ impl Store {
     ) -> Result<Option<CasRow>, Error> {
         let to = transition(change.from, change.event)
             .map_err(|e| Error::wrong_state(change.task, e))?;
-        let next_generation = change.generation + 1;
-        change
-            .outbox
-            .push(self.event_msg(change.task, to, next_generation, change.event.as_str()));
+        change.outbox.push(self.event_msg(
+            change.task,
+            to,
+            change.generation + 1,
+            change.event.as_str(),
+        ));
         let outbox = std::mem::take(&mut change.outbox);
-        let (subjects, msg_ids, payloads) = columns(outbox.clone());
-        let (round, messages, consumed) = match change.checkpoint {
-            Some((round, messages, consumed)) => {
-                (Some(round), Some(Json(messages)), consumed.to_vec())
-            }
-            None => (None, None, Vec::new()),
-        };
-        let question = change.question;
-        let sql = concat!(
-            "WITH t AS (
-                UPDATE tasks SET
-                    state = $4,
-                    generation = generation + 1,
-                    updated_at = now(),
-                    worker_id = CASE WHEN $4 = 'running' THEN $6 ELSE NULL END,
-                    lease_until = CASE WHEN $4 = 'running' THEN now() + $7 * interval '1 millisecond' ELSE NULL END,
-                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
-                    running_since = CASE WHEN $4 = 'running' THEN now() ELSE NULL END,
-                    attempt = attempt + $8,
-                    rounds = greatest(rounds, $9),
-                    result = coalesce($10, result),
-                    error = coalesce($11, error),
-                    finished_at = CASE WHEN $4 IN ('completed', 'failed', 'cancelled') THEN now() ELSE NULL END
-                WHERE id = $1 AND state = $2 AND generation = $3 AND ($5::text IS NULL OR worker_id = $5)
-                RETURNING ", task_columns!(), "
-            ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, $2, state, $12, generation, $13, $14 FROM t
-            ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT s, m, p FROM unnest($15::text[], $16::text[], $17::bytea[]) AS x(s, m, p)
-                WHERE EXISTS (SELECT 1 FROM t)
-            ), answered AS (
-                UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = $19, answer = $20,
-                                     inbound_message_id = $21
-                WHERE $18::uuid IS NOT NULL AND id = $18 AND outcome = 'open' AND EXISTS (SELECT 1 FROM t)
-            ), applied AS (
-                INSERT INTO applied_inbound (key, task_id, question_id)
-                SELECT $21, id, $18 FROM t WHERE $21::text IS NOT NULL
-                ON CONFLICT DO NOTHING
-            ), closed AS (
-                UPDATE questions SET outcome = $22, closed_at = now()
-                WHERE $22::text IS NOT NULL AND task_id = $1 AND outcome = 'open' AND EXISTS (SELECT 1 FROM t)
-            ), checkpoint AS (
-                INSERT INTO checkpoints (task_id, round, messages)
-                SELECT id, $23, $24 FROM t WHERE $23::int IS NOT NULL
-                ON CONFLICT DO NOTHING
-            ), consumed AS (
-                UPDATE instructions SET consumed_round = $23
-                WHERE $23::int IS NOT NULL AND task_id = $1 AND id = ANY($25::uuid[]) AND consumed_round IS NULL
-                  AND EXISTS (SELECT 1 FROM t)
-            ), asked AS (
-                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, deadline)
-                SELECT $26, id, $27, $28, $29, $30, $23, owner, platform, bot_id, stream,
-                       CASE WHEN on_timeout = 'never' THEN NULL
-                            WHEN $31::bigint IS NOT NULL THEN now() + $31 * interval '1 millisecond'
-                            WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
-                            ELSE NULL END
-                FROM t WHERE $26::uuid IS NOT NULL
-                RETURNING deadline
-            )
-            SELECT t.*,
-                (SELECT deadline FROM asked) AS asked_deadline,
-                CASE WHEN $32 THEN (
-                    SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
-                    FROM checkpoints WHERE task_id = $1) END AS ctx_rounds,
-                CASE WHEN $32 THEN (
-                    SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
-                        'outcome', outcome, 'answer', answer,
-                        'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
-                    FROM questions WHERE task_id = $1 ORDER BY asked_at DESC, id DESC LIMIT 1) END AS ctx_question,
-                CASE WHEN $32 THEN (
-                    SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
-                                             ORDER BY created_at, id), '[]')
-                    FROM instructions WHERE task_id = $1 AND consumed_round IS NULL) END AS ctx_instructions
-            FROM t"
-        );
-        let row = sqlx::query_as::<_, CasRow>(sql)
-            .bind(change.task.as_uuid())
-            .bind(change.from.as_str())
-            .bind(change.generation)
-            .bind(to.as_str())
-            .bind(change.worker_guard)
-            .bind(change.new_worker)
-            .bind(change.lease.as_millis() as i64)
-            .bind(change.attempt_inc)
-            .bind(change.rounds)
-            .bind(change.result)
-            .bind(change.error)
-            .bind(change.event.as_str())
-            .bind(change.actor)
-            .bind(change.detail)
-            .bind(subjects)
-            .bind(msg_ids)
-            .bind(payloads)
-            .bind(change.answer.map(|(q, _)| q.as_uuid()))
-            .bind(change.answer.map(|(_, a)| a.answerer.as_str()))
-            .bind(change.answer.map(|(_, a)| a.text.as_str()))
-            .bind(change.answer.and_then(|(_, a)| a.inbound_key.as_deref()))
-            .bind(change.close_questions.map(QuestionOutcome::as_str))
-            .bind(round)
-            .bind(messages)
-            .bind(consumed)
-            .bind(question.map(|q| q.id.as_uuid()))
-            .bind(question.map(|q| q.handle))
-            .bind(question.map(|q| q.text))
-            .bind(question.map(|q| q.context))
-            .bind(question.map(|q| q.tool_call_id))
-            .bind(question.and_then(|q| q.timeout_ms))
-            .bind(change.with_context)
+        let mut s = Statement::default();
+        let sql = cas_sql(&mut s, &change, to, &outbox);
+        let row = sqlx::query_as_with::<_, CasRow, _>(AssertSqlSafe(sql), s.arguments()?)
             .fetch_optional(&mut *conn)
             .await?;
         if row.is_some() {
@@ -1284,6 +1177,193 @@ impl Store {
         .fetch_all(&self.pool)
         .await?)
     }
+}
+
+/// A statement built from the parts an operation needs, its arguments numbered as they are bound.
+/// Each operation thus runs a lean statement of its own whose plan Postgres caches, instead of
+/// one statement carrying every optional part behind null guards (which Postgres re-planned on
+/// most calls, since a plan for given arguments can drop the guarded parts).
+#[derive(Default)]
+struct Statement {
+    arguments: PgArguments,
+    error: Option<sqlx::error::BoxDynError>,
+}
+
+impl Statement {
+    /// Binds `value` and returns its placeholder.
+    fn bind<'q, T>(&mut self, value: T) -> String
+    where
+        T: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    {
+        if let Err(e) = self.arguments.add(value) {
+            self.error.get_or_insert(e);
+        }
+        format!("${}", self.arguments.len())
+    }
+
+    fn arguments(self) -> Result<PgArguments, Error> {
+        match self.error {
+            Some(e) => Err(Error::Database(sqlx::Error::Encode(e))),
+            None => Ok(self.arguments),
+        }
+    }
+}
+
+/// The compare-and-set statement of `change`: the task's move, its audit row, and only the
+/// parts `change` asks for.
+fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxMessage]) -> String {
+    let id = s.bind(change.task.as_uuid());
+    let from = s.bind(change.from.as_str());
+    let generation = s.bind(change.generation);
+    let mut set = format!(
+        "state = {}, generation = generation + 1, updated_at = now(),
+         run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+             ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END",
+        s.bind(to.as_str())
+    );
+    if to == TaskState::Running {
+        set += &format!(
+            ", worker_id = {}, lease_until = now() + {} * interval '1 millisecond', running_since = now()",
+            s.bind(change.new_worker),
+            s.bind(change.lease.as_millis() as i64)
+        );
+    } else {
+        set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
+    }
+    if change.attempt_inc != 0 {
+        set += &format!(", attempt = attempt + {}", s.bind(change.attempt_inc));
+    }
+    if change.rounds > 0 {
+        set += &format!(", rounds = greatest(rounds, {})", s.bind(change.rounds));
+    }
+    if let Some(result) = change.result {
+        set += &format!(", result = {}", s.bind(result));
+    }
+    if let Some(error) = change.error {
+        set += &format!(", error = {}", s.bind(error));
+    }
+    set += if to.is_terminal() {
+        ", finished_at = now()"
+    } else {
+        ", finished_at = NULL"
+    };
+    let mut guard = format!("id = {id} AND state = {from} AND generation = {generation}");
+    if let Some(worker) = change.worker_guard {
+        guard += &format!(" AND worker_id = {}", s.bind(worker));
+    }
+    let mut sql = format!(
+        "WITH t AS (UPDATE tasks SET {set} WHERE {guard} RETURNING {columns})
+         , audit AS (
+            INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+            SELECT id, {from}, state, {event}, generation, {actor}, {detail} FROM t)",
+        columns = task_columns!(),
+        event = s.bind(change.event.as_str()),
+        actor = s.bind(change.actor),
+        detail = s.bind(change.detail),
+    );
+    if outbox.iter().any(|o| o.durable) {
+        let (subjects, msg_ids, payloads) = columns(outbox.to_vec());
+        sql += &format!(
+            ", out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT x.s, x.m, x.p FROM t, unnest({}::text[], {}::text[], {}::bytea[]) AS x(s, m, p))",
+            s.bind(subjects),
+            s.bind(msg_ids),
+            s.bind(payloads)
+        );
+    }
+    if let Some((question, answer)) = change.answer {
+        let question = s.bind(question.as_uuid());
+        let inbound = answer.inbound_key.as_deref().map(|key| s.bind(key));
+        sql += &format!(
+            ", answered AS (
+                UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = {}, answer = {},
+                                     inbound_message_id = {}
+                WHERE id = {question} AND outcome = 'open' AND EXISTS (SELECT 1 FROM t))",
+            s.bind(answer.answerer.as_str()),
+            s.bind(answer.text.as_str()),
+            inbound.as_deref().unwrap_or("NULL"),
+        );
+        if let Some(key) = inbound {
+            sql += &format!(
+                ", applied AS (
+                    INSERT INTO applied_inbound (key, task_id, question_id)
+                    SELECT {key}, id, {question} FROM t ON CONFLICT DO NOTHING)"
+            );
+        }
+    }
+    if let Some(outcome) = change.close_questions {
+        sql += &format!(
+            ", closed AS (
+                UPDATE questions SET outcome = {}, closed_at = now()
+                WHERE task_id = {id} AND outcome = 'open' AND EXISTS (SELECT 1 FROM t))",
+            s.bind(outcome.as_str())
+        );
+    }
+    let mut round = "NULL::int".to_owned();
+    if let Some((number, messages, consumed)) = change.checkpoint {
+        round = s.bind(number);
+        sql += &format!(
+            ", checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages)
+                SELECT id, {round}, {} FROM t ON CONFLICT DO NOTHING)",
+            s.bind(Json(messages))
+        );
+        if !consumed.is_empty() {
+            sql += &format!(
+                ", consumed AS (
+                    UPDATE instructions SET consumed_round = {round}
+                    WHERE task_id = {id} AND id = ANY({}::uuid[]) AND consumed_round IS NULL
+                      AND EXISTS (SELECT 1 FROM t))",
+                s.bind(consumed.to_vec())
+            );
+        }
+    }
+    let mut asked_deadline = "NULL::timestamptz";
+    if let Some(q) = change.question {
+        let deadline = match q.timeout_ms {
+            Some(ms) => format!(
+                "CASE WHEN on_timeout = 'never' THEN NULL ELSE now() + {} * interval '1 millisecond' END",
+                s.bind(ms)
+            ),
+            None => "CASE WHEN on_timeout <> 'never' AND ask_timeout_s > 0
+                     THEN now() + ask_timeout_s * interval '1 second' END"
+                .to_owned(),
+        };
+        sql += &format!(
+            ", asked AS (
+                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
+                                       platform, bot_id, stream, deadline)
+                SELECT {}, id, {}, {}, {}, {}, {round}, owner, platform, bot_id, stream, {deadline}
+                FROM t RETURNING deadline)",
+            s.bind(q.id.as_uuid()),
+            s.bind(q.handle),
+            s.bind(q.text),
+            s.bind(q.context),
+            s.bind(q.tool_call_id),
+        );
+        asked_deadline = "(SELECT deadline FROM asked)";
+    }
+    let context = if change.with_context {
+        format!(
+            "(SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
+              FROM checkpoints WHERE task_id = {id}),
+             (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
+                     'outcome', outcome, 'answer', answer,
+                     'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
+              FROM questions WHERE task_id = {id} ORDER BY asked_at DESC, id DESC LIMIT 1),
+             (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
+                                       ORDER BY created_at, id), '[]')
+              FROM instructions WHERE task_id = {id} AND consumed_round IS NULL)"
+        )
+    } else {
+        "NULL::json, NULL::json, NULL::json".to_owned()
+    };
+    sql += &format!(
+        " SELECT t.*, {asked_deadline} AS asked_deadline, ctx.* FROM t,
+            LATERAL (SELECT {context}) AS ctx(ctx_rounds, ctx_question, ctx_instructions)"
+    );
+    sql
 }
 
 /// The outbox messages as three parallel arrays, for `unnest`.

@@ -1,0 +1,118 @@
+//! Statistics and dead rows of hark's own tables, when the server's autovacuum does not look
+//! after them.
+//!
+//! Every task leaves dead row versions behind (each move writes a new version of its row, and
+//! every outbox row is deleted once relayed), and Postgres plans queries from table statistics.
+//! With autovacuum off — as on some CI machines and hand-tuned servers — neither is ever
+//! refreshed: cached plans chosen while the tables were empty keep scanning every open question,
+//! and index scans wade through dead versions. Then task-control does what autovacuum would,
+//! with the same thresholds, one replica at a time.
+
+use sqlx::{AssertSqlSafe, PgConnection};
+
+use super::{Error, Store};
+
+/// hark's tables.
+const TABLES: [&str; 7] = [
+    "tasks",
+    "questions",
+    "checkpoints",
+    "transitions",
+    "instructions",
+    "applied_inbound",
+    "outbox",
+];
+
+/// Act once this many rows, plus this share of the rows the table had when last looked after,
+/// changed (autovacuum's rule). Vacuum at autovacuum's default share; analyze less often than it,
+/// once the table doubled: hark's statements are point lookups whose best plan does not change as
+/// a table grows, and every ANALYZE makes each connection plan its statements anew.
+const BASE_ROWS: f64 = 50.0;
+const ANALYZE_SHARE: f64 = 1.0;
+const VACUUM_SHARE: f64 = 0.2;
+
+/// The advisory lock a replica holds while it looks after the tables (`harkup` in ASCII).
+pub const UPKEEP_LOCK: i64 = 0x6861_726b_7570;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Upkeep {
+    pub analyzed: Vec<String>,
+    pub vacuumed: Vec<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct TableStats {
+    relname: String,
+    /// Rows at the last vacuum or analyze; 0 when the table never had either.
+    reltuples: f64,
+    n_dead_tup: i64,
+    n_mod_since_analyze: i64,
+}
+
+impl Store {
+    /// Whether the server's autovacuum is on; when it is, [`Store::upkeep`] does nothing.
+    pub async fn autovacuum_on(&self) -> Result<bool, Error> {
+        Ok(
+            sqlx::query_scalar("SELECT current_setting('autovacuum') = 'on'")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Analyzes and vacuums the tables that changed enough since they last were. Another
+    /// replica doing the same meanwhile makes this pass do nothing.
+    pub async fn upkeep(&self) -> Result<Upkeep, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(UPKEEP_LOCK)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !locked {
+            return Ok(Upkeep::default());
+        }
+        let done = upkeep_locked(&mut conn).await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(UPKEEP_LOCK)
+            .execute(&mut *conn)
+            .await;
+        if unlocked.is_err() {
+            // A connection that may still hold the lock must not go back to the pool.
+            drop(conn.detach());
+        }
+        done
+    }
+}
+
+async fn upkeep_locked(conn: &mut PgConnection) -> Result<Upkeep, Error> {
+    let stats: Vec<TableStats> = sqlx::query_as(
+        "SELECT s.relname::text AS relname, greatest(c.reltuples, 0)::float8 AS reltuples,
+                s.n_dead_tup, s.n_mod_since_analyze
+         FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+         WHERE s.schemaname = current_schema() AND s.relname = ANY($1)",
+    )
+    .bind(&TABLES[..])
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut done = Upkeep::default();
+    for table in stats {
+        let live = table.reltuples;
+        let command = if table.n_dead_tup as f64 > BASE_ROWS + VACUUM_SHARE * live {
+            done.vacuumed.push(table.relname.clone());
+            "VACUUM (ANALYZE)"
+        } else if table.n_mod_since_analyze as f64 > BASE_ROWS + ANALYZE_SHARE * live {
+            done.analyzed.push(table.relname.clone());
+            "ANALYZE"
+        } else {
+            continue;
+        };
+        // The name comes from TABLES, not from the server.
+        let Some(name) = TABLES.iter().find(|t| **t == table.relname) else {
+            continue;
+        };
+        sqlx::query(AssertSqlSafe(format!("{command} {name}")))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(done)
+}

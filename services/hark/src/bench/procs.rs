@@ -193,3 +193,53 @@ pub async fn drop_database(config: &Config) {
         pool.close().await;
     }
 }
+
+/// CPU time a process used so far (user and system, its reaped children included), in seconds.
+pub fn cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The command name is in parentheses and may hold spaces; the fields follow it.
+    let Some(fields) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    // utime, stime, cutime and cstime are fields 14 to 17 of the line, 12 to 15 after the name.
+    let ticks: u64 = fields
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / clock_ticks_per_s()
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on Linux unless it says otherwise).
+fn clock_ticks_per_s() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|t| *t > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
+/// CPU seconds used so far by every process whose command name starts with `comm`.
+pub fn cpu_s_of_all(comm: &str) -> f64 {
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let matches = std::fs::read_to_string(entry.path().join("comm"))
+            .is_ok_and(|c| c.trim().starts_with(comm));
+        if matches {
+            total += cpu_s(pid);
+        }
+    }
+    total
+}

@@ -50,6 +50,49 @@ fn memory(bench: &Bench) -> Vec<(String, u64)> {
     out
 }
 
+/// CPU seconds used so far, by process: each hark process, all of Postgres, nats-server, and the
+/// bench itself (the scripted LLM and the gRPC client).
+fn cpu(bench: &Bench) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = bench
+        .procs
+        .list()
+        .iter()
+        .map(|p| (format!("hark {}", p.role), procs::cpu_s(p.pid)))
+        .collect();
+    out.push(("postgres".into(), procs::cpu_s_of_all("postgres")));
+    out.push(("nats-server".into(), procs::cpu_s_of_all("nats-server")));
+    out.push(("bench".into(), procs::cpu_s(std::process::id())));
+    out
+}
+
+/// CPU milliseconds per task between two [`cpu`] readings, by process, with the total last.
+fn cpu_per_task(before: &[(String, f64)], after: &[(String, f64)], n: usize) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = before
+        .iter()
+        .zip(after)
+        .map(|((name, b), (_, a))| (name.clone(), (a - b) * 1000.0 / n as f64))
+        .collect();
+    let total = out.iter().map(|(_, ms)| ms).sum();
+    out.push(("total".into(), total));
+    out
+}
+
+fn cpu_json(per_task: &[(String, f64)]) -> serde_json::Value {
+    per_task
+        .iter()
+        .map(|(k, v)| (k.clone(), json!((v * 1000.0).round() / 1000.0)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn cpu_row(per_task: &[(String, f64)]) -> String {
+    per_task
+        .iter()
+        .map(|(k, v)| format!("{k} {v:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub async fn run(
     bench: &mut Bench,
     n: usize,
@@ -64,6 +107,7 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(in_flight));
 
     // Suspend: create N tasks; each asks at once.
+    let cpu_start = cpu(bench);
     let t0 = Instant::now();
     let mut creating = JoinSet::new();
     for i in 0..n {
@@ -94,12 +138,14 @@ pub async fn run(
     .await
     .context("not all W2 tasks reached waiting_input within 10 minutes")?;
     let suspend_s = t_suspended.duration_since(t0).as_secs_f64();
+    let cpu_suspend = cpu_per_task(&cpu_start, &cpu(bench), n);
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let waiting = memory(bench);
     let xact_before = xact_commit(bench).await?;
 
     // Resume: answer all N.
+    let cpu_waiting = cpu(bench);
     let t1 = Instant::now();
     let mut answering = JoinSet::new();
     for (i, id) in ids.iter().enumerate() {
@@ -135,6 +181,7 @@ pub async fn run(
     )
     .await
     .context("not all W2 tasks completed within 10 minutes")?;
+    let cpu_resume = cpu_per_task(&cpu_waiting, &cpu(bench), n);
     let resume_s = t_resumed.duration_since(t1).as_secs_f64();
     let done_s = t_done.duration_since(t1).as_secs_f64();
     // Statistics are flushed by each backend within a second.
@@ -161,6 +208,8 @@ pub async fn run(
         "pg_tx_per_resume": TX_PER_RESUME,
         "nats_round_trips_per_resume": NATS_PER_RESUME,
         "hark_rss_total_mib_waiting": mib(hark_total),
+        "cpu_ms_per_task_suspend": cpu_json(&cpu_suspend),
+        "cpu_ms_per_task_resume_to_completion": cpu_json(&cpu_resume),
         "memory_idle_mib": idle.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
         "memory_waiting_mib": waiting.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
     });
@@ -187,6 +236,16 @@ pub async fn run(
             format!("{tx_per_task:.2}"),
         ),
     ];
+    rows.push((
+        "w2".to_owned(),
+        "CPU ms per task, create to waiting_input, by process".to_owned(),
+        cpu_row(&cpu_suspend),
+    ));
+    rows.push((
+        "w2".to_owned(),
+        "CPU ms per task, answer to completion, by process".to_owned(),
+        cpu_row(&cpu_resume),
+    ));
     for ((name, before), (_, after)) in idle.iter().zip(&waiting) {
         rows.push((
             "w2".to_owned(),

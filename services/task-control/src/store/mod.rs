@@ -24,6 +24,7 @@ macro_rules! question_columns {
     };
 }
 
+mod claims;
 mod connect;
 mod ops;
 mod rows;
@@ -132,6 +133,8 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
+    /// Claims waiting to be decided together.
+    claims: std::sync::Arc<claims::ClaimQueue>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -186,6 +189,7 @@ impl Store {
             context_label: context_label.into(),
             relay: None,
             routes: Default::default(),
+            claims: Default::default(),
         }
     }
 

@@ -136,9 +136,6 @@ pub(super) struct Cas<'a> {
     pub(super) event: Event,
     /// When set, the row's worker must be this one (lease-guarded writes).
     pub(super) worker_guard: Option<&'a str>,
-    /// The worker that holds the task after a claim.
-    pub(super) new_worker: Option<&'a str>,
-    pub(super) lease: Duration,
     pub(super) result: Option<&'a str>,
     pub(super) error: Option<&'a str>,
     pub(super) attempt_inc: i32,
@@ -154,8 +151,6 @@ pub(super) struct Cas<'a> {
     pub(super) checkpoint: Option<(i32, &'a serde_json::Value, &'a [Uuid])>,
     /// Create this question (for `ask`).
     pub(super) question: Option<NewQuestion<'a>>,
-    /// Also return what a worker needs to run the task: rounds, last question, instructions.
-    pub(super) with_context: bool,
 }
 
 /// A question created by the statement of an `ask`.
@@ -170,7 +165,7 @@ pub(super) struct NewQuestion<'a> {
     pub(super) timeout_ms: Option<i64>,
 }
 
-/// The row a compare-and-set returns: the task, and with `with_context` what a worker needs.
+/// The row a compare-and-set returns: the task, and for a claim what a worker needs to run it.
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct CasRow {
     #[sqlx(flatten)]
@@ -196,8 +191,6 @@ impl<'a> Cas<'a> {
             generation,
             event,
             worker_guard: None,
-            new_worker: None,
-            lease: Duration::ZERO,
             result: None,
             error: None,
             attempt_inc: 0,
@@ -209,7 +202,6 @@ impl<'a> Cas<'a> {
             answer: None,
             checkpoint: None,
             question: None,
-            with_context: false,
         }
     }
 }
@@ -588,21 +580,7 @@ impl Store {
         worker: &str,
         lease: Duration,
     ) -> Result<Claimed, Error> {
-        let mut sent = Vec::new();
-        let mut change = Cas::new(
-            task,
-            TaskState::Pending,
-            job_generation,
-            Event::Claim,
-            worker,
-        );
-        change.new_worker = Some(worker);
-        change.lease = lease;
-        change.with_context = true;
-        let won = {
-            let mut conn = self.pool.acquire().await?;
-            self.cas_row(&mut conn, change, &mut sent).await?
-        };
+        let won = self.claim_row(task, job_generation, worker, lease).await?;
         let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
@@ -617,7 +595,6 @@ impl Store {
                 },
             });
         };
-        self.published(sent);
         self.routes.remember(task, row.task.chat());
         let rounds: Vec<RoundRow> = row
             .ctx_rounds
@@ -1221,15 +1198,9 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
              ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END",
         s.bind(to.as_str())
     );
-    if to == TaskState::Running {
-        set += &format!(
-            ", worker_id = {}, lease_until = now() + {} * interval '1 millisecond', running_since = now()",
-            s.bind(change.new_worker),
-            s.bind(change.lease.as_millis() as i64)
-        );
-    } else {
-        set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
-    }
+    // Claims, the only move into `running`, are decided in batches by `Store::claim_row`.
+    debug_assert_ne!(to, TaskState::Running, "claims do not go through cas");
+    set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
     if change.attempt_inc != 0 {
         set += &format!(", attempt = attempt + {}", s.bind(change.attempt_inc));
     }
@@ -1344,24 +1315,10 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
         );
         asked_deadline = "(SELECT deadline FROM asked)";
     }
-    let context = if change.with_context {
-        format!(
-            "(SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
-              FROM checkpoints WHERE task_id = {id}),
-             (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
-                     'outcome', outcome, 'answer', answer,
-                     'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
-              FROM questions WHERE task_id = {id} ORDER BY asked_at DESC, id DESC LIMIT 1),
-             (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
-                                       ORDER BY created_at, id), '[]')
-              FROM instructions WHERE task_id = {id} AND consumed_round IS NULL)"
-        )
-    } else {
-        "NULL::json, NULL::json, NULL::json".to_owned()
-    };
     sql += &format!(
-        " SELECT t.*, {asked_deadline} AS asked_deadline, ctx.* FROM t,
-            LATERAL (SELECT {context}) AS ctx(ctx_rounds, ctx_question, ctx_instructions)"
+        " SELECT t.*, {asked_deadline} AS asked_deadline,
+            NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
+          FROM t"
     );
     sql
 }

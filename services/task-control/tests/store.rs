@@ -651,3 +651,86 @@ async fn upkeep_vacuums_tables_with_dead_rows_and_analyzes_tables_that_grew() {
     );
     db.drop().await;
 }
+
+#[tokio::test]
+async fn claims_and_completions_decided_together_each_win_or_lose_on_their_own() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let mut tasks = Vec::new();
+    for _ in 0..24 {
+        tasks.push(new_task(store, Some(group_chat())).await);
+    }
+    // All claimed at once; every fourth with a stale generation, which must lose alone.
+    let claims = futures_util::future::join_all(tasks.iter().enumerate().map(|(i, t)| {
+        let generation = if i % 4 == 0 {
+            t.generation + 1
+        } else {
+            t.generation
+        };
+        let (store, id) = (store.clone(), t.id);
+        async move { store.claim(id, generation, &format!("w{i}"), LEASE).await }
+    }))
+    .await;
+    let mut leases = Vec::new();
+    for (i, claim) in claims.into_iter().enumerate() {
+        match claim {
+            Ok(claimed) => {
+                assert!(i % 4 != 0, "the stale claim of task {i} won");
+                assert_eq!(claimed.lease.task, tasks[i].id);
+                assert_eq!(claimed.lease.worker_id, format!("w{i}"));
+                leases.push((i, claimed.lease));
+            }
+            Err(Error::StaleJob { .. }) => assert!(i % 4 == 0, "the claim of task {i} lost"),
+            Err(e) => panic!("claim {i}: {e}"),
+        }
+    }
+    assert_eq!(leases.len(), 18);
+
+    // All completed at once; every third under a lease of another worker, which must lose alone.
+    let round = json!([{"role": "assistant", "content": "done"}]);
+    let completions = futures_util::future::join_all(leases.iter().map(|(i, lease)| {
+        let mut lease = lease.clone();
+        if i % 3 == 0 {
+            lease.worker_id = "someone else".into();
+        }
+        let (store, round) = (store.clone(), round.clone());
+        let result = format!("result {i}");
+        async move { store.complete(&lease, Some((1, &round)), &result).await }
+    }))
+    .await;
+    for ((i, _), completed) in leases.iter().zip(completions) {
+        let task = store.get_task(tasks[*i].id).await.expect("task");
+        match completed {
+            Ok(row) => {
+                assert!(
+                    i % 3 != 0,
+                    "the completion of task {i} under a wrong lease won"
+                );
+                assert_eq!(row.state, TaskState::Completed);
+                assert_eq!(task.state, TaskState::Completed);
+                assert_eq!(task.result.as_deref(), Some(format!("result {i}").as_str()));
+                let rounds = store.rounds_of(task.id).await.expect("rounds");
+                assert_eq!(rounds.len(), 1);
+                let audit = store.transitions_of(task.id).await.expect("audit");
+                assert_eq!(
+                    audit.iter().map(|t| t.event.as_str()).collect::<Vec<_>>(),
+                    ["create", "claim", "finish"]
+                );
+            }
+            Err(Error::LeaseLost { .. }) => {
+                assert!(i % 3 == 0, "the completion of task {i} lost");
+                assert_eq!(task.state, TaskState::Running);
+                assert!(task.result.is_none());
+            }
+            Err(e) => panic!("completion {i}: {e}"),
+        }
+    }
+    // Each completion that won queued its own chat message, and only those did.
+    let queued: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE subject LIKE '%.chat.out.%'")
+            .fetch_one(store.pool())
+            .await
+            .expect("outbox");
+    assert_eq!(queued, 12, "chat messages queued for 12 completions");
+    db.drop().await;
+}

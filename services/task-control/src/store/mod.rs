@@ -24,7 +24,7 @@ macro_rules! question_columns {
     };
 }
 
-mod claims;
+mod batch;
 mod connect;
 mod ops;
 mod rows;
@@ -133,8 +133,9 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
-    /// Claims waiting to be decided together.
-    claims: std::sync::Arc<claims::ClaimQueue>,
+    /// Claims and completions waiting to be decided together.
+    claims: std::sync::Arc<batch::Batches<batch::ClaimRequest, Option<ops::CasRow>>>,
+    completions: std::sync::Arc<batch::Batches<batch::CompleteRequest, Option<ops::CasRow>>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -190,6 +191,7 @@ impl Store {
             relay: None,
             routes: Default::default(),
             claims: Default::default(),
+            completions: Default::default(),
         }
     }
 

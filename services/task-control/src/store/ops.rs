@@ -997,35 +997,21 @@ impl Store {
         result: &str,
     ) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
-        let mut sent = Vec::new();
-        let mut change = Cas::new(
-            lease.task,
-            TaskState::Running,
-            lease.generation,
-            Event::Finish,
-            &lease.worker_id,
-        );
-        change.worker_guard = Some(&lease.worker_id);
-        change.result = Some(result);
-        change.rounds = final_round.map_or(0, |(n, _)| n);
-        change.checkpoint = final_round.map(|(n, m)| (n, m, &[][..]));
-        if let Some(route) = chat {
-            change.outbox.extend(self.chat_msgs(
-                &route,
-                &render::completed(lease.task, result),
-                None,
-                None,
-            ));
+        let outbox = chat
+            .map(|route| self.chat_msgs(&route, &render::completed(lease.task, result), None, None))
+            .unwrap_or_default();
+        let won = self
+            .complete_row(super::batch::CompleteRequest {
+                lease: lease.clone(),
+                round: final_round.map(|(n, m)| (n, m.clone())),
+                result: result.to_owned(),
+                outbox,
+            })
+            .await?;
+        match won {
+            Some(row) => Ok(row.task),
+            None => Err(self.refusal(lease).await),
         }
-        let won = {
-            let mut conn = self.pool.acquire().await?;
-            self.cas(&mut conn, change, &mut sent).await?
-        };
-        let Some(row) = won else {
-            return Err(self.refusal(lease).await);
-        };
-        self.published(sent);
-        Ok(row)
     }
 
     /// Ends a running task as failed, telling its chat why.

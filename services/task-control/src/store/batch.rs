@@ -1,0 +1,358 @@
+//! Decisions taken in batches. Workers claim a task for every run job they take and complete
+//! it when its run ends, so under load many such requests wait at once; one statement then
+//! decides all of them (each still a compare-and-set on its own task's `(state, generation)`),
+//! and one commit makes them durable. A lone request is decided at once, without waiting for
+//! company.
+
+use std::{future::Future, sync::OnceLock, time::Duration};
+
+use hark_core::domain::{Event, TaskId, TaskState};
+use sqlx::types::Json;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Error, Lease, OutboxMessage, Store, ops::CasRow};
+
+/// The most requests one statement decides.
+const MAX_BATCH: usize = 64;
+
+type Pending<Q, A> = (Q, oneshot::Sender<Result<A, String>>);
+
+/// Requests waiting for the next statement. The first request starts the loop that decides them.
+pub(crate) struct Batches<Q, A> {
+    sender: OnceLock<mpsc::UnboundedSender<Pending<Q, A>>>,
+}
+
+impl<Q, A> Default for Batches<Q, A> {
+    fn default() -> Self {
+        Self {
+            sender: OnceLock::new(),
+        }
+    }
+}
+
+impl<Q, A> std::fmt::Debug for Batches<Q, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batches").finish_non_exhaustive()
+    }
+}
+
+impl<Q: Send + 'static, A: Send + 'static> Batches<Q, A> {
+    /// Hands `request` to the next batch; `decide` takes a batch and answers each request in it,
+    /// in order.
+    async fn submit<D, Fut>(&self, request: Q, decide: impl FnOnce() -> D) -> Result<A, Error>
+    where
+        D: Fn(Vec<Q>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<A>, Error>> + Send + 'static,
+    {
+        let sender = self.sender.get_or_init(|| {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(run(receiver, decide()));
+            sender
+        });
+        let (reply, decided) = oneshot::channel();
+        let stopped = || Error::Database(sqlx::Error::PoolClosed);
+        sender.send((request, reply)).map_err(|_| stopped())?;
+        decided
+            .await
+            .map_err(|_| stopped())?
+            .map_err(|message| Error::Database(sqlx::Error::Protocol(message)))
+    }
+}
+
+async fn run<Q, A, D, Fut>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide: D)
+where
+    D: Fn(Vec<Q>) -> Fut,
+    Fut: Future<Output = Result<Vec<A>, Error>>,
+{
+    while let Some(first) = receiver.recv().await {
+        let mut requests = Vec::with_capacity(MAX_BATCH);
+        let mut replies = Vec::with_capacity(MAX_BATCH);
+        let mut next = Some(first);
+        while let Some((request, reply)) = next {
+            requests.push(request);
+            replies.push(reply);
+            next = if requests.len() < MAX_BATCH {
+                receiver.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        let count = requests.len();
+        match decide(requests).await {
+            Ok(answers) if answers.len() == count => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
+                }
+            }
+            Ok(answers) => {
+                let message = format!("{} answers for {count} requests", answers.len());
+                for reply in replies {
+                    let _ = reply.send(Err(message.clone()));
+                }
+            }
+            Err(e) => {
+                let message = format!("cannot decide {count} requests together: {e}");
+                for reply in replies {
+                    let _ = reply.send(Err(message.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// What a worker asks: `task`, if it is still pending at `generation`.
+#[derive(Debug)]
+pub(crate) struct ClaimRequest {
+    task: TaskId,
+    generation: i64,
+    worker: String,
+    lease: Duration,
+}
+
+/// A run that ended: its lease, its last round, its result, and the chat message telling it.
+#[derive(Debug)]
+pub(crate) struct CompleteRequest {
+    pub(super) lease: Lease,
+    pub(super) round: Option<(i32, serde_json::Value)>,
+    pub(super) result: String,
+    pub(super) outbox: Vec<OutboxMessage>,
+}
+
+/// One batch's row: a request that won, and its place in the batch.
+#[derive(sqlx::FromRow)]
+struct BatchRow {
+    #[sqlx(flatten)]
+    row: CasRow,
+    ord: i64,
+}
+
+/// Each request's row when it won, in the order of the batch.
+fn in_order(count: usize, rows: Vec<BatchRow>) -> Vec<Option<CasRow>> {
+    let mut won: Vec<Option<CasRow>> = (0..count).map(|_| None).collect();
+    for BatchRow { row, ord } in rows {
+        if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| won.get_mut(i)) {
+            *slot = Some(row);
+        }
+    }
+    won
+}
+
+impl Store {
+    /// Decides one claim together with whatever other claims wait at the same time. `None`
+    /// when the task was not pending at `generation`.
+    pub(super) async fn claim_row(
+        &self,
+        task: TaskId,
+        generation: i64,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<CasRow>, Error> {
+        let request = ClaimRequest {
+            task,
+            generation,
+            worker: worker.to_owned(),
+            lease,
+        };
+        let store = self.clone();
+        self.claims
+            .submit(request, || {
+                move |batch: Vec<ClaimRequest>| {
+                    let store = store.clone();
+                    async move { store.claim_batch(&batch).await }
+                }
+            })
+            .await
+    }
+
+    /// Decides one completion together with whatever others wait at the same time. `None` when
+    /// the lease no longer held.
+    pub(super) async fn complete_row(
+        &self,
+        request: CompleteRequest,
+    ) -> Result<Option<CasRow>, Error> {
+        let store = self.clone();
+        self.completions
+            .submit(request, || {
+                move |batch: Vec<CompleteRequest>| {
+                    let store = store.clone();
+                    async move { store.complete_batch(batch).await }
+                }
+            })
+            .await
+    }
+
+    /// One statement for all of `batch`; the result holds, in order, the row of each claim that
+    /// won.
+    async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
+        let sql = concat!(
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)
+            ), t AS (
+                UPDATE tasks SET
+                    state = 'running',
+                    generation = generation + 1,
+                    updated_at = now(),
+                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    worker_id = c.c_worker,
+                    lease_until = now() + c.c_lease_ms * interval '1 millisecond',
+                    running_since = now(),
+                    finished_at = NULL
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'pending' AND tasks.generation = c.c_generation
+                RETURNING ",
+            task_columns!(),
+            ", c.c_ord
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, 'pending', state, 'claim', generation, worker_id, '' FROM t
+            )
+            SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
+                (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
+                 FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
+                (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
+                        'outcome', outcome, 'answer', answer,
+                        'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
+                 FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
+                (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
+                                          ORDER BY created_at, id), '[]')
+                 FROM instructions WHERE task_id = t.id AND consumed_round IS NULL) AS ctx_instructions
+            FROM t"
+        );
+        let rows: Vec<BatchRow> = sqlx::query_as(sql)
+            .bind(batch.iter().map(|r| r.task.as_uuid()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|r| r.generation).collect::<Vec<_>>())
+            .bind(batch.iter().map(|r| r.worker.as_str()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.lease.as_millis() as i64)
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.pool)
+            .await?;
+        let events = rows
+            .iter()
+            .map(|r| {
+                let task = &r.row.task;
+                self.event_msg(
+                    task.id,
+                    TaskState::Running,
+                    task.generation,
+                    Event::Claim.as_str(),
+                )
+            })
+            .collect();
+        self.published(events);
+        Ok(in_order(batch.len(), rows))
+    }
+
+    /// One statement for all of `batch`: each running task held under its lease moves to
+    /// `completed` with its result, its audit row, its last round and its chat message.
+    async fn complete_batch(
+        &self,
+        batch: Vec<CompleteRequest>,
+    ) -> Result<Vec<Option<CasRow>>, Error> {
+        let sql = concat!(
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::int[], $6::jsonb[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_result, c_round, c_messages, c_ord)
+            ), t AS (
+                UPDATE tasks SET
+                    state = 'completed',
+                    generation = generation + 1,
+                    updated_at = now(),
+                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    worker_id = NULL,
+                    lease_until = NULL,
+                    running_since = NULL,
+                    rounds = greatest(rounds, coalesce(c.c_round, 0)),
+                    result = c.c_result,
+                    finished_at = now()
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'running' AND tasks.generation = c.c_generation
+                  AND tasks.worker_id = c.c_worker
+                RETURNING ",
+            task_columns!(),
+            ", c.c_ord, c.c_worker, c.c_round, c.c_messages
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, 'running', state, 'finish', generation, c_worker, '' FROM t
+            ), checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages)
+                SELECT id, c_round, c_messages FROM t WHERE c_round IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT o.s, o.m, o.p FROM t
+                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[]) AS o(ord, s, m, p)
+                  ON o.ord = t.c_ord
+            )
+            SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
+                NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
+            FROM t"
+        );
+        let mut out_ords = Vec::new();
+        let mut out_subjects = Vec::new();
+        let mut out_ids = Vec::new();
+        let mut out_payloads: Vec<Vec<u8>> = Vec::new();
+        for (i, request) in batch.iter().enumerate() {
+            for message in request.outbox.iter().filter(|m| m.durable) {
+                out_ords.push(i as i64 + 1);
+                out_subjects.push(message.subject.as_str());
+                out_ids.push(message.msg_id.as_str());
+                out_payloads.push(message.payload.to_vec());
+            }
+        }
+        let rows: Vec<BatchRow> = sqlx::query_as(sql)
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.lease.task.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.lease.generation).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.lease.worker_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.result.as_str()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.round.as_ref().map(|(n, _)| *n))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.round.as_ref().map(|(_, m)| Json(m)))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(out_ords)
+            .bind(out_subjects)
+            .bind(out_ids)
+            .bind(out_payloads)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut sent = Vec::new();
+        for r in &rows {
+            let task = &r.row.task;
+            if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
+                sent.extend(request.outbox.iter().cloned());
+            }
+            sent.push(self.event_msg(
+                task.id,
+                TaskState::Completed,
+                task.generation,
+                Event::Finish.as_str(),
+            ));
+        }
+        self.published(sent);
+        Ok(in_order(batch.len(), rows))
+    }
+}

@@ -734,3 +734,47 @@ async fn claims_and_completions_decided_together_each_win_or_lose_on_their_own()
     assert_eq!(queued, 12, "chat messages queued for 12 completions");
     db.drop().await;
 }
+
+#[tokio::test]
+async fn creations_decided_together_with_one_request_id_make_one_task() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let new = |request: Option<&str>| NewTask {
+        owner: owner(),
+        goal: "plan a trip".into(),
+        chat: Some(group_chat()),
+        ask_timeout: Duration::from_secs(600),
+        on_timeout: TimeoutPolicy::Resume,
+        request_id: request.map(str::to_owned),
+    };
+    // Six creations at once: four share a request id, two have none.
+    let requests = [
+        Some("r-1"),
+        None,
+        Some("r-1"),
+        Some("r-1"),
+        None,
+        Some("r-1"),
+    ];
+    let created = futures_util::future::join_all(requests.iter().map(|r| {
+        let (store, new) = (store.clone(), new(*r));
+        async move { store.create_task(&new).await }
+    }))
+    .await;
+    let ids: Vec<_> = created
+        .into_iter()
+        .map(|c| c.expect("created").id)
+        .collect();
+    let shared: std::collections::HashSet<_> = [0, 2, 3, 5].iter().map(|i| ids[*i]).collect();
+    assert_eq!(shared.len(), 1, "one task for one request id");
+    assert_ne!(ids[1], ids[4]);
+    assert!(!shared.contains(&ids[1]) && !shared.contains(&ids[4]));
+    // Three tasks, three first run jobs.
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tasks")
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+    assert_eq!(count, 3);
+    assert_eq!(run_jobs(store).await.len(), 3);
+    db.drop().await;
+}

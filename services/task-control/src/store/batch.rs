@@ -10,7 +10,7 @@ use hark_core::domain::{Event, TaskId, TaskState};
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Error, Lease, OutboxMessage, Store, ops::CasRow};
+use super::{Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
 
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
@@ -118,6 +118,15 @@ pub(crate) struct CompleteRequest {
     pub(super) outbox: Vec<OutboxMessage>,
 }
 
+/// A task to create, with its id and the run job and event that announce it.
+#[derive(Debug)]
+pub(crate) struct CreateRequest {
+    pub(super) id: TaskId,
+    pub(super) new: NewTask,
+    pub(super) job: OutboxMessage,
+    pub(super) event: OutboxMessage,
+}
+
 /// One batch's row: a request that won, and its place in the batch.
 #[derive(sqlx::FromRow)]
 struct BatchRow {
@@ -159,6 +168,23 @@ impl Store {
                 move |batch: Vec<ClaimRequest>| {
                     let store = store.clone();
                     async move { store.claim_batch(&batch).await }
+                }
+            })
+            .await
+    }
+
+    /// Creates one task together with whatever other creations wait at the same time. `None`
+    /// when the request id was used before.
+    pub(super) async fn create_row(
+        &self,
+        request: CreateRequest,
+    ) -> Result<Option<TaskRow>, Error> {
+        let store = self.clone();
+        self.creations
+            .submit(request, || {
+                move |batch: Vec<CreateRequest>| {
+                    let store = store.clone();
+                    async move { store.create_batch(batch).await }
                 }
             })
             .await
@@ -354,5 +380,123 @@ impl Store {
         }
         self.published(sent);
         Ok(in_order(batch.len(), rows))
+    }
+
+    /// One statement for all of `batch`: each task inserted in `pending` with its audit row and
+    /// its first run job, unless its request id was used before.
+    async fn create_batch(&self, batch: Vec<CreateRequest>) -> Result<Vec<Option<TaskRow>>, Error> {
+        let sql = concat!(
+            "WITH t AS (
+                INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
+                                   on_timeout, ask_timeout_s, request_id)
+                SELECT n.id, n.owner, n.platform, n.bot_id, n.stream, n.origin, n.goal, 'pending',
+                       n.on_timeout, n.ask_timeout_s, n.request_id
+                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                            $7::text[], $8::text[], $9::int[], $10::text[])
+                    AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s, request_id)
+                ON CONFLICT (request_id) DO NOTHING
+                RETURNING ",
+            task_columns!(),
+            "
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
+                SELECT id, NULL, 'pending', 'create', generation, owner FROM t
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT o.s, o.m, o.p FROM t
+                JOIN unnest($11::uuid[], $12::text[], $13::text[], $14::bytea[]) AS o(task, s, m, p)
+                  ON o.task = t.id
+            )
+            SELECT * FROM t"
+        );
+        let chat = |r: &CreateRequest| r.new.chat.clone();
+        let rows: Vec<TaskRow> = sqlx::query_as(sql)
+            .bind(batch.iter().map(|r| r.id.as_uuid()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.new.owner.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| chat(r).map(|c| c.platform))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| chat(r).map(|c| c.bot_id))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| chat(r).map(|c| c.stream))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| chat(r).and_then(|c| c.origin_message_id))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.new.goal.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.new.on_timeout.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| i32::try_from(r.new.ask_timeout.as_secs()).unwrap_or(i32::MAX))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.new.request_id.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.id.as_uuid()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.subject.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.msg_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.payload.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.pool)
+            .await?;
+        let mut created: Vec<Option<TaskRow>> = batch.iter().map(|_| None).collect();
+        let mut sent = Vec::with_capacity(rows.len() * 2);
+        for row in rows {
+            if let Some(i) = batch.iter().position(|r| r.id == row.id) {
+                sent.push(batch[i].job.clone());
+                sent.push(batch[i].event.clone());
+                created[i] = Some(row);
+            }
+        }
+        self.published(sent);
+        Ok(created)
     }
 }

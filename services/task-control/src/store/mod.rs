@@ -133,9 +133,10 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
-    /// Claims and completions waiting to be decided together.
+    /// Claims, completions and creations waiting to be decided together.
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest, Option<ops::CasRow>>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest, Option<ops::CasRow>>>,
+    creations: std::sync::Arc<batch::Batches<batch::CreateRequest, Option<TaskRow>>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -192,6 +193,7 @@ impl Store {
             routes: Default::default(),
             claims: Default::default(),
             completions: Default::default(),
+            creations: Default::default(),
         }
     }
 

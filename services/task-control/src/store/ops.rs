@@ -386,46 +386,16 @@ impl Store {
     /// Creates a task in `pending` and queues its first run, in one statement.
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
-        let chat = new.chat.as_ref();
-        let job = self.run_msg(id, 1, pb::RunReason::Start);
-        let event = self.event_msg(id, TaskState::Pending, 1, "create");
-        let (subjects, msg_ids, payloads) = columns(vec![job.clone()]);
-        let sql = concat!(
-            "WITH t AS (
-                INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
-                                   on_timeout, ask_timeout_s, request_id)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10)
-                ON CONFLICT (request_id) DO NOTHING
-                RETURNING ", task_columns!(), "
-            ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
-                SELECT id, NULL, 'pending', 'create', generation, owner FROM t
-            ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT s, m, p FROM unnest($11::text[], $12::text[], $13::bytea[]) AS x(s, m, p)
-                WHERE EXISTS (SELECT 1 FROM t)
-            )
-            SELECT * FROM t"
-        );
-        let created = sqlx::query_as::<_, TaskRow>(sql)
-            .bind(id.as_uuid())
-            .bind(new.owner.as_str())
-            .bind(chat.map(|c| c.platform.as_str()))
-            .bind(chat.map(|c| c.bot_id.as_str()))
-            .bind(chat.map(|c| c.stream.as_str()))
-            .bind(chat.and_then(|c| c.origin_message_id.as_deref()))
-            .bind(&new.goal)
-            .bind(new.on_timeout.as_str())
-            .bind(i32::try_from(new.ask_timeout.as_secs()).unwrap_or(i32::MAX))
-            .bind(new.request_id.as_deref())
-            .bind(subjects)
-            .bind(msg_ids)
-            .bind(payloads)
-            .fetch_optional(&self.pool)
+        let created = self
+            .create_row(super::batch::CreateRequest {
+                id,
+                new: new.clone(),
+                job: self.run_msg(id, 1, pb::RunReason::Start),
+                event: self.event_msg(id, TaskState::Pending, 1, "create"),
+            })
             .await?;
         match created {
             Some(task) => {
-                self.published(vec![job, event]);
                 self.routes.remember(task.id, task.chat());
                 Ok(task)
             }

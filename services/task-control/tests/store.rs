@@ -778,3 +778,63 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
     assert_eq!(run_jobs(store).await.len(), 3);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn answers_decided_together_apply_once_each() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let mut waiting = Vec::new();
+    for _ in 0..6 {
+        waiting.push(waiting_task(store).await);
+    }
+    // Task 5 is cancelled before its answer arrives.
+    store
+        .cancel(waiting[5].0.id, "qq:10001", "")
+        .await
+        .expect("cancelled");
+    // One answer each, and the answer to task 0 delivered twice (the same inbound message).
+    let mut requests: Vec<(usize, String)> = (0..6).map(|i| (i, format!("m-{i}"))).collect();
+    requests.push((0, "m-0".into()));
+    let outcomes = futures_util::future::join_all(requests.iter().map(|(i, key)| {
+        let (store, question) = (store.clone(), waiting[*i].1);
+        let answer = answer(&format!("answer {i}"), key);
+        async move { store.answer(question, &answer).await }
+    }))
+    .await;
+    let mut applied_to_0 = 0;
+    for ((i, _), outcome) in requests.iter().zip(outcomes) {
+        match outcome {
+            Ok(AnswerOutcome::Applied { task, question }) => {
+                assert_ne!(*i, 5, "an answer to a cancelled task applied");
+                assert_eq!(task.id, waiting[*i].0.id);
+                assert_eq!(task.state, TaskState::Pending);
+                assert_eq!(task.generation, waiting[*i].0.generation + 1);
+                assert_eq!(
+                    question.answer.as_deref(),
+                    Some(format!("answer {i}").as_str())
+                );
+                if *i == 0 {
+                    applied_to_0 += 1;
+                }
+            }
+            Ok(AnswerOutcome::Duplicate) => assert_eq!(*i, 0, "answer {i} taken for a duplicate"),
+            Err(Error::QuestionClosed { outcome, .. }) => {
+                assert_eq!(*i, 5, "answer {i} refused");
+                assert_eq!(outcome, QuestionOutcome::Cancelled);
+            }
+            Err(e) => panic!("answer {i}: {e}"),
+        }
+    }
+    assert_eq!(applied_to_0, 1, "the same message applied once");
+    // Five resume jobs, each for the generation the answer moved its task to.
+    let jobs = run_jobs(store).await;
+    for (task, _) in &waiting[..5] {
+        let id = task.id.to_string();
+        let resumes: Vec<_> = jobs
+            .iter()
+            .filter(|(t, generation, _)| *t == id && *generation == task.generation as u64 + 1)
+            .collect();
+        assert_eq!(resumes.len(), 1, "resume jobs of {id}: {jobs:?}");
+    }
+    db.drop().await;
+}

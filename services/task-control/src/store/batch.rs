@@ -6,11 +6,11 @@
 
 use std::{future::Future, sync::OnceLock, time::Duration};
 
-use hark_core::domain::{Event, TaskId, TaskState};
+use hark_core::domain::{Event, QuestionId, TaskId, TaskState};
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
+use super::{Answer, Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
 
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
@@ -127,11 +127,30 @@ pub(crate) struct CreateRequest {
     pub(super) event: OutboxMessage,
 }
 
+/// An answer to apply: the task moves from `waiting_input` at `generation` back to `pending`,
+/// the question is answered and the run job queued.
+#[derive(Debug)]
+pub(crate) struct AnswerRequest {
+    pub(super) task: TaskId,
+    pub(super) generation: i64,
+    pub(super) question: QuestionId,
+    pub(super) answer: Answer,
+    pub(super) job: OutboxMessage,
+}
+
 /// One batch's row: a request that won, and its place in the batch.
 #[derive(sqlx::FromRow)]
 struct BatchRow {
     #[sqlx(flatten)]
     row: CasRow,
+    ord: i64,
+}
+
+/// A task row and its request's place in the batch.
+#[derive(sqlx::FromRow)]
+struct OrderedTask {
+    #[sqlx(flatten)]
+    task: TaskRow,
     ord: i64,
 }
 
@@ -185,6 +204,23 @@ impl Store {
                 move |batch: Vec<CreateRequest>| {
                     let store = store.clone();
                     async move { store.create_batch(batch).await }
+                }
+            })
+            .await
+    }
+
+    /// Applies one answer together with whatever other answers wait at the same time. `None`
+    /// when the task was no longer waiting at that generation.
+    pub(super) async fn answer_row(
+        &self,
+        request: AnswerRequest,
+    ) -> Result<Option<TaskRow>, Error> {
+        let store = self.clone();
+        self.answers
+            .submit(request, || {
+                move |batch: Vec<AnswerRequest>| {
+                    let store = store.clone();
+                    async move { store.answer_batch(batch).await }
                 }
             })
             .await
@@ -498,5 +534,115 @@ impl Store {
         }
         self.published(sent);
         Ok(created)
+    }
+
+    /// One statement for all of `batch`: each task still waiting at its generation moves to
+    /// `pending`, its question is answered, the inbound id recorded and the run job queued.
+    async fn answer_batch(&self, batch: Vec<AnswerRequest>) -> Result<Vec<Option<TaskRow>>, Error> {
+        let sql = concat!(
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound, c_ord)
+            ), t AS (
+                UPDATE tasks SET
+                    state = 'pending',
+                    generation = generation + 1,
+                    updated_at = now(),
+                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    worker_id = NULL,
+                    lease_until = NULL,
+                    running_since = NULL,
+                    finished_at = NULL
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
+                RETURNING ",
+            task_columns!(),
+            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, 'waiting_input', state, 'answer', generation, c_answerer, '' FROM t
+            ), answered AS (
+                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
+                                       answer = t.c_text, inbound_message_id = t.c_inbound
+                FROM t WHERE q.id = t.c_question AND q.outcome = 'open'
+            ), applied AS (
+                INSERT INTO applied_inbound (key, task_id, question_id)
+                SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT o.s, o.m, o.p FROM t
+                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[]) AS o(ord, s, m, p)
+                  ON o.ord = t.c_ord
+            )
+            SELECT t.*, t.c_ord AS ord FROM t"
+        );
+        let rows: Vec<OrderedTask> = sqlx::query_as(sql)
+            .bind(batch.iter().map(|r| r.task.as_uuid()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|r| r.generation).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.question.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.answer.answerer.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.answer.text.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.answer.inbound_key.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind((1..=batch.len() as i64).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.subject.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.msg_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.payload.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.pool)
+            .await?;
+        hark_core::failpoint::hit("answer.after_commit");
+        let mut won: Vec<Option<TaskRow>> = batch.iter().map(|_| None).collect();
+        let mut sent = Vec::with_capacity(rows.len() * 2);
+        for OrderedTask { task, ord } in rows {
+            let Some(i) = usize::try_from(ord - 1).ok().filter(|i| *i < batch.len()) else {
+                continue;
+            };
+            sent.push(batch[i].job.clone());
+            sent.push(self.event_msg(
+                task.id,
+                TaskState::Pending,
+                task.generation,
+                Event::Answer.as_str(),
+            ));
+            won[i] = Some(task);
+        }
+        self.published(sent);
+        Ok(won)
     }
 }

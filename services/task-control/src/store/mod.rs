@@ -133,10 +133,11 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
-    /// Claims, completions and creations waiting to be decided together.
+    /// Creations, claims, answers and completions waiting to be decided together.
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest, Option<ops::CasRow>>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest, Option<ops::CasRow>>>,
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest, Option<TaskRow>>>,
+    answers: std::sync::Arc<batch::Batches<batch::AnswerRequest, Option<TaskRow>>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -194,6 +195,7 @@ impl Store {
             claims: Default::default(),
             completions: Default::default(),
             creations: Default::default(),
+            answers: Default::default(),
         }
     }
 

@@ -145,8 +145,6 @@ pub(super) struct Cas<'a> {
     pub(super) outbox: Vec<OutboxMessage>,
     /// Close the task's open questions with this outcome in the same statement.
     pub(super) close_questions: Option<QuestionOutcome>,
-    /// Record this answer on this (open) question in the same statement.
-    pub(super) answer: Option<(QuestionId, &'a Answer)>,
     /// Store this round (number, messages) and mark these instructions consumed by it.
     pub(super) checkpoint: Option<(i32, &'a serde_json::Value, &'a [Uuid])>,
     /// Create this question (for `ask`).
@@ -199,7 +197,6 @@ impl<'a> Cas<'a> {
             detail: "",
             outbox: Vec::new(),
             close_questions: None,
-            answer: None,
             checkpoint: None,
             question: None,
         }
@@ -858,16 +855,16 @@ impl Store {
             .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
         // The task moves only from the generation just read. A question is only ever closed
         // together with a move of its task, so when this move wins the question is still open.
-        let mut sent = Vec::new();
-        let mut change = Cas::new(task_id, state, generation, Event::Answer, &answer.answerer);
-        change.answer = Some((question, answer));
-        change
-            .outbox
-            .push(self.run_msg(task_id, generation + 1, pb::RunReason::ResumeReply));
-        let won = {
-            let mut conn = self.pool.acquire().await?;
-            self.cas(&mut conn, change, &mut sent).await?
-        };
+        transition(state, Event::Answer).map_err(|e| Error::wrong_state(task_id, e))?;
+        let won = self
+            .answer_row(super::batch::AnswerRequest {
+                task: task_id,
+                generation,
+                question,
+                answer: answer.clone(),
+                job: self.run_msg(task_id, generation + 1, pb::RunReason::ResumeReply),
+            })
+            .await?;
         let Some(task) = won else {
             // Another writer won: the same message applied concurrently, or a cancel or an
             // expiry. Say which.
@@ -882,8 +879,6 @@ impl Store {
                 outcome: now.outcome,
             });
         };
-        hark_core::failpoint::hit("answer.after_commit");
-        self.published(sent);
         // The statement changed exactly these fields of the question read above.
         question_row.outcome = QuestionOutcome::Answered;
         question_row.closed_at = Some(task.updated_at);
@@ -1198,26 +1193,6 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
             s.bind(msg_ids),
             s.bind(payloads)
         );
-    }
-    if let Some((question, answer)) = change.answer {
-        let question = s.bind(question.as_uuid());
-        let inbound = answer.inbound_key.as_deref().map(|key| s.bind(key));
-        sql += &format!(
-            ", answered AS (
-                UPDATE questions SET outcome = 'answered', closed_at = now(), answerer = {}, answer = {},
-                                     inbound_message_id = {}
-                WHERE id = {question} AND outcome = 'open' AND EXISTS (SELECT 1 FROM t))",
-            s.bind(answer.answerer.as_str()),
-            s.bind(answer.text.as_str()),
-            inbound.as_deref().unwrap_or("NULL"),
-        );
-        if let Some(key) = inbound {
-            sql += &format!(
-                ", applied AS (
-                    INSERT INTO applied_inbound (key, task_id, question_id)
-                    SELECT {key}, id, {question} FROM t ON CONFLICT DO NOTHING)"
-            );
-        }
     }
     if let Some(outcome) = change.close_questions {
         sql += &format!(

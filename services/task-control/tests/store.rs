@@ -838,3 +838,63 @@ async fn answers_decided_together_apply_once_each() {
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn asks_decided_together_draw_new_handles_when_theirs_are_taken() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    // One in eight handles is taken by an open question of the same owner in the same chat, so
+    // most batches of sixteen asks meet a taken handle, which fails their statement.
+    let holder = new_task(store, Some(group_chat())).await;
+    sqlx::query(
+        "INSERT INTO questions (id, task_id, handle, text, tool_call_id, round, owner, platform,
+                                bot_id, stream)
+         SELECT gen_random_uuid(), $1, lpad(to_hex(g * 8), 4, '0'), 'taken', 'call', 1, $2, $3, $4, $5
+         FROM generate_series(0, 8191) AS g",
+    )
+    .bind(holder.id.as_uuid())
+    .bind(owner().as_str())
+    .bind(&group_chat().platform)
+    .bind(&group_chat().bot_id)
+    .bind(&group_chat().stream)
+    .execute(store.pool())
+    .await
+    .expect("handles taken");
+    let mut leases = Vec::new();
+    for _ in 0..16 {
+        let task = new_task(store, Some(group_chat())).await;
+        let claimed = store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+        leases.push(claimed.lease);
+    }
+    let asked = futures_util::future::join_all(leases.iter().map(|lease| {
+        let (store, lease) = (store.clone(), lease.clone());
+        async move { store.ask(&lease, &ask_input(1, "call-1")).await }
+    }))
+    .await;
+    let mut handles = std::collections::HashSet::new();
+    for (lease, question) in leases.iter().zip(asked) {
+        let question = question.expect("every ask finds a free handle");
+        let value = u32::from_str_radix(&question.handle, 16).expect("hex handle");
+        assert_ne!(value % 8, 0, "handle {} was taken", question.handle);
+        assert!(
+            handles.insert(question.handle.clone()),
+            "handle given twice"
+        );
+        let task = store.get_task(lease.task).await.expect("task");
+        assert_eq!(task.state, TaskState::WaitingInput);
+        let open: Vec<_> = store
+            .questions_of(lease.task)
+            .await
+            .expect("questions")
+            .into_iter()
+            .filter(|q| q.outcome == QuestionOutcome::Open)
+            .collect();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].id, question.id);
+        assert_eq!(open[0].handle, question.handle);
+    }
+    db.drop().await;
+}

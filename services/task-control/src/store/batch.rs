@@ -10,7 +10,7 @@ use hark_core::domain::{Event, QuestionId, TaskId, TaskState};
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Answer, Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
+use super::{Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
 
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
@@ -138,6 +138,29 @@ pub(crate) struct AnswerRequest {
     pub(super) job: OutboxMessage,
 }
 
+/// A question to ask: the running task held under `lease` moves to `waiting_input`, its round
+/// is stored, the instructions that round consumed are marked, any open question of the task is
+/// superseded, the question is created and its chat message queued.
+#[derive(Debug)]
+pub(crate) struct AskRequest {
+    pub(super) lease: Lease,
+    pub(super) input: AskInput,
+    pub(super) question: QuestionId,
+    pub(super) handle: String,
+    pub(super) outbox: Vec<OutboxMessage>,
+}
+
+/// How an ask was decided.
+#[derive(Debug)]
+pub(crate) enum Asked {
+    /// The task waits on the question; the row holds the question's deadline.
+    Won(Box<CasRow>),
+    /// The lease no longer held.
+    Lost,
+    /// Another open question of the owner in the stream has this handle; draw another.
+    HandleTaken,
+}
+
 /// One batch's row: a request that won, and its place in the batch.
 #[derive(sqlx::FromRow)]
 struct BatchRow {
@@ -221,6 +244,19 @@ impl Store {
                 move |batch: Vec<AnswerRequest>| {
                     let store = store.clone();
                     async move { store.answer_batch(batch).await }
+                }
+            })
+            .await
+    }
+
+    /// Decides one ask together with whatever other asks wait at the same time.
+    pub(super) async fn ask_row(&self, request: AskRequest) -> Result<Asked, Error> {
+        let store = self.clone();
+        self.asks
+            .submit(request, || {
+                move |batch: Vec<AskRequest>| {
+                    let store = store.clone();
+                    async move { store.ask_batch(batch).await }
                 }
             })
             .await
@@ -645,4 +681,190 @@ impl Store {
         self.published(sent);
         Ok(won)
     }
+
+    /// [`Store::ask_statement`] for all of `batch`. A handle taken (by an open question, or by
+    /// another ask of the same batch) fails the whole statement; each ask is then decided on
+    /// its own, so only the ask whose handle is taken draws another.
+    async fn ask_batch(&self, batch: Vec<AskRequest>) -> Result<Vec<Asked>, Error> {
+        match self.ask_statement(&batch).await {
+            Err(e) if handle_taken(&e) => {
+                let mut decided = Vec::with_capacity(batch.len());
+                for request in batch {
+                    let one = std::slice::from_ref(&request);
+                    decided.push(match self.ask_statement(one).await {
+                        Ok(mut asked) => asked.pop().unwrap_or(Asked::Lost),
+                        Err(e) if handle_taken(&e) => Asked::HandleTaken,
+                        Err(e) => return Err(e),
+                    });
+                }
+                Ok(decided)
+            }
+            decided => decided,
+        }
+    }
+
+    /// One statement for all of `batch`.
+    async fn ask_statement(&self, batch: &[AskRequest]) -> Result<Vec<Asked>, Error> {
+        let sql = concat!(
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
+                                     $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
+                                         c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms, c_ord)
+            ), t AS (
+                UPDATE tasks SET
+                    state = 'waiting_input',
+                    generation = generation + 1,
+                    updated_at = now(),
+                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
+                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    worker_id = NULL,
+                    lease_until = NULL,
+                    running_since = NULL,
+                    rounds = greatest(rounds, c.c_round),
+                    finished_at = NULL
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'running' AND tasks.generation = c.c_generation
+                  AND tasks.worker_id = c.c_worker
+                RETURNING ",
+            task_columns!(),
+            ", c.*
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, 'running', state, 'ask', generation, c_worker, c_text FROM t
+            ), closed AS (
+                UPDATE questions q SET outcome = 'superseded', closed_at = now()
+                FROM t WHERE q.task_id = t.id AND q.outcome = 'open'
+            ), checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages)
+                SELECT id, c_round, c_messages FROM t
+                ON CONFLICT DO NOTHING
+            ), consumed AS (
+                UPDATE instructions i SET consumed_round = t.c_round
+                FROM t JOIN unnest($12::bigint[], $13::uuid[]) AS u(ord, id) ON u.ord = t.c_ord
+                WHERE i.id = u.id AND i.task_id = t.id AND i.consumed_round IS NULL
+            ), asked AS (
+                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
+                                       platform, bot_id, stream, deadline)
+                SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
+                       platform, bot_id, stream,
+                       CASE WHEN on_timeout = 'never' THEN NULL
+                            WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
+                            WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
+                       END
+                FROM t RETURNING task_id, deadline
+            ), out AS (
+                INSERT INTO outbox (subject, msg_id, payload)
+                SELECT o.s, o.m, o.p FROM t
+                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[]) AS o(ord, s, m, p)
+                  ON o.ord = t.c_ord
+            )
+            SELECT t.*, t.c_ord AS ord,
+                (SELECT deadline FROM asked WHERE asked.task_id = t.id) AS asked_deadline,
+                NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
+            FROM t"
+        );
+        let mut consumed_ords = Vec::new();
+        let mut consumed_ids = Vec::new();
+        let mut out_ords = Vec::new();
+        let mut out_subjects = Vec::new();
+        let mut out_ids = Vec::new();
+        let mut out_payloads: Vec<Vec<u8>> = Vec::new();
+        for (i, request) in batch.iter().enumerate() {
+            let ord = i as i64 + 1;
+            for id in &request.input.consumed_instructions {
+                consumed_ords.push(ord);
+                consumed_ids.push(*id);
+            }
+            for message in request.outbox.iter().filter(|m| m.durable) {
+                out_ords.push(ord);
+                out_subjects.push(message.subject.as_str());
+                out_ids.push(message.msg_id.as_str());
+                out_payloads.push(message.payload.to_vec());
+            }
+        }
+        let rows: Vec<BatchRow> = sqlx::query_as(sql)
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.lease.task.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.lease.generation).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.lease.worker_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.input.round).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| Json(&r.input.messages))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.question.as_uuid())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|r| r.handle.as_str()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.input.question.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.input.context.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.input.tool_call_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.input.timeout.map(|t| t.as_millis() as i64))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(consumed_ords)
+            .bind(consumed_ids)
+            .bind(out_ords)
+            .bind(out_subjects)
+            .bind(out_ids)
+            .bind(out_payloads)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut sent = Vec::new();
+        for r in &rows {
+            let task = &r.row.task;
+            if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
+                sent.extend(request.outbox.iter().cloned());
+            }
+            sent.push(self.event_msg(
+                task.id,
+                TaskState::WaitingInput,
+                task.generation,
+                Event::Ask.as_str(),
+            ));
+        }
+        self.published(sent);
+        Ok(in_order(batch.len(), rows)
+            .into_iter()
+            .map(|row| row.map_or(Asked::Lost, |row| Asked::Won(Box::new(row))))
+            .collect())
+    }
+}
+
+/// Whether `error` is the unique index on open question handles refusing a handle.
+fn handle_taken(error: &Error) -> bool {
+    matches!(error, Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505"))
 }

@@ -133,11 +133,12 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
-    /// Creations, claims, answers and completions waiting to be decided together.
+    /// Creations, claims, asks, answers and completions waiting to be decided together.
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest, Option<ops::CasRow>>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest, Option<ops::CasRow>>>,
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest, Option<TaskRow>>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest, Option<TaskRow>>>,
+    asks: std::sync::Arc<batch::Batches<batch::AskRequest, batch::Asked>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -196,6 +197,7 @@ impl Store {
             completions: Default::default(),
             creations: Default::default(),
             answers: Default::default(),
+            asks: Default::default(),
         }
     }
 

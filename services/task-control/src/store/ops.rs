@@ -136,31 +136,13 @@ pub(super) struct Cas<'a> {
     pub(super) event: Event,
     /// When set, the row's worker must be this one (lease-guarded writes).
     pub(super) worker_guard: Option<&'a str>,
-    pub(super) result: Option<&'a str>,
     pub(super) error: Option<&'a str>,
     pub(super) attempt_inc: i32,
-    pub(super) rounds: i32,
     pub(super) actor: &'a str,
     pub(super) detail: &'a str,
     pub(super) outbox: Vec<OutboxMessage>,
     /// Close the task's open questions with this outcome in the same statement.
     pub(super) close_questions: Option<QuestionOutcome>,
-    /// Store this round (number, messages) and mark these instructions consumed by it.
-    pub(super) checkpoint: Option<(i32, &'a serde_json::Value, &'a [Uuid])>,
-    /// Create this question (for `ask`).
-    pub(super) question: Option<NewQuestion<'a>>,
-}
-
-/// A question created by the statement of an `ask`.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct NewQuestion<'a> {
-    pub(super) id: QuestionId,
-    pub(super) handle: &'a str,
-    pub(super) text: &'a str,
-    pub(super) context: &'a str,
-    pub(super) tool_call_id: &'a str,
-    /// Overrides the task's deadline.
-    pub(super) timeout_ms: Option<i64>,
 }
 
 /// The row a compare-and-set returns: the task, and for a claim what a worker needs to run it.
@@ -189,16 +171,12 @@ impl<'a> Cas<'a> {
             generation,
             event,
             worker_guard: None,
-            result: None,
             error: None,
             attempt_inc: 0,
-            rounds: 0,
             actor,
             detail: "",
             outbox: Vec::new(),
             close_questions: None,
-            checkpoint: None,
-            question: None,
         }
     }
 }
@@ -694,81 +672,61 @@ impl Store {
         // fails the statement on the unique index, and a new handle is drawn.
         for _ in 0..8 {
             let handle = Handle::random().to_string();
-            let mut sent = Vec::new();
-            let mut change = Cas::new(
-                lease.task,
-                TaskState::Running,
-                lease.generation,
-                Event::Ask,
-                &lease.worker_id,
-            );
-            change.worker_guard = Some(&lease.worker_id);
-            change.rounds = input.round;
-            change.detail = &input.question;
-            change.close_questions = Some(QuestionOutcome::Superseded);
-            change.checkpoint = Some((input.round, &input.messages, &input.consumed_instructions));
-            change.question = Some(NewQuestion {
-                id: question_id,
-                handle: &handle,
-                text: &input.question,
-                context: &input.context,
-                tool_call_id: &input.tool_call_id,
-                timeout_ms: input.timeout.map(|t| t.as_millis() as i64),
-            });
-            if let Some(route) = &chat {
-                let text = render::question(
-                    lease.task,
-                    &handle,
-                    &input.question,
-                    &input.context,
-                    &self.context_label,
-                );
-                change.outbox.extend(self.chat_msgs(
-                    route,
-                    &text,
-                    Some(question_id),
-                    route.origin_message_id.as_deref(),
-                ));
-            }
-            let won = {
-                let mut conn = self.pool.acquire().await?;
-                self.cas_row(&mut conn, change, &mut sent).await
+            let outbox = match &chat {
+                Some(route) => {
+                    let text = render::question(
+                        lease.task,
+                        &handle,
+                        &input.question,
+                        &input.context,
+                        &self.context_label,
+                    );
+                    self.chat_msgs(
+                        route,
+                        &text,
+                        Some(question_id),
+                        route.origin_message_id.as_deref(),
+                    )
+                }
+                None => Vec::new(),
             };
-            match won {
-                Ok(Some(row)) => {
-                    self.published(sent);
-                    // The question as the statement created it.
-                    return Ok(QuestionRow {
-                        id: question_id,
-                        task_id: lease.task,
-                        handle,
-                        text: input.question.clone(),
-                        context: input.context.clone(),
-                        tool_call_id: input.tool_call_id.clone(),
-                        round: input.round,
-                        owner: row.task.owner.clone(),
-                        platform: row.task.platform.clone(),
-                        bot_id: row.task.bot_id.clone(),
-                        stream: row.task.stream.clone(),
-                        outcome: QuestionOutcome::Open,
-                        asked_at: row.task.updated_at,
-                        deadline: row.asked_deadline,
-                        reminded_at: None,
-                        closed_at: None,
-                        answerer: None,
-                        answer: None,
-                        inbound_message_id: None,
-                        chat_message_id: None,
-                    });
-                }
-                Ok(None) => return Err(self.refusal(lease).await),
-                Err(Error::Database(sqlx::Error::Database(e)))
-                    if e.code().as_deref() == Some("23505") =>
-                {
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
+            let asked = self
+                .ask_row(super::batch::AskRequest {
+                    lease: lease.clone(),
+                    input: input.clone(),
+                    question: question_id,
+                    handle: handle.clone(),
+                    outbox,
+                })
+                .await?;
+            let row = match asked {
+                super::batch::Asked::Won(row) => row,
+                super::batch::Asked::Lost => return Err(self.refusal(lease).await),
+                super::batch::Asked::HandleTaken => continue,
+            };
+            // The question as the statement created it.
+            return Ok(QuestionRow {
+                id: question_id,
+                task_id: lease.task,
+                handle,
+                text: input.question.clone(),
+                context: input.context.clone(),
+                tool_call_id: input.tool_call_id.clone(),
+                round: input.round,
+                owner: row.task.owner.clone(),
+                platform: row.task.platform.clone(),
+                bot_id: row.task.bot_id.clone(),
+                stream: row.task.stream.clone(),
+                outcome: QuestionOutcome::Open,
+                asked_at: row.task.updated_at,
+                deadline: row.asked_deadline,
+                reminded_at: None,
+                closed_at: None,
+                answerer: None,
+                answer: None,
+                inbound_message_id: None,
+                chat_message_id: None,
+            });
         }
         Err(Error::Database(sqlx::Error::Protocol(
             "no free question handle after 8 tries".into(),
@@ -1155,12 +1113,6 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
     if change.attempt_inc != 0 {
         set += &format!(", attempt = attempt + {}", s.bind(change.attempt_inc));
     }
-    if change.rounds > 0 {
-        set += &format!(", rounds = greatest(rounds, {})", s.bind(change.rounds));
-    }
-    if let Some(result) = change.result {
-        set += &format!(", result = {}", s.bind(result));
-    }
     if let Some(error) = change.error {
         set += &format!(", error = {}", s.bind(error));
     }
@@ -1202,55 +1154,9 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
             s.bind(outcome.as_str())
         );
     }
-    let mut round = "NULL::int".to_owned();
-    if let Some((number, messages, consumed)) = change.checkpoint {
-        round = s.bind(number);
-        sql += &format!(
-            ", checkpoint AS (
-                INSERT INTO checkpoints (task_id, round, messages)
-                SELECT id, {round}, {} FROM t ON CONFLICT DO NOTHING)",
-            s.bind(Json(messages))
-        );
-        if !consumed.is_empty() {
-            sql += &format!(
-                ", consumed AS (
-                    UPDATE instructions SET consumed_round = {round}
-                    WHERE task_id = {id} AND id = ANY({}::uuid[]) AND consumed_round IS NULL
-                      AND EXISTS (SELECT 1 FROM t))",
-                s.bind(consumed.to_vec())
-            );
-        }
-    }
-    let mut asked_deadline = "NULL::timestamptz";
-    if let Some(q) = change.question {
-        let deadline = match q.timeout_ms {
-            Some(ms) => format!(
-                "CASE WHEN on_timeout = 'never' THEN NULL ELSE now() + {} * interval '1 millisecond' END",
-                s.bind(ms)
-            ),
-            None => "CASE WHEN on_timeout <> 'never' AND ask_timeout_s > 0
-                     THEN now() + ask_timeout_s * interval '1 second' END"
-                .to_owned(),
-        };
-        sql += &format!(
-            ", asked AS (
-                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, deadline)
-                SELECT {}, id, {}, {}, {}, {}, {round}, owner, platform, bot_id, stream, {deadline}
-                FROM t RETURNING deadline)",
-            s.bind(q.id.as_uuid()),
-            s.bind(q.handle),
-            s.bind(q.text),
-            s.bind(q.context),
-            s.bind(q.tool_call_id),
-        );
-        asked_deadline = "(SELECT deadline FROM asked)";
-    }
-    sql += &format!(
-        " SELECT t.*, {asked_deadline} AS asked_deadline,
+    sql += " SELECT t.*, NULL::timestamptz AS asked_deadline,
             NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
-          FROM t"
-    );
+          FROM t";
     sql
 }
 

@@ -898,3 +898,41 @@ async fn asks_decided_together_draw_new_handles_when_theirs_are_taken() {
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn an_answer_the_database_refuses_fails_alone_and_is_not_retried() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let mut waiting = Vec::new();
+    for _ in 0..5 {
+        waiting.push(waiting_task(store).await);
+    }
+    // Postgres refuses a NUL character in a text; the answer carrying one is in the same batch as
+    // four good ones.
+    let outcomes = futures_util::future::join_all(waiting.iter().enumerate().map(|(i, (_, q))| {
+        let (store, question) = (store.clone(), *q);
+        let text = if i == 2 {
+            "bad\0answer".to_owned()
+        } else {
+            format!("answer {i}")
+        };
+        let answer = answer(&text, &format!("m-{i}"));
+        async move { store.answer(question, &answer).await }
+    }))
+    .await;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        let task = store.get_task(waiting[i].0.id).await.expect("task");
+        if i == 2 {
+            let e = outcome.expect_err("the NUL answer is refused");
+            assert!(!e.is_retryable(), "{e} would be retried forever");
+            assert_eq!(task.state, TaskState::WaitingInput);
+        } else {
+            assert!(
+                matches!(outcome, Ok(AnswerOutcome::Applied { .. })),
+                "answer {i}"
+            );
+            assert_eq!(task.state, TaskState::Pending);
+        }
+    }
+    db.drop().await;
+}

@@ -2,10 +2,12 @@
 //! it when its run ends, so under load many such requests wait at once; one statement then
 //! decides all of them (each still a compare-and-set on its own task's `(state, generation)`),
 //! and one commit makes them durable. A lone request is decided at once, without waiting for
-//! company.
+//! company. When a batch's statement fails, each of its requests is decided alone, so a request
+//! the database refuses fails by itself and never takes the others down with it.
 
-use std::{future::Future, sync::OnceLock, time::Duration};
+use std::{sync::Mutex, time::Duration};
 
+use futures_util::future::BoxFuture;
 use hark_core::domain::{Event, QuestionId, TaskId, TaskState};
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
@@ -15,17 +17,18 @@ use super::{Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskR
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
 
-type Pending<Q, A> = (Q, oneshot::Sender<Result<A, String>>);
+type Pending<Q, A> = (Q, oneshot::Sender<Result<A, Error>>);
 
-/// Requests waiting for the next statement. The first request starts the loop that decides them.
+/// Requests waiting for the next statement. The first request starts the loop that decides them
+/// (and starts it again should it ever have stopped).
 pub(crate) struct Batches<Q, A> {
-    sender: OnceLock<mpsc::UnboundedSender<Pending<Q, A>>>,
+    sender: Mutex<Option<mpsc::UnboundedSender<Pending<Q, A>>>>,
 }
 
 impl<Q, A> Default for Batches<Q, A> {
     fn default() -> Self {
         Self {
-            sender: OnceLock::new(),
+            sender: Mutex::new(None),
         }
     }
 }
@@ -36,34 +39,33 @@ impl<Q, A> std::fmt::Debug for Batches<Q, A> {
     }
 }
 
-impl<Q: Send + 'static, A: Send + 'static> Batches<Q, A> {
-    /// Hands `request` to the next batch; `decide` takes a batch and answers each request in it,
-    /// in order.
-    async fn submit<D, Fut>(&self, request: Q, decide: impl FnOnce() -> D) -> Result<A, Error>
-    where
-        D: Fn(Vec<Q>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Vec<A>, Error>> + Send + 'static,
-    {
-        let sender = self.sender.get_or_init(|| {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(run(receiver, decide()));
-            sender
-        });
+/// Decides a batch: one answer per request, in order.
+type Decide<Q, A> =
+    Box<dyn for<'a> Fn(&'a [Q]) -> BoxFuture<'a, Result<Vec<A>, Error>> + Send + Sync>;
+
+impl<Q: Send + Sync + 'static, A: Send + 'static> Batches<Q, A> {
+    /// Hands `request` to the next batch; `decide` makes the function that decides one.
+    async fn submit(&self, request: Q, decide: impl FnOnce() -> Decide<Q, A>) -> Result<A, Error> {
+        let sender = {
+            let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+            match &*sender {
+                Some(open) if !open.is_closed() => open.clone(),
+                _ => {
+                    let (open, receiver) = mpsc::unbounded_channel();
+                    tokio::spawn(run(receiver, decide()));
+                    *sender = Some(open.clone());
+                    open
+                }
+            }
+        };
         let (reply, decided) = oneshot::channel();
         let stopped = || Error::Database(sqlx::Error::PoolClosed);
         sender.send((request, reply)).map_err(|_| stopped())?;
-        decided
-            .await
-            .map_err(|_| stopped())?
-            .map_err(|message| Error::Database(sqlx::Error::Protocol(message)))
+        decided.await.map_err(|_| stopped())?
     }
 }
 
-async fn run<Q, A, D, Fut>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide: D)
-where
-    D: Fn(Vec<Q>) -> Fut,
-    Fut: Future<Output = Result<Vec<A>, Error>>,
-{
+async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide: Decide<Q, A>) {
     while let Some(first) = receiver.recv().await {
         let mut requests = Vec::with_capacity(MAX_BATCH);
         let mut replies = Vec::with_capacity(MAX_BATCH);
@@ -77,23 +79,27 @@ where
                 None
             };
         }
-        let count = requests.len();
-        match decide(requests).await {
-            Ok(answers) if answers.len() == count => {
+        match decide(&requests).await {
+            Ok(answers) if answers.len() == requests.len() => {
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(Ok(answer));
                 }
             }
-            Ok(answers) => {
-                let message = format!("{} answers for {count} requests", answers.len());
-                for reply in replies {
-                    let _ = reply.send(Err(message.clone()));
+            Err(e) if requests.len() == 1 => {
+                if let Some(reply) = replies.into_iter().next() {
+                    let _ = reply.send(Err(e));
                 }
             }
-            Err(e) => {
-                let message = format!("cannot decide {count} requests together: {e}");
-                for reply in replies {
-                    let _ = reply.send(Err(message.clone()));
+            // Each alone, so that only the request the database refuses fails.
+            failed => {
+                if let Err(e) = &failed {
+                    tracing::debug!(requests = requests.len(), error = %e, "a batch failed; deciding its requests one by one");
+                }
+                for (request, reply) in requests.iter().zip(replies) {
+                    let alone = decide(std::slice::from_ref(request)).await;
+                    let _ = reply.send(alone.and_then(|mut a| {
+                        a.pop().ok_or(Error::Database(sqlx::Error::RowNotFound))
+                    }));
                 }
             }
         }
@@ -207,10 +213,10 @@ impl Store {
         let store = self.clone();
         self.claims
             .submit(request, || {
-                move |batch: Vec<ClaimRequest>| {
+                Box::new(move |batch: &[ClaimRequest]| {
                     let store = store.clone();
-                    async move { store.claim_batch(&batch).await }
-                }
+                    Box::pin(async move { store.claim_batch(batch).await })
+                })
             })
             .await
     }
@@ -224,10 +230,10 @@ impl Store {
         let store = self.clone();
         self.creations
             .submit(request, || {
-                move |batch: Vec<CreateRequest>| {
+                Box::new(move |batch: &[CreateRequest]| {
                     let store = store.clone();
-                    async move { store.create_batch(batch).await }
-                }
+                    Box::pin(async move { store.create_batch(batch).await })
+                })
             })
             .await
     }
@@ -241,10 +247,10 @@ impl Store {
         let store = self.clone();
         self.answers
             .submit(request, || {
-                move |batch: Vec<AnswerRequest>| {
+                Box::new(move |batch: &[AnswerRequest]| {
                     let store = store.clone();
-                    async move { store.answer_batch(batch).await }
-                }
+                    Box::pin(async move { store.answer_batch(batch).await })
+                })
             })
             .await
     }
@@ -254,10 +260,10 @@ impl Store {
         let store = self.clone();
         self.asks
             .submit(request, || {
-                move |batch: Vec<AskRequest>| {
+                Box::new(move |batch: &[AskRequest]| {
                     let store = store.clone();
-                    async move { store.ask_batch(batch).await }
-                }
+                    Box::pin(async move { store.ask_batch(batch).await })
+                })
             })
             .await
     }
@@ -271,10 +277,10 @@ impl Store {
         let store = self.clone();
         self.completions
             .submit(request, || {
-                move |batch: Vec<CompleteRequest>| {
+                Box::new(move |batch: &[CompleteRequest]| {
                     let store = store.clone();
-                    async move { store.complete_batch(batch).await }
-                }
+                    Box::pin(async move { store.complete_batch(batch).await })
+                })
             })
             .await
     }
@@ -350,7 +356,7 @@ impl Store {
     /// `completed` with its result, its audit row, its last round and its chat message.
     async fn complete_batch(
         &self,
-        batch: Vec<CompleteRequest>,
+        batch: &[CompleteRequest],
     ) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = concat!(
             "WITH c AS (
@@ -456,7 +462,7 @@ impl Store {
 
     /// One statement for all of `batch`: each task inserted in `pending` with its audit row and
     /// its first run job, unless its request id was used before.
-    async fn create_batch(&self, batch: Vec<CreateRequest>) -> Result<Vec<Option<TaskRow>>, Error> {
+    async fn create_batch(&self, batch: &[CreateRequest]) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
             "WITH t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
@@ -574,7 +580,7 @@ impl Store {
 
     /// One statement for all of `batch`: each task still waiting at its generation moves to
     /// `pending`, its question is answered, the inbound id recorded and the run job queued.
-    async fn answer_batch(&self, batch: Vec<AnswerRequest>) -> Result<Vec<Option<TaskRow>>, Error> {
+    async fn answer_batch(&self, batch: &[AnswerRequest]) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[])
@@ -682,23 +688,12 @@ impl Store {
         Ok(won)
     }
 
-    /// [`Store::ask_statement`] for all of `batch`. A handle taken (by an open question, or by
-    /// another ask of the same batch) fails the whole statement; each ask is then decided on
-    /// its own, so only the ask whose handle is taken draws another.
-    async fn ask_batch(&self, batch: Vec<AskRequest>) -> Result<Vec<Asked>, Error> {
-        match self.ask_statement(&batch).await {
-            Err(e) if handle_taken(&e) => {
-                let mut decided = Vec::with_capacity(batch.len());
-                for request in batch {
-                    let one = std::slice::from_ref(&request);
-                    decided.push(match self.ask_statement(one).await {
-                        Ok(mut asked) => asked.pop().unwrap_or(Asked::Lost),
-                        Err(e) if handle_taken(&e) => Asked::HandleTaken,
-                        Err(e) => return Err(e),
-                    });
-                }
-                Ok(decided)
-            }
+    /// [`Store::ask_statement`] for all of `batch`. A handle already taken fails the whole
+    /// statement; the batch's asks are then decided one by one (see [`run`]), and the one whose
+    /// handle is taken draws another.
+    async fn ask_batch(&self, batch: &[AskRequest]) -> Result<Vec<Asked>, Error> {
+        match self.ask_statement(batch).await {
+            Err(e) if batch.len() == 1 && handle_taken(&e) => Ok(vec![Asked::HandleTaken]),
             decided => decided,
         }
     }

@@ -103,6 +103,11 @@ impl Error {
     /// conflict), as opposed to a decision that stands.
     pub fn is_retryable(&self) -> bool {
         match self {
+            // Data the server refuses (class 22, e.g. a NUL character in a text) or a
+            // constraint it violates (class 23) is refused again however often it is sent.
+            Error::Database(sqlx::Error::Database(e)) => !e
+                .code()
+                .is_some_and(|code| code.starts_with("22") || code.starts_with("23")),
             Error::Database(e) => !matches!(
                 e,
                 sqlx::Error::RowNotFound | sqlx::Error::ColumnDecode { .. }

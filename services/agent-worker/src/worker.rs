@@ -198,6 +198,11 @@ impl Worker {
                 return;
             }
         };
+        tracing::debug!(
+            task = job.task_id,
+            generation = job.generation,
+            "run job received"
+        );
         let claimed = match self
             .runner
             .control

@@ -156,6 +156,7 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
         }
         let generation =
             i64::try_from(request.generation).map_err(|_| invalid("generation out of range"))?;
+        tracing::debug!(%task, generation, worker = request.worker_id, "claim requested");
         shared
             .store
             .claim(task, generation, &request.worker_id, lease)

@@ -83,6 +83,12 @@ fn text_field(field: &str, value: &str) -> Result<String, Status> {
     if trimmed.len() > MAX_TEXT {
         return Err(invalid(field, format!("is longer than {MAX_TEXT} bytes")));
     }
+    if trimmed.contains('\0') {
+        return Err(invalid(
+            field,
+            "contains a NUL character (\\0), which cannot be stored",
+        ));
+    }
     Ok(trimmed.to_owned())
 }
 

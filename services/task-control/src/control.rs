@@ -105,12 +105,40 @@ fn round_of(
         .ok()
         .filter(|n| *n >= 1)
         .ok_or_else(|| invalid("round numbers start at 1"))?;
-    let messages: serde_json::Value = serde_json::from_slice(&round.messages_json)
+    let mut messages: serde_json::Value = serde_json::from_slice(&round.messages_json)
         .map_err(|e| invalid(format!("round {number} is not a JSON array: {e}")))?;
+    strip_nul_in(&mut messages);
     if !messages.is_array() {
         return Err(invalid(format!("round {number} is not a JSON array")));
     }
     Ok(Some((number, messages)))
+}
+
+/// Postgres stores no NUL character in a text or a JSON string; a model that produced one would
+/// otherwise have its round, question or result refused. They carry nothing, so they are dropped.
+fn strip_nul(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "")
+    } else {
+        text
+    }
+}
+
+fn strip_nul_in(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) if s.contains('\0') => *s = s.replace('\0', ""),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nul_in),
+        serde_json::Value::Object(fields) => {
+            if fields.keys().any(|k| k.contains('\0')) {
+                *fields = std::mem::take(fields)
+                    .into_iter()
+                    .map(|(k, v)| (k.replace('\0', ""), v))
+                    .collect();
+            }
+            fields.values_mut().for_each(strip_nul_in);
+        }
+        _ => {}
+    }
 }
 
 fn ids_of(ids: &[String]) -> Vec<uuid::Uuid> {
@@ -273,8 +301,8 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             messages,
             consumed_instructions: ids_of(&request.consumed_instruction_ids),
             tool_call_id: request.tool_call_id,
-            question: request.question,
-            context: request.context,
+            question: strip_nul(request.question),
+            context: strip_nul(request.context),
             timeout: (request.timeout_s > 0).then(|| Duration::from_secs(request.timeout_s.into())),
         };
         shared
@@ -315,7 +343,7 @@ async fn complete(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refu
         .complete(
             &lease,
             round.as_ref().map(|(n, m)| (*n, m)),
-            &request.result,
+            &strip_nul(request.result),
         )
         .await
         .map(|_| ())
@@ -327,7 +355,7 @@ async fn fail(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
     let lease = lease_of(request.lease.as_ref())?;
     shared
         .store
-        .fail(&lease, &request.error)
+        .fail(&lease, &strip_nul(request.error))
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))
@@ -343,7 +371,7 @@ async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
         .store
         .send(
             &lease,
-            &request.text,
+            &strip_nul(request.text),
             (!request.idempotency_key.is_empty()).then_some(request.idempotency_key.as_str()),
         )
         .await

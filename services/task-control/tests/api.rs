@@ -158,6 +158,16 @@ async fn errors_carry_the_right_code_and_name_what_was_wrong() {
         .await
         .expect_err("empty goal");
     assert!(err.message().contains("goal"));
+    let err = api
+        .create_task(create("qq:1", "a goal\0with a NUL"))
+        .await
+        .expect_err("NUL in the goal");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("goal") && err.message().contains("NUL"),
+        "{}",
+        err.message()
+    );
     let mut bad_chat = create("qq:1", "g");
     bad_chat.chat = Some(pb::ChatRoute {
         platform: "qq".into(),

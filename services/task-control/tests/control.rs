@@ -544,3 +544,24 @@ async fn a_task_running_past_max_runtime_fails_and_its_worker_is_told_to_stop() 
     tc.out_containing("failed").await;
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn nul_characters_from_a_model_or_a_chat_are_dropped_not_refused() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "count sheep").await;
+    // The model's question carries a NUL character.
+    tc.claim_and_ask("How\0 many?", 0).await;
+    tc.out_containing("How many?").await;
+    // So does the owner's answer.
+    tc.say(GROUP, "100", "sev\0en").await;
+    tc.out_containing("continues").await;
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    assert_eq!(questions.len(), 1);
+    assert_eq!(questions[0].text, "How many?");
+    assert_eq!(questions[0].answer.as_deref(), Some("seven"));
+    tc.stop().await;
+}

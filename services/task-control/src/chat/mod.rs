@@ -56,7 +56,8 @@ impl Inbound {
             bot_id: msg.bot_id,
             stream,
             user_id,
-            text: msg.text,
+            // Postgres stores no NUL character in a text; in a chat message it carries nothing.
+            text: msg.text.replace('\0', ""),
             quoted: msg.quoted_message_id,
             message_id: msg.message_id,
         })

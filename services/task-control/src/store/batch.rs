@@ -85,16 +85,32 @@ async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide:
                     let _ = reply.send(Ok(answer));
                 }
             }
+            // Every decision answers each request; a statement that did not has committed
+            // something unknown, so nothing is decided again.
+            Ok(answers) => {
+                tracing::error!(
+                    answers = answers.len(),
+                    requests = requests.len(),
+                    "a batch answered the wrong number of requests"
+                );
+                for reply in replies {
+                    let _ = reply.send(Err(Error::Database(sqlx::Error::Protocol(format!(
+                        "{} answers for {} requests",
+                        answers.len(),
+                        requests.len()
+                    )))));
+                }
+            }
             Err(e) if requests.len() == 1 => {
                 if let Some(reply) = replies.into_iter().next() {
                     let _ = reply.send(Err(e));
                 }
             }
-            // Each alone, so that only the request the database refuses fails.
-            failed => {
-                if let Err(e) = &failed {
-                    tracing::debug!(requests = requests.len(), error = %e, "a batch failed; deciding its requests one by one");
-                }
+            // A failed statement changed nothing (and a compare-and-set decided again cannot
+            // apply twice): each request is decided alone, and only one the database refuses
+            // fails.
+            Err(e) => {
+                tracing::debug!(requests = requests.len(), error = %e, "a batch failed; deciding its requests one by one");
                 for (request, reply) in requests.iter().zip(replies) {
                     let alone = decide(std::slice::from_ref(request)).await;
                     let _ = reply.send(alone.and_then(|mut a| {

@@ -200,19 +200,7 @@ impl Store {
                 t.attempt
             );
             let change = if t.attempt >= max_attempts {
-                let mut change =
-                    Cas::new(task, TaskState::Running, t.generation, Event::Fail, "timer");
-                change.error = Some(&error);
-                change.detail = &error;
-                if let Some(route) = route(&t.platform, &t.bot_id, &t.stream) {
-                    change.outbox.extend(self.chat_msgs(
-                        &route,
-                        &render::failed(task, &error),
-                        None,
-                        None,
-                    ));
-                }
-                change
+                self.timer_fails(&t, &error)
             } else {
                 let mut change = Cas::new(
                     task,
@@ -265,24 +253,27 @@ impl Store {
         );
         let mut failed = Vec::new();
         for t in due {
-            let task = TaskId::from_uuid(t.id);
-            let mut change = Cas::new(task, TaskState::Running, t.generation, Event::Fail, "timer");
-            change.error = Some(&error);
-            change.detail = &error;
-            if let Some(route) = route(&t.platform, &t.bot_id, &t.stream) {
-                change.outbox.extend(self.chat_msgs(
-                    &route,
-                    &render::failed(task, &error),
-                    None,
-                    None,
-                ));
-            }
+            let change = self.timer_fails(&t, &error);
             if self.cas(&mut tx, change, &mut sent).await?.is_some() {
-                failed.push(task);
+                failed.push(TaskId::from_uuid(t.id));
             }
         }
         tx.commit().await?;
         self.published(sent);
         Ok(failed)
+    }
+
+    /// A timer failing the running task `t` with `error`, its chat told why.
+    fn timer_fails<'a>(&self, t: &DueTask, error: &'a str) -> Cas<'a> {
+        let task = TaskId::from_uuid(t.id);
+        let mut change = Cas::new(task, TaskState::Running, t.generation, Event::Fail, "timer");
+        change.error = Some(error);
+        change.detail = error;
+        if let Some(route) = route(&t.platform, &t.bot_id, &t.stream) {
+            change
+                .outbox
+                .extend(self.chat_msgs(&route, &render::failed(task, error), None, None));
+        }
+        change
     }
 }

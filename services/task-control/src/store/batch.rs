@@ -17,15 +17,30 @@ use super::{Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskR
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
 
-type Pending<Q, A> = (Q, oneshot::Sender<Result<A, Error>>);
+/// A kind of request decided in batches: the statement that decides a batch of them, and the
+/// queue they wait in.
+pub(super) trait Batched: Sized + Send + Sync + 'static {
+    /// What each request is told.
+    type Decision: Send + 'static;
+
+    /// One statement for all of `batch`: one decision per request, in order.
+    fn decide<'a>(
+        store: &'a Store,
+        batch: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>>;
+
+    fn queue(store: &Store) -> &Batches<Self>;
+}
+
+type Pending<Q> = (Q, oneshot::Sender<Result<<Q as Batched>::Decision, Error>>);
 
 /// Requests waiting for the next statement. The first request starts the loop that decides them
 /// (and starts it again should it ever have stopped).
-pub(crate) struct Batches<Q, A> {
-    sender: Mutex<Option<mpsc::UnboundedSender<Pending<Q, A>>>>,
+pub(super) struct Batches<Q: Batched> {
+    sender: Mutex<Option<mpsc::UnboundedSender<Pending<Q>>>>,
 }
 
-impl<Q, A> Default for Batches<Q, A> {
+impl<Q: Batched> Default for Batches<Q> {
     fn default() -> Self {
         Self {
             sender: Mutex::new(None),
@@ -33,26 +48,26 @@ impl<Q, A> Default for Batches<Q, A> {
     }
 }
 
-impl<Q, A> std::fmt::Debug for Batches<Q, A> {
+impl<Q: Batched> std::fmt::Debug for Batches<Q> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batches").finish_non_exhaustive()
     }
 }
 
-/// Decides a batch: one answer per request, in order.
-type Decide<Q, A> =
-    Box<dyn for<'a> Fn(&'a [Q]) -> BoxFuture<'a, Result<Vec<A>, Error>> + Send + Sync>;
-
-impl<Q: Send + Sync + 'static, A: Send + 'static> Batches<Q, A> {
-    /// Hands `request` to the next batch; `decide` makes the function that decides one.
-    async fn submit(&self, request: Q, decide: impl FnOnce() -> Decide<Q, A>) -> Result<A, Error> {
+impl Store {
+    /// Decides `request` together with whatever other requests of its kind wait at the same
+    /// time.
+    pub(super) async fn decide<Q: Batched>(&self, request: Q) -> Result<Q::Decision, Error> {
         let sender = {
-            let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sender = Q::queue(self)
+                .sender
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             match &*sender {
                 Some(open) if !open.is_closed() => open.clone(),
                 _ => {
                     let (open, receiver) = mpsc::unbounded_channel();
-                    tokio::spawn(run(receiver, decide()));
+                    tokio::spawn(run(self.clone(), receiver));
                     *sender = Some(open.clone());
                     open
                 }
@@ -65,7 +80,7 @@ impl<Q: Send + Sync + 'static, A: Send + 'static> Batches<Q, A> {
     }
 }
 
-async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide: Decide<Q, A>) {
+async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pending<Q>>) {
     while let Some(first) = receiver.recv().await {
         let mut requests = Vec::with_capacity(MAX_BATCH);
         let mut replies = Vec::with_capacity(MAX_BATCH);
@@ -79,7 +94,7 @@ async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide:
                 None
             };
         }
-        match decide(&requests).await {
+        match Q::decide(&store, &requests).await {
             Ok(answers) if answers.len() == requests.len() => {
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(Ok(answer));
@@ -112,7 +127,7 @@ async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide:
             Err(e) => {
                 tracing::debug!(requests = requests.len(), error = %e, "a batch failed; deciding its requests one by one");
                 for (request, reply) in requests.iter().zip(replies) {
-                    let alone = decide(std::slice::from_ref(request)).await;
+                    let alone = Q::decide(&store, std::slice::from_ref(request)).await;
                     let _ = reply.send(alone.and_then(|mut a| {
                         a.pop().ok_or(Error::Database(sqlx::Error::RowNotFound))
                     }));
@@ -124,16 +139,16 @@ async fn run<Q, A>(mut receiver: mpsc::UnboundedReceiver<Pending<Q, A>>, decide:
 
 /// What a worker asks: `task`, if it is still pending at `generation`.
 #[derive(Debug)]
-pub(crate) struct ClaimRequest {
-    task: TaskId,
-    generation: i64,
-    worker: String,
-    lease: Duration,
+pub(super) struct ClaimRequest {
+    pub(super) task: TaskId,
+    pub(super) generation: i64,
+    pub(super) worker: String,
+    pub(super) lease: Duration,
 }
 
 /// A run that ended: its lease, its last round, its result, and the chat message telling it.
 #[derive(Debug)]
-pub(crate) struct CompleteRequest {
+pub(super) struct CompleteRequest {
     pub(super) lease: Lease,
     pub(super) round: Option<(i32, serde_json::Value)>,
     pub(super) result: String,
@@ -142,7 +157,7 @@ pub(crate) struct CompleteRequest {
 
 /// A task to create, with its id and the run job and event that announce it.
 #[derive(Debug)]
-pub(crate) struct CreateRequest {
+pub(super) struct CreateRequest {
     pub(super) id: TaskId,
     pub(super) new: NewTask,
     pub(super) job: OutboxMessage,
@@ -152,7 +167,7 @@ pub(crate) struct CreateRequest {
 /// An answer to apply: the task moves from `waiting_input` at `generation` back to `pending`,
 /// the question is answered and the run job queued.
 #[derive(Debug)]
-pub(crate) struct AnswerRequest {
+pub(super) struct AnswerRequest {
     pub(super) task: TaskId,
     pub(super) generation: i64,
     pub(super) question: QuestionId,
@@ -164,7 +179,7 @@ pub(crate) struct AnswerRequest {
 /// is stored, the instructions that round consumed are marked, any open question of the task is
 /// superseded, the question is created and its chat message queued.
 #[derive(Debug)]
-pub(crate) struct AskRequest {
+pub(super) struct AskRequest {
     pub(super) lease: Lease,
     pub(super) input: AskInput,
     pub(super) question: QuestionId,
@@ -174,13 +189,42 @@ pub(crate) struct AskRequest {
 
 /// How an ask was decided.
 #[derive(Debug)]
-pub(crate) enum Asked {
+pub(super) enum Asked {
     /// The task waits on the question; the row holds the question's deadline.
     Won(Box<CasRow>),
     /// The lease no longer held.
     Lost,
     /// Another open question of the owner in the stream has this handle; draw another.
     HandleTaken,
+}
+
+/// The durable outbox messages of a batch's requests as parallel arrays for `unnest`, each with
+/// its request's place in the batch (from 1, as `WITH ORDINALITY` counts).
+struct OutboxColumns<'a> {
+    ords: Vec<i64>,
+    subjects: Vec<&'a str>,
+    msg_ids: Vec<&'a str>,
+    payloads: Vec<Vec<u8>>,
+}
+
+impl<'a> OutboxColumns<'a> {
+    fn of(outboxes: impl Iterator<Item = &'a [OutboxMessage]>) -> Self {
+        let mut columns = Self {
+            ords: Vec::new(),
+            subjects: Vec::new(),
+            msg_ids: Vec::new(),
+            payloads: Vec::new(),
+        };
+        for (ord, outbox) in (1..).zip(outboxes) {
+            for message in outbox.iter().filter(|m| m.durable) {
+                columns.ords.push(ord);
+                columns.subjects.push(&message.subject);
+                columns.msg_ids.push(&message.msg_id);
+                columns.payloads.push(message.payload.to_vec());
+            }
+        }
+        columns
+    }
 }
 
 /// One batch's row: a request that won, and its place in the batch.
@@ -210,97 +254,32 @@ fn in_order(count: usize, rows: Vec<BatchRow>) -> Vec<Option<CasRow>> {
     won
 }
 
+macro_rules! batched {
+    ($request:ty, $decision:ty, $queue:ident, $statement:ident) => {
+        impl Batched for $request {
+            type Decision = $decision;
+
+            fn decide<'a>(
+                store: &'a Store,
+                batch: &'a [Self],
+            ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
+                Box::pin(store.$statement(batch))
+            }
+
+            fn queue(store: &Store) -> &Batches<Self> {
+                &store.$queue
+            }
+        }
+    };
+}
+
+batched!(CreateRequest, Option<TaskRow>, creations, create_batch);
+batched!(ClaimRequest, Option<CasRow>, claims, claim_batch);
+batched!(AskRequest, Asked, asks, ask_batch);
+batched!(AnswerRequest, Option<TaskRow>, answers, answer_batch);
+batched!(CompleteRequest, Option<CasRow>, completions, complete_batch);
+
 impl Store {
-    /// Decides one claim together with whatever other claims wait at the same time. `None`
-    /// when the task was not pending at `generation`.
-    pub(super) async fn claim_row(
-        &self,
-        task: TaskId,
-        generation: i64,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Option<CasRow>, Error> {
-        let request = ClaimRequest {
-            task,
-            generation,
-            worker: worker.to_owned(),
-            lease,
-        };
-        let store = self.clone();
-        self.claims
-            .submit(request, || {
-                Box::new(move |batch: &[ClaimRequest]| {
-                    let store = store.clone();
-                    Box::pin(async move { store.claim_batch(batch).await })
-                })
-            })
-            .await
-    }
-
-    /// Creates one task together with whatever other creations wait at the same time. `None`
-    /// when the request id was used before.
-    pub(super) async fn create_row(
-        &self,
-        request: CreateRequest,
-    ) -> Result<Option<TaskRow>, Error> {
-        let store = self.clone();
-        self.creations
-            .submit(request, || {
-                Box::new(move |batch: &[CreateRequest]| {
-                    let store = store.clone();
-                    Box::pin(async move { store.create_batch(batch).await })
-                })
-            })
-            .await
-    }
-
-    /// Applies one answer together with whatever other answers wait at the same time. `None`
-    /// when the task was no longer waiting at that generation.
-    pub(super) async fn answer_row(
-        &self,
-        request: AnswerRequest,
-    ) -> Result<Option<TaskRow>, Error> {
-        let store = self.clone();
-        self.answers
-            .submit(request, || {
-                Box::new(move |batch: &[AnswerRequest]| {
-                    let store = store.clone();
-                    Box::pin(async move { store.answer_batch(batch).await })
-                })
-            })
-            .await
-    }
-
-    /// Decides one ask together with whatever other asks wait at the same time.
-    pub(super) async fn ask_row(&self, request: AskRequest) -> Result<Asked, Error> {
-        let store = self.clone();
-        self.asks
-            .submit(request, || {
-                Box::new(move |batch: &[AskRequest]| {
-                    let store = store.clone();
-                    Box::pin(async move { store.ask_batch(batch).await })
-                })
-            })
-            .await
-    }
-
-    /// Decides one completion together with whatever others wait at the same time. `None` when
-    /// the lease no longer held.
-    pub(super) async fn complete_row(
-        &self,
-        request: CompleteRequest,
-    ) -> Result<Option<CasRow>, Error> {
-        let store = self.clone();
-        self.completions
-            .submit(request, || {
-                Box::new(move |batch: &[CompleteRequest]| {
-                    let store = store.clone();
-                    Box::pin(async move { store.complete_batch(batch).await })
-                })
-            })
-            .await
-    }
-
     /// One statement for all of `batch`; the result holds, in order, the row of each claim that
     /// won.
     async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
@@ -313,8 +292,6 @@ impl Store {
                     state = 'running',
                     generation = generation + 1,
                     updated_at = now(),
-                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
                     worker_id = c.c_worker,
                     lease_until = now() + c.c_lease_ms * interval '1 millisecond',
                     running_since = now(),
@@ -383,8 +360,7 @@ impl Store {
                     state = 'completed',
                     generation = generation + 1,
                     updated_at = now(),
-                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    ", run_ms_update!(), ",
                     worker_id = NULL,
                     lease_until = NULL,
                     running_since = NULL,
@@ -414,18 +390,7 @@ impl Store {
                 NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
             FROM t"
         );
-        let mut out_ords = Vec::new();
-        let mut out_subjects = Vec::new();
-        let mut out_ids = Vec::new();
-        let mut out_payloads: Vec<Vec<u8>> = Vec::new();
-        for (i, request) in batch.iter().enumerate() {
-            for message in request.outbox.iter().filter(|m| m.durable) {
-                out_ords.push(i as i64 + 1);
-                out_subjects.push(message.subject.as_str());
-                out_ids.push(message.msg_id.as_str());
-                out_payloads.push(message.payload.to_vec());
-            }
-        }
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
             .bind(
                 batch
@@ -453,10 +418,10 @@ impl Store {
                     .map(|r| r.round.as_ref().map(|(_, m)| Json(m)))
                     .collect::<Vec<_>>(),
             )
-            .bind(out_ords)
-            .bind(out_subjects)
-            .bind(out_ids)
-            .bind(out_payloads)
+            .bind(out.ords)
+            .bind(out.subjects)
+            .bind(out.msg_ids)
+            .bind(out.payloads)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();
@@ -606,8 +571,6 @@ impl Store {
                     state = 'pending',
                     generation = generation + 1,
                     updated_at = now(),
-                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
                     worker_id = NULL,
                     lease_until = NULL,
                     running_since = NULL,
@@ -727,8 +690,7 @@ impl Store {
                     state = 'waiting_input',
                     generation = generation + 1,
                     updated_at = now(),
-                    run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-                        ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END,
+                    ", run_ms_update!(), ",
                     worker_id = NULL,
                     lease_until = NULL,
                     running_since = NULL,
@@ -777,23 +739,13 @@ impl Store {
         );
         let mut consumed_ords = Vec::new();
         let mut consumed_ids = Vec::new();
-        let mut out_ords = Vec::new();
-        let mut out_subjects = Vec::new();
-        let mut out_ids = Vec::new();
-        let mut out_payloads: Vec<Vec<u8>> = Vec::new();
-        for (i, request) in batch.iter().enumerate() {
-            let ord = i as i64 + 1;
+        for (ord, request) in (1..).zip(batch) {
             for id in &request.input.consumed_instructions {
                 consumed_ords.push(ord);
                 consumed_ids.push(*id);
             }
-            for message in request.outbox.iter().filter(|m| m.durable) {
-                out_ords.push(ord);
-                out_subjects.push(message.subject.as_str());
-                out_ids.push(message.msg_id.as_str());
-                out_payloads.push(message.payload.to_vec());
-            }
         }
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
             .bind(
                 batch
@@ -848,10 +800,10 @@ impl Store {
             )
             .bind(consumed_ords)
             .bind(consumed_ids)
-            .bind(out_ords)
-            .bind(out_subjects)
-            .bind(out_ids)
-            .bind(out_payloads)
+            .bind(out.ords)
+            .bind(out.subjects)
+            .bind(out.msg_ids)
+            .bind(out.payloads)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

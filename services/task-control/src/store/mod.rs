@@ -15,6 +15,15 @@ macro_rules! task_columns {
     };
 }
 
+/// Leaving `running` adds the time since `running_since` to `run_ms` (outside `running`,
+/// `running_since` is NULL and this adds nothing).
+macro_rules! run_ms_update {
+    () => {
+        "run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0 \
+         ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END"
+    };
+}
+
 /// The columns of `questions`, in the order of [`QuestionRow`].
 macro_rules! question_columns {
     () => {
@@ -139,11 +148,11 @@ pub struct Store {
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
     /// Creations, claims, asks, answers and completions waiting to be decided together.
-    claims: std::sync::Arc<batch::Batches<batch::ClaimRequest, Option<ops::CasRow>>>,
-    completions: std::sync::Arc<batch::Batches<batch::CompleteRequest, Option<ops::CasRow>>>,
-    creations: std::sync::Arc<batch::Batches<batch::CreateRequest, Option<TaskRow>>>,
-    answers: std::sync::Arc<batch::Batches<batch::AnswerRequest, Option<TaskRow>>>,
-    asks: std::sync::Arc<batch::Batches<batch::AskRequest, batch::Asked>>,
+    creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
+    claims: std::sync::Arc<batch::Batches<batch::ClaimRequest>>,
+    asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
+    answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
+    completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full

@@ -362,7 +362,7 @@ impl Store {
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
         let created = self
-            .create_row(super::batch::CreateRequest {
+            .decide(super::batch::CreateRequest {
                 id,
                 new: new.clone(),
                 job: self.run_msg(id, 1, pb::RunReason::Start),
@@ -525,7 +525,14 @@ impl Store {
         worker: &str,
         lease: Duration,
     ) -> Result<Claimed, Error> {
-        let won = self.claim_row(task, job_generation, worker, lease).await?;
+        let won = self
+            .decide(super::batch::ClaimRequest {
+                task,
+                generation: job_generation,
+                worker: worker.to_owned(),
+                lease,
+            })
+            .await?;
         let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
@@ -691,7 +698,7 @@ impl Store {
                 None => Vec::new(),
             };
             let asked = self
-                .ask_row(super::batch::AskRequest {
+                .decide(super::batch::AskRequest {
                     lease: lease.clone(),
                     input: input.clone(),
                     question: question_id,
@@ -815,7 +822,7 @@ impl Store {
         // together with a move of its task, so when this move wins the question is still open.
         transition(state, Event::Answer).map_err(|e| Error::wrong_state(task_id, e))?;
         let won = self
-            .answer_row(super::batch::AnswerRequest {
+            .decide(super::batch::AnswerRequest {
                 task: task_id,
                 generation,
                 question,
@@ -924,7 +931,7 @@ impl Store {
             .map(|route| self.chat_msgs(&route, &render::completed(lease.task, result), None, None))
             .unwrap_or_default();
         let won = self
-            .complete_row(super::batch::CompleteRequest {
+            .decide(super::batch::CompleteRequest {
                 lease: lease.clone(),
                 round: final_round.map(|(n, m)| (n, m.clone())),
                 result: result.to_owned(),
@@ -1102,12 +1109,13 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
     let from = s.bind(change.from.as_str());
     let generation = s.bind(change.generation);
     let mut set = format!(
-        "state = {}, generation = generation + 1, updated_at = now(),
-         run_ms = run_ms + CASE WHEN running_since IS NULL THEN 0
-             ELSE (extract(epoch FROM now() - running_since) * 1000)::bigint END",
+        concat!(
+            "state = {}, generation = generation + 1, updated_at = now(), ",
+            run_ms_update!()
+        ),
         s.bind(to.as_str())
     );
-    // Claims, the only move into `running`, are decided in batches by `Store::claim_row`.
+    // Claims, the only move into `running`, are decided in batches (see `batch`).
     debug_assert_ne!(to, TaskState::Running, "claims do not go through cas");
     set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
     if change.attempt_inc != 0 {

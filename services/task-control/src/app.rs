@@ -120,7 +120,10 @@ impl App {
             api::Auth::new(shared.config.control.api_tokens.clone()),
         );
         tracing::info!(addr = %listener.local_addr().map_err(|e| Error::Serve(e.to_string()))?, "gRPC API listening");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY, answers to requests multiplexed on one connection wait for the
+        // client's delayed ACK (40 ms) whenever an earlier reply is still unacknowledged.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let served = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)

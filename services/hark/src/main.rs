@@ -65,6 +65,11 @@ enum Command {
     },
 }
 
+// The services allocate and free many small buffers per message; mimalloc does that with less
+// CPU than the system allocator (measured with `hark bench`, see BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

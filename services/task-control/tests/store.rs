@@ -847,6 +847,69 @@ async fn answers_decided_together_apply_once_each() {
 }
 
 #[tokio::test]
+async fn answers_looked_up_together_each_find_their_own_question() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        waiting.push(waiting_task(store).await);
+    }
+    // Task 3's answer was applied before: the same message comes again.
+    store
+        .answer(waiting[3].1, &answer("first", "m-3"))
+        .await
+        .expect("first answer");
+    let silent = new_task(store, None).await;
+    let unknown = hark_core::domain::QuestionId::new();
+    // By question, by task, by task again with another message, an unknown question, a task
+    // without an open question, and the repeated message: all at once.
+    let answers = [
+        answer("to the question", "m-0"),
+        answer("to the task", "m-1"),
+        answer("to the task too", "m-2"),
+        answer("to nobody", "m-x"),
+        answer("to a task that asked nothing", "m-y"),
+        answer("first", "m-3"),
+    ];
+    let (by_question, by_task, again, lost, none, repeated) = tokio::join!(
+        store.answer(waiting[0].1, &answers[0]),
+        store.answer_task(waiting[1].0.id, &answers[1]),
+        store.answer_task(waiting[2].0.id, &answers[2]),
+        store.answer(unknown, &answers[3]),
+        store.answer_task(silent.id, &answers[4]),
+        store.answer(waiting[3].1, &answers[5]),
+    );
+    for (i, outcome, text) in [
+        (0, by_question, "to the question"),
+        (1, by_task, "to the task"),
+        (2, again, "to the task too"),
+    ] {
+        match outcome {
+            Ok(AnswerOutcome::Applied { task, question }) => {
+                assert_eq!(task.id, waiting[i].0.id);
+                assert_eq!(question.id, waiting[i].1);
+                assert_eq!(question.answer.as_deref(), Some(text));
+                assert_eq!(task.state, TaskState::Pending);
+            }
+            other => panic!("answer {i}: {other:?}"),
+        }
+    }
+    assert!(
+        matches!(lost, Err(Error::QuestionNotFound(ref id)) if *id == unknown.to_string()),
+        "{lost:?}"
+    );
+    assert!(
+        matches!(none, Err(Error::NoOpenQuestion { ref task }) if *task == silent.id.to_string()),
+        "{none:?}"
+    );
+    assert!(
+        matches!(repeated, Ok(AnswerOutcome::Duplicate)),
+        "{repeated:?}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn asks_decided_together_draw_new_handles_when_theirs_are_taken() {
     let db = TestDb::new().await;
     let store = &db.store;

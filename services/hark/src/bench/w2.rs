@@ -14,8 +14,8 @@ use tokio::{sync::Semaphore, task::JoinSet};
 use super::{Bench, Report, limits::Limits, mib, procs};
 
 /// Postgres statements on the resume path, answer to the worker's next LLM call: the answer's
-/// read, the answer and the claim. The answer and the claim are decided in batches, so under load
-/// they share their transactions with others; the transactions a task really costs are measured.
+/// read, the answer and the claim. All three are taken in batches, so under load they share their
+/// transactions with others; the transactions a task really costs are measured.
 const STATEMENTS_PER_RESUME: f64 = 3.0;
 /// NATS round trips on that path: the run job's publish and ack, its delivery to the worker,
 /// the claim request and reply, and the job's ack (not awaited).

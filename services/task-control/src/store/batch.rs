@@ -12,7 +12,10 @@ use hark_core::domain::{Event, QuestionId, TaskId, TaskState};
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskRow, ops::CasRow};
+use super::{
+    Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskRow,
+    ops::{AnswerTarget, CasRow},
+};
 
 /// The most requests one statement decides.
 const MAX_BATCH: usize = 64;
@@ -175,6 +178,15 @@ pub(super) struct AnswerRequest {
     pub(super) job: OutboxMessage,
 }
 
+/// Where an answer goes: the question `question`, or the open question of `task`; with whether
+/// the inbound message it came in was applied before.
+#[derive(Debug)]
+pub(super) struct AnswerLookup {
+    pub(super) question: Option<QuestionId>,
+    pub(super) task: Option<TaskId>,
+    pub(super) inbound_key: Option<String>,
+}
+
 /// A question to ask: the running task held under `lease` moves to `waiting_input`, its round
 /// is stored, the instructions that round consumed are marked, any open question of the task is
 /// superseded, the question is created and its chat message queued.
@@ -243,6 +255,14 @@ struct OrderedTask {
     ord: i64,
 }
 
+/// The target of one lookup, and the lookup's place in the batch.
+#[derive(sqlx::FromRow)]
+struct OrderedTarget {
+    #[sqlx(flatten)]
+    target: AnswerTarget,
+    ord: i64,
+}
+
 /// Each request's row when it won, in the order of the batch.
 fn in_order(count: usize, rows: Vec<BatchRow>) -> Vec<Option<CasRow>> {
     let mut won: Vec<Option<CasRow>> = (0..count).map(|_| None).collect();
@@ -276,6 +296,7 @@ macro_rules! batched {
 batched!(CreateRequest, Option<TaskRow>, creations, create_batch);
 batched!(ClaimRequest, Option<CasRow>, claims, claim_batch);
 batched!(AskRequest, Asked, asks, ask_batch);
+batched!(AnswerLookup, Option<AnswerTarget>, lookups, lookup_batch);
 batched!(AnswerRequest, Option<TaskRow>, answers, answer_batch);
 batched!(CompleteRequest, Option<CasRow>, completions, complete_batch);
 
@@ -557,6 +578,63 @@ impl Store {
         }
         self.published(sent);
         Ok(created)
+    }
+
+    /// One read for all of `batch`: each lookup's question (by id, or the newest open one of its
+    /// task) with its task's state and generation, and whether its inbound message was applied.
+    async fn lookup_batch(
+        &self,
+        batch: &[AnswerLookup],
+    ) -> Result<Vec<Option<AnswerTarget>>, Error> {
+        // A lookup has either a question or a task; the other branch finds nothing by a NULL.
+        // Two branches rather than one condition with an OR, so each is a plain index lookup.
+        let sql = concat!(
+            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = l.l_inbound) AS applied,
+                    l.l_ord AS ord
+             FROM unnest($1::uuid[], $2::uuid[], $3::text[])
+                 WITH ORDINALITY AS l(l_question, l_task, l_inbound, l_ord)
+             CROSS JOIN LATERAL (
+                 (SELECT ",
+            question_columns!(),
+            " FROM questions WHERE id = l.l_question)
+                 UNION ALL
+                 (SELECT ",
+            question_columns!(),
+            " FROM questions
+                  WHERE task_id = l.l_task AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1)
+                 LIMIT 1
+             ) q
+             JOIN tasks t ON t.id = q.task_id"
+        );
+        let rows: Vec<OrderedTarget> = sqlx::query_as(sql)
+            .bind(
+                batch
+                    .iter()
+                    .map(|l| l.question.map(|q| q.as_uuid()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|l| l.task.map(|t| t.as_uuid()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|l| l.inbound_key.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found: Vec<Option<AnswerTarget>> = batch.iter().map(|_| None).collect();
+        for OrderedTarget { target, ord } in rows {
+            if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| found.get_mut(i)) {
+                *slot = Some(target);
+            }
+        }
+        Ok(found)
     }
 
     /// One statement for all of `batch`: each task still waiting at its generation moves to

@@ -147,10 +147,12 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
-    /// Creations, claims, asks, answers and completions waiting to be decided together.
+    /// Creations, claims, asks, answers (and their lookups) and completions waiting to be decided
+    /// together.
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest>>,
     asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
+    lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
 }
@@ -210,6 +212,7 @@ impl Store {
             claims: Default::default(),
             completions: Default::default(),
             creations: Default::default(),
+            lookups: Default::default(),
             answers: Default::default(),
             asks: Default::default(),
         }

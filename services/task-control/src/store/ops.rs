@@ -763,32 +763,15 @@ impl Store {
         task: Option<TaskId>,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        // Two statements rather than one with an OR, so each is a plain index lookup.
-        let by_question = concat!(
-            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
-                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2) AS applied
-             FROM (SELECT ",
-            question_columns!(),
-            " FROM questions WHERE id = $1) q
-             JOIN tasks t ON t.id = q.task_id"
-        );
-        let open_of_task = concat!(
-            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
-                    EXISTS (SELECT 1 FROM applied_inbound WHERE key = $2) AS applied
-             FROM (SELECT ",
-            question_columns!(),
-            " FROM questions WHERE task_id = $1 AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1) q
-             JOIN tasks t ON t.id = q.task_id"
-        );
-        let (sql, id) = match (question, task) {
-            (Some(q), _) => (by_question, q.as_uuid()),
-            (None, Some(t)) => (open_of_task, t.as_uuid()),
-            (None, None) => return Err(Error::QuestionNotFound(String::new())),
-        };
-        let found = sqlx::query_as::<_, AnswerTarget>(sql)
-            .bind(id)
-            .bind(answer.inbound_key.as_deref())
-            .fetch_optional(&self.pool)
+        if question.is_none() && task.is_none() {
+            return Err(Error::QuestionNotFound(String::new()));
+        }
+        let found = self
+            .decide(super::batch::AnswerLookup {
+                question,
+                task: task.filter(|_| question.is_none()),
+                inbound_key: answer.inbound_key.clone(),
+            })
             .await?;
         let Some(AnswerTarget {
             question: mut question_row,
@@ -1208,7 +1191,7 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
 
 /// The question an answer is for, with its task's state and whether the answer was applied.
 #[derive(Debug, sqlx::FromRow)]
-struct AnswerTarget {
+pub(super) struct AnswerTarget {
     #[sqlx(flatten)]
     question: QuestionRow,
     task_state: String,

@@ -910,6 +910,96 @@ async fn answers_looked_up_together_each_find_their_own_question() {
 }
 
 #[tokio::test]
+async fn an_answer_from_the_open_questions_read_is_refused_for_a_message_applied_before() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let (task, first) = waiting_task(store).await;
+    store
+        .answer(first, &answer("Paris", "m-1"))
+        .await
+        .expect("first answer");
+    // The task asks again; then the first message arrives once more, and another one.
+    let claimed = store
+        .claim(task.id, task.generation + 1, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    let second = store
+        .ask(&claimed.lease, &ask_input(2, "call-2"))
+        .await
+        .expect("ask succeeds");
+    let again = store
+        .open_questions_for_sender("qq", "group:777", "10001", Some("m-1"))
+        .await
+        .expect("open questions");
+    assert_eq!(
+        again.iter().map(|t| t.question.id).collect::<Vec<_>>(),
+        [second.id]
+    );
+    // Without a platform, the owner's user id is matched by its suffix.
+    let unplatformed = store
+        .open_questions_for_sender("", "group:777", "10001", None)
+        .await
+        .expect("open questions");
+    assert_eq!(
+        unplatformed
+            .iter()
+            .map(|t| t.question.id)
+            .collect::<Vec<_>>(),
+        [second.id]
+    );
+    for (platform, stream, user) in [
+        ("", "group:777", "20002"),
+        ("qq", "group:778", "10001"),
+        ("wx", "group:777", "10001"),
+    ] {
+        let none = store
+            .open_questions_for_sender(platform, stream, user, None)
+            .await
+            .expect("open questions");
+        assert!(none.is_empty(), "{platform}/{stream}/{user} may not answer");
+    }
+    let repeated = store
+        .answer_target(again[0].clone(), &answer("Paris", "m-1"))
+        .await
+        .expect("decided");
+    assert!(matches!(repeated, AnswerOutcome::Duplicate), "{repeated:?}");
+    let fresh = store
+        .open_questions_for_sender("qq", "group:777", "10001", Some("m-2"))
+        .await
+        .expect("open questions");
+    match store
+        .answer_target(fresh[0].clone(), &answer("Lyon", "m-2"))
+        .await
+        .expect("decided")
+    {
+        AnswerOutcome::Applied {
+            task: moved,
+            question,
+        } => {
+            assert_eq!(question.id, second.id);
+            assert_eq!(question.answer.as_deref(), Some("Lyon"));
+            assert_eq!(moved.state, TaskState::Pending);
+        }
+        other => panic!("the new message was not applied: {other:?}"),
+    }
+    // A target read before the task moved is refused: its question is closed now.
+    let stale = store
+        .answer_target(fresh[0].clone(), &answer("Nice", "m-3"))
+        .await;
+    assert!(
+        matches!(
+            stale,
+            Err(Error::QuestionClosed {
+                outcome: QuestionOutcome::Answered,
+                ..
+            })
+        ),
+        "{stale:?}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn asks_decided_together_draw_new_handles_when_theirs_are_taken() {
     let db = TestDb::new().await;
     let store = &db.store;

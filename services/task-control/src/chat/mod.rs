@@ -20,8 +20,8 @@ use crate::{
     render,
     shared::Shared,
     store::{
-        self, Answer, AnswerOutcome, ChatRoute, NewTask, QuestionRow, TaskFilter, TaskRow,
-        TellDelivery,
+        self, Answer, AnswerOutcome, AnswerTarget, ChatRoute, NewTask, QuestionRow, TaskFilter,
+        TaskRow, TellDelivery,
     },
 };
 use command::Command;
@@ -130,9 +130,16 @@ async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
 
 async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
     let store = &shared.store;
-    let open = store
-        .open_questions_for_sender(&inbound.platform, inbound.stream.as_str(), &inbound.user_id)
+    // Read with their tasks, so that the answer starts from them without reading again.
+    let targets = store
+        .open_questions_for_sender(
+            &inbound.platform,
+            inbound.stream.as_str(),
+            &inbound.user_id,
+            inbound.key().as_deref(),
+        )
         .await?;
+    let open: Vec<QuestionRow> = targets.iter().map(|t| t.question.clone()).collect();
 
     // (a) A quote of the message that carried a question.
     if !inbound.quoted.is_empty()
@@ -147,13 +154,13 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             say(shared, inbound, &closed_text(&question)).await;
             return Ok(());
         }
-        return apply(shared, inbound, &question, inbound.text.trim(), &open).await;
+        return apply(shared, inbound, &question, inbound.text.trim(), &targets).await;
     }
 
     // (b) A `#handle` prefix.
     if let Some((handle, rest)) = Handle::strip_prefix(&inbound.text) {
         if let Some(question) = open.iter().find(|q| q.handle == handle.as_str()) {
-            return apply(shared, inbound, question, rest, &open).await;
+            return apply(shared, inbound, question, rest, &targets).await;
         }
         if let Some(question) = store
             .question_by_handle(&inbound.platform, inbound.stream.as_str(), handle.as_str())
@@ -168,7 +175,7 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
 
     // (c) The sender's oldest open question here.
     match open.first() {
-        Some(question) => apply(shared, inbound, question, inbound.text.trim(), &open).await,
+        Some(question) => apply(shared, inbound, question, inbound.text.trim(), &targets).await,
         None => Ok(()),
     }
 }
@@ -193,7 +200,7 @@ async fn apply(
     inbound: &Inbound,
     question: &QuestionRow,
     text: &str,
-    open: &[QuestionRow],
+    open: &[AnswerTarget],
 ) -> Result<(), store::Error> {
     let answer = Answer {
         answerer: inbound
@@ -202,10 +209,19 @@ async fn apply(
         text: text.to_owned(),
         inbound_key: inbound.key(),
     };
-    match shared.store.answer(question.id, &answer).await {
+    // An open question comes with its task as read; any other is looked up.
+    let applied = match open.iter().find(|t| t.question.id == question.id) {
+        Some(target) => shared.store.answer_target(target.clone(), &answer).await,
+        None => shared.store.answer(question.id, &answer).await,
+    };
+    match applied {
         Ok(AnswerOutcome::Applied { task, .. }) => {
             tracing::info!(task = %task.id, question = %question.id, "answer applied");
-            let others: Vec<&QuestionRow> = open.iter().filter(|q| q.id != question.id).collect();
+            let others: Vec<&QuestionRow> = open
+                .iter()
+                .map(|t| &t.question)
+                .filter(|q| q.id != question.id)
+                .collect();
             let mut ack = format!("Got it — task {} continues.", task.id.short());
             if !others.is_empty() {
                 let handles: Vec<String> =

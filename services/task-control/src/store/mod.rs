@@ -42,8 +42,8 @@ mod upkeep;
 
 pub use connect::{connect, migrate};
 pub use ops::{
-    Answer, AnswerOutcome, AskInput, Claimed, NewTask, OutboxEntry, OutboxMessage, QuestionFilter,
-    Resume, TaskFilter, TellDelivery,
+    Answer, AnswerOutcome, AnswerTarget, AskInput, Claimed, NewTask, OutboxEntry, OutboxMessage,
+    QuestionFilter, Resume, TaskFilter, TellDelivery,
 };
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};

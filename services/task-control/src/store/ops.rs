@@ -773,13 +773,7 @@ impl Store {
                 inbound_key: answer.inbound_key.clone(),
             })
             .await?;
-        let Some(AnswerTarget {
-            question: mut question_row,
-            task_state: state,
-            task_generation: generation,
-            applied,
-        }) = found
-        else {
+        let Some(target) = found else {
             return Err(match (question, task) {
                 (Some(q), _) => Error::QuestionNotFound(q.to_string()),
                 (None, t) => Error::NoOpenQuestion {
@@ -787,6 +781,23 @@ impl Store {
                 },
             });
         };
+        self.answer_target(target, answer).await
+    }
+
+    /// Applies an answer to the question of `target`, starting from the task's state and
+    /// generation as `target` read them (a compare-and-set: a task that moved since is refused).
+    /// `target.applied` must say whether `answer`'s inbound message was applied before.
+    pub async fn answer_target(
+        &self,
+        target: AnswerTarget,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let AnswerTarget {
+            question: mut question_row,
+            task_state: state,
+            task_generation: generation,
+            applied,
+        } = target;
         let question = question_row.id;
         if applied {
             return Ok(AnswerOutcome::Duplicate);
@@ -1189,11 +1200,13 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
     })
 }
 
-/// The question an answer is for, with its task's state and whether the answer was applied.
-#[derive(Debug, sqlx::FromRow)]
-pub(super) struct AnswerTarget {
+/// A question an answer may go to, read together with its task's state and generation (what
+/// the answer's compare-and-set starts from) and with whether the answer's inbound message was
+/// applied before.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AnswerTarget {
     #[sqlx(flatten)]
-    question: QuestionRow,
+    pub question: QuestionRow,
     task_state: String,
     task_generation: i64,
     applied: bool,
@@ -1212,34 +1225,55 @@ pub struct QuestionFilter {
 }
 
 impl Store {
-    /// The open questions a sender may answer in one stream, oldest first. With a known platform
-    /// the owner must be `platform:user_id` exactly; with an unknown (empty) one, the owner's
-    /// `:user_id` suffix is compared.
+    /// The open questions a sender may answer in one stream, oldest first, each as the target of
+    /// an answer that came in the inbound message `inbound_key`. With a known platform the owner
+    /// must be `platform:user_id` exactly; with an unknown (empty) one, the owner's `:user_id`
+    /// suffix is compared.
     pub async fn open_questions_for_sender(
         &self,
         platform: &str,
         stream: &str,
         user_id: &str,
-    ) -> Result<Vec<QuestionRow>, Error> {
-        if !platform.is_empty() {
+        inbound_key: Option<&str>,
+    ) -> Result<Vec<AnswerTarget>, Error> {
+        // The open questions the filter picks, each with its task and the inbound message's
+        // applied flag; `$1` to `$4` are the platform, stream, owner (or user id) and key.
+        macro_rules! targets {
+            ($filter:literal) => {
+                concat!(
+                    "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+                            EXISTS (SELECT 1 FROM applied_inbound WHERE key = $4) AS applied
+                     FROM (SELECT ",
+                    question_columns!(),
+                    " FROM questions WHERE outcome = 'open' AND stream = $2 AND ",
+                    $filter,
+                    ") q
+                     JOIN tasks t ON t.id = q.task_id
+                     ORDER BY q.asked_at, q.id"
+                )
+            };
+        }
+        let (sql, owner) = if platform.is_empty() {
+            (
+                targets!("$1 = '' AND split_part(owner, ':', 2) = $3"),
+                user_id.to_owned(),
+            )
+        } else {
             let Ok(owner) = Owner::new(platform, user_id) else {
                 return Ok(Vec::new());
             };
-            return self
-                .open_questions_in_stream(platform, stream, &owner)
-                .await;
-        }
-        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
-            "SELECT ",
-            question_columns!(),
-            " FROM questions
-             WHERE stream = $1 AND outcome = 'open' AND split_part(owner, ':', 2) = $2
-             ORDER BY asked_at, id"
-        ))
-        .bind(stream)
-        .bind(user_id)
-        .fetch_all(&self.pool)
-        .await?)
+            (
+                targets!("platform = $1 AND owner = $3"),
+                owner.as_str().to_owned(),
+            )
+        };
+        Ok(sqlx::query_as::<_, AnswerTarget>(sql)
+            .bind(platform)
+            .bind(stream)
+            .bind(owner)
+            .bind(inbound_key)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// The question carried by a chat message, whatever its outcome.

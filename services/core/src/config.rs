@@ -162,6 +162,10 @@ pub struct OneBotConfig {
     /// Forward mode: WebSocket URLs of bots' own servers to connect to (NapCat's
     /// `websocketServers`), e.g. `ws://127.0.0.1:3001`; reconnected with backoff.
     pub forward: Vec<String>,
+    /// A connection that sends nothing for this long (not even the answer to a WebSocket ping,
+    /// sent every third of it) is closed, so that the bot dials again (reverse) or is dialled
+    /// again (forward). `0s`: never.
+    pub idle_timeout: HumanDuration,
 }
 
 impl Default for OneBotConfig {
@@ -170,6 +174,7 @@ impl Default for OneBotConfig {
             access_token: String::new(),
             platform: "qq".into(),
             forward: Vec::new(),
+            idle_timeout: HumanDuration::from_secs(90),
         }
     }
 }
@@ -427,6 +432,13 @@ impl Config {
                     "`{}` is not a Postgres URL: expected e.g. postgres://postgres@127.0.0.1:5432/hark",
                     self.database.url
                 ),
+            );
+        }
+        let idle = self.gateway.onebot.idle_timeout.0;
+        if !idle.is_zero() && idle < std::time::Duration::from_secs(3) {
+            return bad(
+                "gateway.onebot.idle_timeout",
+                "must be at least 3s (pings go out every third of it), or 0s for never".into(),
             );
         }
         if self.database.max_connections == 0 {
@@ -689,6 +701,28 @@ mod tests {
         let err = Config::from_parts(Some("[task]\nmax_attempts = 0"), "f", &BTreeMap::new())
             .expect_err("must fail");
         assert!(err.to_string().contains("task.max_attempts"), "{err}");
+        let err = Config::from_parts(
+            Some("[gateway.onebot]\nidle_timeout = \"1s\""),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect_err("must fail");
+        assert!(
+            err.to_string().contains("gateway.onebot.idle_timeout"),
+            "{err}"
+        );
+        for fine in ["0s", "3s", "2m"] {
+            let config = Config::from_parts(
+                Some(&format!("[gateway.onebot]\nidle_timeout = \"{fine}\"")),
+                "f",
+                &BTreeMap::new(),
+            )
+            .expect("accepted");
+            assert_eq!(
+                config.gateway.onebot.idle_timeout.0,
+                fine.parse::<HumanDuration>().expect("duration").0
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tokio_tungstenite::tungstenite::{
     Message, client::IntoClientRequest, protocol::WebSocketConfig,
 };
 
-use crate::onebot::conn::{Hub, Incoming, write_frames};
+use crate::onebot::conn::{Frames, Hub, Incoming, write_frames};
 
 /// Keeps one forward connection up until shutdown.
 pub async fn keep_connected(hub: Arc<Hub>, url: String) {
@@ -81,8 +81,12 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
         sink,
         outgoing,
         bot.closed.clone(),
-        |t| Message::Text(t.into()),
-        Message::Close(None),
+        Frames {
+            text: |t| Message::Text(t.into()),
+            ping: || Message::Ping(Default::default()),
+            close: Message::Close(None),
+        },
+        hub.settings.idle_timeout,
     ));
     let reader = tokio::spawn(async move {
         while let Some(frame) = stream.next().await {
@@ -90,6 +94,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
                 Ok(Message::Text(text)) => Incoming::Text(text.to_string()),
                 Ok(Message::Binary(bytes)) => Incoming::Binary(bytes.len()),
                 Ok(Message::Close(_)) => break,
+                Ok(Message::Ping(_) | Message::Pong(_)) => Incoming::Alive,
                 Ok(_) => continue,
                 Err(e) => {
                     let _ = tx.send(Incoming::Closed(e.to_string())).await;

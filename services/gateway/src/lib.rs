@@ -24,6 +24,8 @@ pub struct Settings {
     pub max_frame_bytes: usize,
     pub rate_limit: u32,
     pub send_timeout: Duration,
+    /// A OneBot connection silent this long is closed; `None`: never.
+    pub idle_timeout: Option<Duration>,
     pub http_token: String,
     pub http_bots: Vec<(String, String)>,
     pub webhook_url: String,
@@ -37,6 +39,7 @@ impl Settings {
             max_frame_bytes: usize::try_from(config.max_frame_bytes).unwrap_or(usize::MAX),
             rate_limit: config.rate_limit,
             send_timeout: config.send_timeout.0,
+            idle_timeout: Some(config.onebot.idle_timeout.0).filter(|d| !d.is_zero()),
             http_token: config.http.token.clone(),
             http_bots: config
                 .http

@@ -14,7 +14,7 @@ use axum::{
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::onebot::conn::{Hub, Incoming, write_frames};
+use crate::onebot::conn::{Frames, Hub, Incoming, write_frames};
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -94,15 +94,19 @@ async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
         sink,
         outgoing,
         bot.closed.clone(),
-        |t| Message::Text(t.into()),
-        close,
+        Frames {
+            text: |t| Message::Text(t.into()),
+            ping: || Message::Ping(Default::default()),
+            close,
+        },
+        hub.settings.idle_timeout,
     ));
     let reader = tokio::spawn(async move {
         while let Some(frame) = stream.next().await {
             let incoming = match frame {
                 Ok(Message::Text(text)) => Incoming::Text(text.to_string()),
                 Ok(Message::Binary(bytes)) => Incoming::Binary(bytes.len()),
-                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+                Ok(Message::Ping(_) | Message::Pong(_)) => Incoming::Alive,
                 Ok(Message::Close(frame)) => {
                     let _ = tx
                         .send(Incoming::Closed(

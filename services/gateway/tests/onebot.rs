@@ -529,3 +529,68 @@ async fn forward_mode_dials_the_bots_own_server() {
     );
     gw.stop().await;
 }
+
+/// Whether the gateway's /healthz lists the bot as online.
+async fn listed(gw: &Gw, bot: &str) -> bool {
+    let health: Value = reqwest::get(format!("http://{}/healthz", gw.addr))
+        .await
+        .expect("healthz")
+        .json()
+        .await
+        .expect("json");
+    health["bots"]
+        .as_array()
+        .is_some_and(|b| b.iter().any(|x| x == &json!(format!("qq:{bot}"))))
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_and_one_that_answers_pings_is_kept() {
+    let gw = Gw::start(|c| c.gateway.onebot.idle_timeout = "3s".parse().expect("duration")).await;
+    // Bot 42 never reads its socket, so it answers no ping; bot 43 reads (its WebSocket library
+    // answers each ping with a pong) but sends nothing either.
+    let mut silent = gw.connect("42", Some("tok")).await.expect("connects");
+    let mut live = gw.connect("43", Some("tok")).await.expect("connects");
+    let (pings_tx, mut pings) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(frame) = live.next().await {
+            match frame {
+                Ok(Message::Ping(_)) => {
+                    let _ = pings_tx.send(());
+                }
+                Ok(Message::Close(_)) | Err(_) => return "closed",
+                Ok(_) => {}
+            }
+        }
+        "ended"
+    });
+    assert!(listed(&gw, "42").await && listed(&gw, "43").await);
+    let mut offline = false;
+    for _ in 0..300 {
+        if !listed(&gw, "42").await {
+            offline = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(offline, "the silent bot is still online after 15s");
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match silent.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "the silent connection is closed");
+    // Bot 43 has been silent as long, but answered the pings: it stays, through two more timeouts.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        listed(&gw, "43").await,
+        "the bot that answers pings was closed"
+    );
+    assert!(!reader.is_finished(), "the live connection ended");
+    assert!(pings.try_recv().is_ok(), "the gateway sent no ping");
+    reader.abort();
+    gw.stop().await;
+}

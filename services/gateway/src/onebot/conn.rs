@@ -24,31 +24,51 @@ use crate::{Settings, outbound};
 pub enum Incoming {
     Text(String),
     Binary(usize),
+    /// A WebSocket ping or pong: the peer is there.
+    Alive,
     /// The connection ended; the reason, if any, for the log.
     Closed(String),
 }
 
-/// Writes a connection's outgoing frames until it closes or is replaced, then sends `close`.
-/// `text` wraps a frame in the WebSocket library's message type.
+/// The WebSocket library's messages the writer sends.
+#[derive(Debug)]
+pub struct Frames<M> {
+    /// Wraps a text frame.
+    pub text: fn(String) -> M,
+    /// A ping, sent every third of the idle timeout so that a live peer answers.
+    pub ping: fn() -> M,
+    pub close: M,
+}
+
+/// Writes a connection's outgoing frames until it closes or is replaced, then sends a close
+/// frame. While `idle_timeout` is set, pings go out every third of it.
 pub async fn write_frames<S, M>(
     mut sink: S,
     mut outgoing: mpsc::Receiver<String>,
     closed: CancellationToken,
-    text: fn(String) -> M,
-    close: M,
+    frames: Frames<M>,
+    idle_timeout: Option<Duration>,
 ) where
     S: futures_util::Sink<M> + Unpin,
 {
     use futures_util::SinkExt;
+    let period = idle_timeout.map_or(Duration::from_secs(3600), |t| t / 3);
+    let mut pings = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = closed.cancelled() => {
-                let _ = sink.send(close).await;
+                let _ = sink.send(frames.close).await;
                 return;
+            }
+            _ = pings.tick(), if idle_timeout.is_some() => {
+                if sink.send((frames.ping)()).await.is_err() {
+                    return;
+                }
             }
             frame = outgoing.recv() => match frame {
                 Some(frame) => {
-                    if sink.send(text(frame)).await.is_err() {
+                    if sink.send((frames.text)(frame)).await.is_err() {
                         return;
                     }
                 }
@@ -272,15 +292,32 @@ impl Hub {
     pub async fn serve(self: Arc<Self>, bot: Arc<Bot>, mut incoming: mpsc::Receiver<Incoming>) {
         let mut limiter = Limiter::new(self.settings.rate_limit);
         let mut dropped = 0u64;
+        let idle_timeout = self.settings.idle_timeout;
+        let period = idle_timeout.map_or(Duration::from_secs(3600), |t| t / 3);
+        let mut checks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             let frame = tokio::select! {
                 _ = bot.closed.cancelled() => break,
                 frame = incoming.recv() => frame,
+                _ = checks.tick(), if idle_timeout.is_some() => {
+                    let silent = bot.last_seen.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+                    if idle_timeout.is_some_and(|limit| silent >= limit) {
+                        tracing::warn!(
+                            bot = bot.self_id,
+                            silent_s = silent.as_secs(),
+                            "closing a bot connection that sent nothing, not even a pong \
+                             (gateway.onebot.idle_timeout); the bot is expected to connect again"
+                        );
+                        break;
+                    }
+                    continue;
+                }
             };
             let Some(frame) = frame else { break };
             *bot.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
             let text = match frame {
                 Incoming::Text(text) => text,
+                Incoming::Alive => continue,
                 Incoming::Binary(len) => {
                     tracing::warn!(
                         bot = bot.self_id,

@@ -225,6 +225,9 @@ pub struct TaskConfig {
     pub max_runtime: HumanDuration,
     /// How long a worker holds a task without a heartbeat.
     pub lease: HumanDuration,
+    /// How long a finished task (with its rounds, questions and audit) is kept after it ended;
+    /// then it is deleted. `0s`: kept forever.
+    pub retention: HumanDuration,
 }
 
 impl Default for TaskConfig {
@@ -237,6 +240,7 @@ impl Default for TaskConfig {
             max_attempts: 3,
             max_runtime: HumanDuration::ZERO,
             lease: HumanDuration::from_secs(30),
+            retention: HumanDuration::from_secs(30 * 86_400),
         }
     }
 }
@@ -439,6 +443,14 @@ impl Config {
             return bad(
                 "gateway.onebot.idle_timeout",
                 "must be at least 3s (pings go out every third of it), or 0s for never".into(),
+            );
+        }
+        let retention = self.task.retention.0;
+        if !retention.is_zero() && retention < std::time::Duration::from_secs(3600) {
+            return bad(
+                "task.retention",
+                "must be at least 1h (finished tasks are kept that long), or 0s to keep them forever"
+                    .into(),
             );
         }
         if self.database.max_connections == 0 {
@@ -711,6 +723,9 @@ mod tests {
             err.to_string().contains("gateway.onebot.idle_timeout"),
             "{err}"
         );
+        let err = Config::from_parts(Some("[task]\nretention = \"10m\""), "f", &BTreeMap::new())
+            .expect_err("must fail");
+        assert!(err.to_string().contains("task.retention"), "{err}");
         for fine in ["0s", "3s", "2m"] {
             let config = Config::from_parts(
                 Some(&format!("[gateway.onebot]\nidle_timeout = \"{fine}\"")),

@@ -94,6 +94,7 @@ impl App {
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::upkeep(shared.clone(), shutdown.clone()));
+        tracker.spawn(timers::retention(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_chat(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
         {

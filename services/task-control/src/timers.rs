@@ -87,3 +87,52 @@ pub async fn upkeep(shared: Shared, shutdown: CancellationToken) {
         }
     }
 }
+
+/// How often finished tasks past their retention are looked for (and once at start).
+pub const RETENTION_EVERY: Duration = Duration::from_secs(600);
+const PURGE_BATCH: i64 = 1000;
+
+/// Deletes finished tasks once `task.retention` passed since they ended (see
+/// [`crate::store::Store::purge_finished`]); does nothing when it is `0s`.
+pub async fn retention(shared: Shared, shutdown: CancellationToken) {
+    let keep = shared.config.task.retention.0;
+    if keep.is_zero() {
+        return;
+    }
+    let mut tick = tokio::time::interval(RETENTION_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        // Batch after batch until caught up, so that no statement holds many rows at once.
+        let (mut tasks, mut applied) = (0, 0);
+        loop {
+            match shared.store.purge_finished(keep, PURGE_BATCH).await {
+                Ok(purged) => {
+                    tasks += purged.tasks;
+                    applied += purged.applied_inbound;
+                    if purged.tasks.max(purged.applied_inbound) < PURGE_BATCH as u64 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot delete finished tasks past their retention; retrying later");
+                    break;
+                }
+            }
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+        if tasks + applied > 0 {
+            tracing::info!(
+                tasks,
+                applied_inbound = applied,
+                retention = %shared.config.task.retention,
+                "deleted finished tasks past their retention (task.retention)"
+            );
+        }
+    }
+}

@@ -1096,3 +1096,104 @@ async fn an_answer_the_database_refuses_fails_alone_and_is_not_retried() {
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn finished_tasks_past_their_retention_are_deleted_with_what_they_own() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let keep = Duration::from_secs(30 * 86_400);
+    // Old and completed: it asked, was told something, got its answer and finished.
+    let (old, question) = waiting_task(store).await;
+    store
+        .tell(old.id, "also pack an umbrella", "qq:10001")
+        .await
+        .expect("told");
+    store
+        .answer(question, &answer("Paris", "m-old"))
+        .await
+        .expect("answered");
+    let claimed = store
+        .claim(old.id, old.generation + 1, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    store
+        .complete(
+            &claimed.lease,
+            Some((2, &json!([{"role": "assistant", "content": "done"}]))),
+            "done",
+        )
+        .await
+        .expect("completed");
+    // Old and cancelled; old but still waiting; recently cancelled, answered by a recent message.
+    let cancelled = new_task(store, None).await;
+    store
+        .cancel(cancelled.id, "qq:10001", "")
+        .await
+        .expect("cancelled");
+    let (waiting, _) = waiting_task(store).await;
+    let (recent, recent_question) = waiting_task(store).await;
+    store
+        .answer(recent_question, &answer("Lyon", "m-new"))
+        .await
+        .expect("answered");
+    store
+        .cancel(recent.id, "qq:10001", "")
+        .await
+        .expect("cancelled");
+    let aged = vec![
+        old.id.as_uuid(),
+        cancelled.id.as_uuid(),
+        waiting.id.as_uuid(),
+    ];
+    sqlx::query(
+        "UPDATE tasks SET created_at = created_at - interval '40 days',
+                          finished_at = finished_at - interval '40 days'
+         WHERE id = ANY($1)",
+    )
+    .bind(&aged)
+    .execute(store.pool())
+    .await
+    .expect("aged");
+    sqlx::query(
+        "UPDATE applied_inbound SET applied_at = applied_at - interval '40 days' WHERE key = 'm-old'",
+    )
+    .execute(store.pool())
+    .await
+    .expect("aged");
+
+    // In batches of one, then nothing is left to do.
+    let first = store.purge_finished(keep, 1).await.expect("purged");
+    assert_eq!((first.tasks, first.applied_inbound), (1, 1));
+    let second = store.purge_finished(keep, 1).await.expect("purged");
+    assert_eq!((second.tasks, second.applied_inbound), (1, 0));
+    let third = store.purge_finished(keep, 1).await.expect("purged");
+    assert_eq!((third.tasks, third.applied_inbound), (0, 0));
+
+    for gone in [old.id, cancelled.id] {
+        assert!(
+            matches!(store.get_task(gone).await, Err(Error::TaskNotFound(_))),
+            "task {gone} past its retention is still there"
+        );
+    }
+    for table in ["checkpoints", "questions", "instructions", "transitions"] {
+        let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE task_id = ANY($1)"
+        )))
+        .bind(&aged[..2])
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+        assert_eq!(left, 0, "{table} rows of deleted tasks are left");
+    }
+    // The waiting task and the recent one stay, with their history.
+    for kept in [waiting.id, recent.id] {
+        store.get_task(kept).await.expect("kept");
+        assert!(!store.transitions_of(kept).await.expect("audit").is_empty());
+    }
+    let applied: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_inbound")
+        .fetch_all(store.pool())
+        .await
+        .expect("applied");
+    assert_eq!(applied, ["m-new"]);
+    db.drop().await;
+}

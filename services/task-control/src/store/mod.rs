@@ -36,6 +36,7 @@ macro_rules! question_columns {
 mod batch;
 mod connect;
 mod ops;
+mod retention;
 mod rows;
 mod timers;
 mod upkeep;
@@ -45,6 +46,7 @@ pub use ops::{
     Answer, AnswerOutcome, AnswerTarget, AskInput, Claimed, NewTask, OutboxEntry, OutboxMessage,
     QuestionFilter, Resume, TaskFilter, TellDelivery,
 };
+pub use retention::Purged;
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 

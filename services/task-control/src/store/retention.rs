@@ -1,0 +1,61 @@
+//! Retention: a finished task is kept for `task.retention` after it ended, then deleted with
+//! everything it owns (its rounds, questions, told instructions and audit rows go with it by
+//! their foreign keys). The record of which inbound messages were applied is kept as long.
+
+use std::time::Duration;
+
+use super::{Error, Store};
+
+/// What one purge deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Purged {
+    pub tasks: u64,
+    pub applied_inbound: u64,
+}
+
+impl Store {
+    /// Deletes up to `limit` tasks that finished more than `keep` ago, and up to `limit` records
+    /// of inbound messages applied more than `keep` ago. Rows another replica is deleting are
+    /// skipped, so replicas may purge at once.
+    pub async fn purge_finished(&self, keep: Duration, limit: i64) -> Result<Purged, Error> {
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        // A task finished after it was created, so only tasks created before the cutoff can be
+        // due: the scan walks the creation index from the oldest task.
+        let tasks = sqlx::query(
+            "WITH due AS (
+                SELECT id FROM tasks
+                WHERE created_at < now() - $1 * interval '1 millisecond'
+                  AND state IN ('completed', 'failed', 'cancelled')
+                  AND finished_at < now() - $1 * interval '1 millisecond'
+                ORDER BY created_at
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM tasks USING due WHERE tasks.id = due.id",
+        )
+        .bind(keep_ms)
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        let applied_inbound = sqlx::query(
+            "WITH due AS (
+                SELECT key FROM applied_inbound
+                WHERE applied_at < now() - $1 * interval '1 millisecond'
+                ORDER BY applied_at
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM applied_inbound USING due WHERE applied_inbound.key = due.key",
+        )
+        .bind(keep_ms)
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(Purged {
+            tasks,
+            applied_inbound,
+        })
+    }
+}

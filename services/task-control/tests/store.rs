@@ -499,7 +499,7 @@ async fn a_question_is_queued_for_its_chat_with_handle_and_context_in_the_ask_tr
     );
     let open = db
         .store
-        .open_questions_in_stream("qq", "group:777", &owner())
+        .open_questions_for_sender("qq", "group:777", "10001", None)
         .await
         .expect("open questions");
     assert_eq!(open.len(), 1);

@@ -472,28 +472,6 @@ impl Store {
             .ok_or_else(|| Error::QuestionNotFound(id.to_string()))
     }
 
-    /// The open questions `owner` may answer in one stream, oldest first.
-    pub async fn open_questions_in_stream(
-        &self,
-        platform: &str,
-        stream: &str,
-        owner: &Owner,
-    ) -> Result<Vec<QuestionRow>, Error> {
-        let sql = concat!(
-            "SELECT ",
-            question_columns!(),
-            " FROM questions
-             WHERE platform = $1 AND stream = $2 AND owner = $3 AND outcome = 'open'
-             ORDER BY asked_at, id"
-        );
-        Ok(sqlx::query_as::<_, QuestionRow>(sql)
-            .bind(platform)
-            .bind(stream)
-            .bind(owner.as_str())
-            .fetch_all(&self.pool)
-            .await?)
-    }
-
     pub async fn transitions_of(&self, task: TaskId) -> Result<Vec<TransitionRow>, Error> {
         Ok(sqlx::query_as::<_, TransitionRow>(
             "SELECT from_state, to_state, event, generation, actor, detail, at

@@ -53,7 +53,8 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "limits,w1-grpc,w1-onebot,w2"
+        default_value = "limits,w1-grpc,w1-onebot,w2",
+        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2"]
     )]
     workloads: Vec<String>,
 }
@@ -140,33 +141,8 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         bench.llm.base_url()
     );
 
-    let mut reports = Vec::new();
-    let mut limits = None;
-    for workload in &args.workloads {
-        let report = match workload.as_str() {
-            "limits" => {
-                let l = limits::measure(&bench).await?;
-                let r = l.report();
-                limits = Some(l);
-                r
-            }
-            "w1-grpc" => w1::run(&mut bench, w1::Via::Grpc, args.warmup, args.rounds).await?,
-            "w1-onebot" => w1::run(&mut bench, w1::Via::OneBot, args.warmup, args.rounds).await?,
-            "w2" => w2::run(&mut bench, args.tasks, args.in_flight, limits.as_ref()).await?,
-            other => anyhow::bail!(
-                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
-            ),
-        };
-        println!("{}", report.json);
-        reports.push(report);
-    }
-
-    println!("\n| workload | measure | value |\n|---|---|---|");
-    for report in &reports {
-        for (workload, measure, value) in &report.rows {
-            println!("| {workload} | {measure} | {value} |");
-        }
-    }
+    // Whatever the workloads do, the processes, the database and the streams go afterwards.
+    let measured = measure(&mut bench, &args).await;
     bench.procs.stop().await;
     if !args.external {
         procs::drop_database(&bench.config).await;
@@ -175,7 +151,39 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             let _ = js.delete_stream(&stream.name).await;
         }
     }
+    let reports = measured?;
+    println!("\n| workload | measure | value |\n|---|---|---|");
+    for report in &reports {
+        for (workload, measure, value) in &report.rows {
+            println!("| {workload} | {measure} | {value} |");
+        }
+    }
     Ok(())
+}
+
+/// Runs the chosen workloads in order, printing each one's JSON line as it ends.
+async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Report>> {
+    let mut reports = Vec::new();
+    let mut limits = None;
+    for workload in &args.workloads {
+        let report = match workload.as_str() {
+            "limits" => {
+                let l = limits::measure(bench).await?;
+                let r = l.report();
+                limits = Some(l);
+                r
+            }
+            "w1-grpc" => w1::run(bench, w1::Via::Grpc, args.warmup, args.rounds).await?,
+            "w1-onebot" => w1::run(bench, w1::Via::OneBot, args.warmup, args.rounds).await?,
+            "w2" => w2::run(bench, args.tasks, args.in_flight, limits.as_ref()).await?,
+            other => anyhow::bail!(
+                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
+            ),
+        };
+        println!("{}", report.json);
+        reports.push(report);
+    }
+    Ok(reports)
 }
 
 /// Percentile of sorted samples.

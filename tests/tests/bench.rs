@@ -1,0 +1,104 @@
+//! `hark bench` stays a working program: a small run against real processes prints one JSON line
+//! per workload and the table, and leaves no database behind. Its numbers are not checked
+//! against any time (benchmarks print numbers; tests do not time things).
+
+use std::time::Duration;
+
+use hark_e2e::{free_port, hark_binary, nats_url, postgres_url};
+use serde_json::Value;
+
+#[tokio::test]
+async fn a_small_bench_run_reports_every_workload_and_cleans_up() {
+    let llm = format!("127.0.0.1:{}", free_port());
+    let output = tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new(hark_binary())
+            .args([
+                "bench",
+                "--llm-listen",
+                &llm,
+                "--rounds",
+                "3",
+                "--warmup",
+                "1",
+                "--tasks",
+                "30",
+                "--in-flight",
+                "8",
+                "--workers",
+                "1",
+                "--worker-concurrency",
+                "8",
+            ])
+            .env_remove("HARK_CONFIG")
+            .env("HARK_NATS__URL", nats_url())
+            .env("HARK_DATABASE__URL", format!("{}/postgres", postgres_url()))
+            .env(
+                "HARK_CONTROL__GRPC_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env("HARK_GATEWAY__LISTEN", format!("127.0.0.1:{}", free_port()))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the bench finishes within 5 minutes")
+    .expect("the bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}\n{stdout}");
+
+    let lines: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let workloads: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(workloads, ["limits", "w1-grpc", "w1-onebot", "w2"]);
+    for w1 in &lines[1..3] {
+        assert_eq!(w1["rounds"], 3);
+        assert!(w1["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{w1}");
+    }
+    let w2 = &lines[3];
+    assert_eq!(w2["tasks"], 30);
+    for key in [
+        "suspends_per_s",
+        "resumes_per_s",
+        "hark_rss_total_mib_waiting",
+    ] {
+        assert!(w2[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {w2}");
+    }
+    assert!(
+        w2["memory_waiting_mib"]
+            .as_object()
+            .is_some_and(|m| m.keys().any(|k| k.starts_with("hark worker"))),
+        "{w2}"
+    );
+    assert!(
+        stdout.contains("| w2 | resumes/s (8 answers in flight) |"),
+        "{stdout}"
+    );
+
+    // The bench named its database; it is gone.
+    let database = stderr
+        .split("database ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|url| url.rsplit('/').next())
+        .expect("the bench names its database")
+        .to_owned();
+    assert!(database.starts_with("hark_bench_"), "{database}");
+    let left = tokio::process::Command::new("psql")
+        .args([
+            &format!("{}/postgres", postgres_url()),
+            "-Atc",
+            &format!("SELECT count(*) FROM pg_database WHERE datname = '{database}'"),
+        ])
+        .output()
+        .await
+        .expect("psql runs");
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
+}

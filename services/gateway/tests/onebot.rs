@@ -594,3 +594,54 @@ async fn a_silent_connection_is_closed_and_one_that_answers_pings_is_kept() {
     reader.abort();
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_silent_forward_connection_is_closed_and_dialled_again() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let bot_addr = listener.local_addr().expect("addr");
+    let gw = Gw::start(|c| {
+        c.gateway.onebot.forward = vec![format!("ws://{bot_addr}")];
+        c.gateway.onebot.idle_timeout = "3s".parse().expect("duration");
+    })
+    .await;
+    let hello = json!({"post_type": "meta_event", "meta_event_type": "lifecycle",
+                       "sub_type": "connect", "self_id": 4242})
+    .to_string();
+    // The bot's server says who it is, then never reads again: no pong answers the pings.
+    let accept = || async {
+        let (tcp, _) = tokio::time::timeout(Duration::from_secs(15), listener.accept())
+            .await
+            .expect("the gateway dials in")
+            .expect("accept");
+        let mut ws = tokio_tungstenite::accept_async(tcp)
+            .await
+            .expect("handshake");
+        ws.send(Message::text(hello.clone())).await.expect("send");
+        ws
+    };
+    let mut first = accept().await;
+    let mut online = false;
+    for _ in 0..100 {
+        if listed(&gw, "4242").await {
+            online = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(online, "the forward bot never came online");
+    // After the idle timeout the gateway gives up on this connection and dials again.
+    let _second = accept().await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match first.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "the silent connection was not closed");
+    gw.stop().await;
+}

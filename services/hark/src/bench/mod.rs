@@ -33,21 +33,21 @@ pub struct BenchArgs {
     #[arg(long, default_value = "127.0.0.1:18080")]
     llm_listen: SocketAddr,
     /// Workers to start (without --external).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
     /// Slots per worker (without --external).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     worker_concurrency: u32,
     /// Measured W1 rounds, after the warm-up rounds.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = at_least_one)]
     rounds: usize,
     #[arg(long, default_value_t = 20)]
     warmup: usize,
     /// Tasks in W2.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = at_least_one)]
     tasks: usize,
     /// Requests in flight while W2 creates and answers tasks.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     in_flight: usize,
     /// Which workloads to run, in order.
     #[arg(
@@ -57,6 +57,14 @@ pub struct BenchArgs {
         value_parser = ["limits", "w1-grpc", "w1-onebot", "w2"]
     )]
     workloads: Vec<String>,
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// What every workload needs.

@@ -79,11 +79,17 @@ impl ControlClient {
         request: Req,
     ) -> Result<Resp, Error> {
         let payload = codec::encode(request);
+        let mut headers = async_nats::HeaderMap::new();
+        hark_core::trace::inject(&mut headers);
         let mut last = String::new();
         for attempt in 0..5u32 {
             let sent = tokio::time::timeout(
                 self.timeout,
-                self.nats.request(self.names.control(op), payload.clone()),
+                self.nats.request_with_headers(
+                    self.names.control(op),
+                    headers.clone(),
+                    payload.clone(),
+                ),
             )
             .await;
             match sent {

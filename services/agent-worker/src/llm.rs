@@ -165,6 +165,10 @@ impl Client {
         if !self.settings.api_key.is_empty() {
             request = request.bearer_auth(&self.settings.api_key);
         }
+        // Providers and proxies that trace requests see them in the task's trace.
+        if let Some(trace) = hark_core::trace::outgoing() {
+            request = request.header(hark_core::trace::HEADER, trace);
+        }
         let transport = |source| Error::Transport {
             url: self.url.clone(),
             source,

@@ -136,6 +136,8 @@ impl Script {
 pub struct Recorded {
     pub at: Instant,
     pub body: Value,
+    /// The W3C trace context the request came with.
+    pub traceparent: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -295,6 +297,7 @@ fn script_name(goal: &str) -> String {
 
 async fn complete(
     State(shared): State<Shared>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<Value>,
 ) -> axum::response::Response {
     let goal = goal_of(&body);
@@ -305,6 +308,10 @@ async fn complete(
         let recorded = Recorded {
             at: Instant::now(),
             body: body.clone(),
+            traceparent: headers
+                .get(hark_core::trace::HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
         };
         let _ = shared.feed.send(recorded.clone());
         let mut inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());

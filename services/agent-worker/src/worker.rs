@@ -138,10 +138,12 @@ impl Worker {
                 };
                 let Some(permit) = permits.pop() else { break };
                 let (this, shutdown) = (this.clone(), shutdown.clone());
-                tracker.spawn(async move {
+                // The job runs in the trace of what queued it: a task's creation, an answer.
+                let trace = hark_core::trace::from_headers(message.headers.as_ref());
+                tracker.spawn(hark_core::trace::scope(trace, async move {
                     this.handle(message, shutdown).await;
                     drop(permit);
-                });
+                }));
             }
             if shutdown.is_cancelled() {
                 break;

@@ -354,3 +354,65 @@ async fn hitting_the_round_limit_completes_the_task_with_a_clear_note() {
     assert_eq!(bed.llm.requests().len(), 3);
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn the_model_is_called_in_the_trace_of_what_started_or_resumed_the_task() {
+    use hark_core::trace::{self, TraceContext};
+    let llm = llm(vec![
+        Step::ask("Which city?"),
+        Step::say("Off to {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let mut api = bed.client().await;
+    let creator = TraceContext::new_root();
+    let mut create = tonic::Request::new(pb::CreateTaskRequest {
+        owner: "api:alice".into(),
+        goal: "plan a trip".into(),
+        ..Default::default()
+    });
+    create.metadata_mut().insert(
+        trace::HEADER,
+        creator.to_string().parse().expect("metadata value"),
+    );
+    let id = api
+        .create_task(create)
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task")
+        .id;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let answerer = TraceContext::new_root();
+    let mut answer = tonic::Request::new(pb::AnswerQuestionRequest {
+        task_id: id.clone(),
+        answer: "Porto".into(),
+        ..Default::default()
+    });
+    answer.metadata_mut().insert(
+        trace::HEADER,
+        answerer.to_string().parse().expect("metadata value"),
+    );
+    api.answer_question(answer).await.expect("answered");
+    bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+
+    let traces: Vec<Option<String>> = bed
+        .llm
+        .requests()
+        .iter()
+        .map(|r| {
+            r.traceparent
+                .as_deref()
+                .and_then(TraceContext::parse)
+                .map(|c| c.trace_id())
+        })
+        .collect();
+    assert_eq!(
+        traces,
+        [Some(creator.trace_id()), Some(answerer.trace_id())],
+        "the first call runs in the creator's trace, the resumed one in the answerer's"
+    );
+    bed.stop().await;
+}

@@ -433,7 +433,8 @@ pub async fn ensure_consumer(
         })
 }
 
-/// Publishes to a stream with a deduplication id and waits for the stream's ack.
+/// Publishes to a stream with a deduplication id (and the current trace context, if any) and
+/// waits for the stream's ack.
 pub async fn publish(
     js: &jetstream::Context,
     subject: String,
@@ -442,6 +443,7 @@ pub async fn publish(
 ) -> Result<jetstream::publish::PublishAck, Error> {
     let mut headers = HeaderMap::new();
     headers.insert(MSG_ID_HEADER, msg_id);
+    crate::trace::inject(&mut headers);
     let fail = |subject: &str, e: async_nats::Error| Error::Publish {
         subject: subject.to_owned(),
         source: e,

@@ -150,25 +150,33 @@ pub async fn post_message(
         );
     }
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    hub.publish(pb::ChatMessage {
-        version: hark_proto::WIRE_VERSION,
-        platform: inbound.platform,
-        bot_id: inbound.bot_id,
-        stream: inbound.stream,
-        sender: Some(pb::Sender {
-            user_id: inbound.sender.user_id,
-            nickname: inbound.sender.nickname,
-        }),
-        text: inbound.text,
-        quoted_message_id: inbound.quoted_message_id,
-        mentions: inbound.mentions,
-        mentions_bot: inbound.mentions_bot,
-        time: Some(prost_types::Timestamp {
-            seconds: now,
-            nanos: 0,
-        }),
-        message_id: inbound.message_id,
-    })
+    // A client that traces its requests continues its trace through hark.
+    let trace = headers
+        .get(hark_core::trace::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(hark_core::trace::TraceContext::parse);
+    hub.publish(
+        pb::ChatMessage {
+            version: hark_proto::WIRE_VERSION,
+            platform: inbound.platform,
+            bot_id: inbound.bot_id,
+            stream: inbound.stream,
+            sender: Some(pb::Sender {
+                user_id: inbound.sender.user_id,
+                nickname: inbound.sender.nickname,
+            }),
+            text: inbound.text,
+            quoted_message_id: inbound.quoted_message_id,
+            mentions: inbound.mentions,
+            mentions_bot: inbound.mentions_bot,
+            time: Some(prost_types::Timestamp {
+                seconds: now,
+                nanos: 0,
+            }),
+            message_id: inbound.message_id,
+        },
+        trace,
+    )
     .await;
     (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response()
 }

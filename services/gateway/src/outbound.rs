@@ -81,7 +81,8 @@ pub async fn run<F, Fut>(
         while let Some(message) = batch.next().await {
             match message {
                 Ok(message) => {
-                    if !handle(&hub, &message, &send).await {
+                    let trace = hark_core::trace::from_headers(message.headers.as_ref());
+                    if !hark_core::trace::scope(trace, handle(&hub, &message, &send)).await {
                         return;
                     }
                 }

@@ -261,3 +261,38 @@ async fn without_a_webhook_outbound_messages_stream_as_server_sent_events() {
     assert_eq!(unknown.status().as_u16(), 404);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_posted_message_continues_the_trace_its_client_sent() {
+    use hark_core::trace::TraceContext;
+    let gw = Gw::start(|_| {}).await;
+    let client = TraceContext::new_root();
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/messages", gw.base))
+        .bearer_auth("app-secret")
+        .header("content-type", "application/json")
+        .header(hark_core::trace::HEADER, client.to_string())
+        .body(message("m-traced").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 202);
+    let consumer = gw
+        .js
+        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_in_stream())
+        .await
+        .expect("consumer");
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .expect("fetch");
+    let published = batch.next().await.expect("one").expect("ok");
+    let context = hark_core::trace::from_headers(published.headers.as_ref())
+        .expect("the message carries a trace");
+    assert_eq!(context.trace_id(), client.trace_id());
+    assert_ne!(context, client, "sent from a span of its own");
+    gw.stop().await;
+}

@@ -176,6 +176,14 @@ impl Gw {
 }
 
 async fn next<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
+    next_traced(consumer, wait).await.map(|(m, _)| m)
+}
+
+/// The next message with the trace context it was published with.
+async fn next_traced<M: codec::Versioned>(
+    consumer: &PullConsumer,
+    wait: Duration,
+) -> Option<(M, Option<hark_core::trace::TraceContext>)> {
     let mut batch = consumer
         .fetch()
         .max_messages(1)
@@ -185,7 +193,8 @@ async fn next<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> O
         .expect("fetch");
     let message = batch.next().await?.expect("message");
     message.ack().await.expect("ack");
-    Some(codec::decode(&message.payload).expect("decodes"))
+    let trace = hark_core::trace::from_headers(message.headers.as_ref());
+    Some((codec::decode(&message.payload).expect("decodes"), trace))
 }
 
 fn group_event(message: Value, message_id: i64, user: i64) -> String {
@@ -643,5 +652,25 @@ async fn a_silent_forward_connection_is_closed_and_dialled_again() {
     })
     .await;
     assert_eq!(closed, Ok(true), "the silent connection was not closed");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn each_inbound_message_starts_a_trace_of_its_own() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    let mut traces = Vec::new();
+    for id in [11, 12] {
+        ws.send(Message::text(group_event(json!("hello"), id, 100)))
+            .await
+            .expect("send");
+        let (message, trace): (pb::ChatMessage, _) =
+            next_traced(&gw.inbound, Duration::from_secs(5))
+                .await
+                .expect("inbound");
+        assert_eq!(message.message_id, id.to_string());
+        traces.push(trace.expect("the message carries a trace").trace_id());
+    }
+    assert_ne!(traces[0], traces[1], "two messages share a trace");
     gw.stop().await;
 }

@@ -126,6 +126,7 @@ impl App {
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let served = tonic::transport::Server::builder()
+            .layer(crate::traced::TraceLayer)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(service)
@@ -197,14 +198,21 @@ async fn relay(
         }
         let mut pending = Vec::with_capacity(batch.len());
         for message in batch {
+            let mut headers = async_nats::HeaderMap::new();
+            if let Some(trace) = &message.trace {
+                headers.insert(hark_core::trace::HEADER, trace.as_str());
+            }
             if !message.durable {
                 // Best effort: no outbox row to forget, no ack to wait for.
-                if let Err(e) = shared.nats.publish(message.subject, message.payload).await {
+                if let Err(e) = shared
+                    .nats
+                    .publish_with_headers(message.subject, headers, message.payload)
+                    .await
+                {
                     tracing::debug!(error = %e, "cannot publish a task event");
                 }
                 continue;
             }
-            let mut headers = async_nats::HeaderMap::new();
             headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
             match shared
                 .js
@@ -326,11 +334,15 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
                 }
                 None => break,
             };
-            let outcome = if chat_in {
-                handle_chat(&shared, &message.payload).await
-            } else {
-                handle_receipt(&shared, &message.payload).await
-            };
+            let trace = hark_core::trace::from_headers(message.headers.as_ref());
+            let outcome = hark_core::trace::scope(trace, async {
+                if chat_in {
+                    handle_chat(&shared, &message.payload).await
+                } else {
+                    handle_receipt(&shared, &message.payload).await
+                }
+            })
+            .await;
             let ack = match outcome {
                 Handled::Done => message.ack().await,
                 Handled::Retry => {

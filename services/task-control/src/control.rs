@@ -45,7 +45,9 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
                 return;
             };
             let op = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
-            let response = respond(&shared, &op, &message.payload).await;
+            let trace = hark_core::trace::from_headers(message.headers.as_ref());
+            let response =
+                hark_core::trace::scope(trace, respond(&shared, &op, &message.payload)).await;
             if let Err(e) = shared.nats.publish(reply_to, response.into()).await {
                 tracing::warn!(op, error = %e, "cannot answer a control request");
             }

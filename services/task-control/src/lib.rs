@@ -18,3 +18,4 @@ pub mod render;
 pub mod shared;
 pub mod store;
 pub mod timers;
+pub mod traced;

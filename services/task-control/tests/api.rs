@@ -326,3 +326,55 @@ async fn health_reports_serving_and_tasks_page_newest_first() {
     assert_eq!(seen, ids);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn trace_context_follows_a_task_from_the_grpc_call_through_the_bus() {
+    use hark_core::trace::{self, TraceContext};
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    // The caller's trace: its CreateTask call names it in the traceparent metadata.
+    let caller = TraceContext::new_root();
+    let mut request = Request::new(pb::CreateTaskRequest {
+        owner: "qq:1".into(),
+        goal: "count sheep".into(),
+        chat: Some(pb::ChatRoute {
+            platform: "qq".into(),
+            bot_id: "42".into(),
+            stream: "group:777".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        trace::HEADER,
+        caller.to_string().parse().expect("metadata value"),
+    );
+    api.create_task(request).await.expect("created");
+    let (job, context) = tc.next_job_traced().await;
+    assert_eq!(
+        context.map(|c| c.trace_id()),
+        Some(caller.trace_id()),
+        "the run job continues the caller's trace"
+    );
+
+    // The worker's steps continue the trace its job came in: the question it asks goes to the
+    // chat in that trace.
+    let worker = context.expect("traced").child();
+    let handle = trace::scope(Some(worker), async {
+        let claimed = tc.claim(&job, "w1").await;
+        let lease = claimed.lease.expect("lease");
+        tc.ask(&lease, 1, "call-1", "How many?", 0).await.handle
+    })
+    .await;
+    let (question, context) = tc.next_out_traced().await;
+    assert!(question.text.contains(&format!("#{handle}")));
+    assert_eq!(context.map(|c| c.trace_id()), Some(caller.trace_id()));
+
+    // An answer from the chat starts a trace of its own, which the resume job carries.
+    let answerer = TraceContext::new_root();
+    trace::scope(Some(answerer), tc.say("group:777", "1", "forty-two")).await;
+    let (resume, context) = tc.next_job_traced().await;
+    assert_eq!(resume.reason, pb::RunReason::ResumeReply as i32);
+    assert_eq!(context.map(|c| c.trace_id()), Some(answerer.trace_id()));
+    tc.stop().await;
+}

@@ -1197,3 +1197,80 @@ async fn finished_tasks_past_their_retention_are_deleted_with_what_they_own() {
     assert_eq!(applied, ["m-new"]);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn every_outbox_message_carries_the_trace_that_caused_it() {
+    use hark_core::trace::{self, TraceContext};
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let traced = TraceContext::new_root();
+    // A task's whole life in one trace: created, claimed, asking in its chat, answered, claimed
+    // again, sending a message, completing; a second task created and cancelled.
+    trace::scope(Some(traced), async {
+        let (task, question) = waiting_task(store).await;
+        store
+            .answer(question, &answer("Paris", "m-1"))
+            .await
+            .expect("answered");
+        let claimed = store
+            .claim(task.id, task.generation + 1, "w1", LEASE)
+            .await
+            .expect("claim wins");
+        assert!(
+            store
+                .send(&claimed.lease, "halfway there", None)
+                .await
+                .expect("sent")
+        );
+        store
+            .complete(&claimed.lease, None, "done")
+            .await
+            .expect("completed");
+        let other = new_task(store, Some(group_chat())).await;
+        store
+            .cancel(other.id, "qq:10001", "not needed")
+            .await
+            .expect("cancelled");
+    })
+    .await;
+    // Outside any trace, nothing is stamped.
+    let untraced = new_task(store, None).await;
+
+    let entries = store.outbox_batch(1000).await.expect("outbox");
+    let mut subjects = std::collections::BTreeSet::new();
+    for entry in &entries {
+        let payload_task = codec::decode::<pb::RunJob>(&entry.payload)
+            .map(|j| j.task_id)
+            .unwrap_or_default();
+        if payload_task == untraced.id.to_string() {
+            assert_eq!(entry.traceparent, None, "{}", entry.subject);
+            continue;
+        }
+        let context = entry
+            .traceparent
+            .as_deref()
+            .and_then(TraceContext::parse)
+            .unwrap_or_else(|| panic!("{} {} carries no trace", entry.subject, entry.msg_id));
+        assert_eq!(context.trace_id(), traced.trace_id(), "{}", entry.subject);
+        assert_ne!(context, traced, "a message is sent from a span of its own");
+        subjects.insert(
+            entry
+                .subject
+                .rsplit_once('.')
+                .map_or("", |(s, _)| s)
+                .to_owned(),
+        );
+    }
+    // Run jobs (creation, answer) and chat messages (question, send, result, cancellation).
+    let kinds = entries.iter().filter(|e| e.traceparent.is_some()).count();
+    assert!(kinds >= 7, "{kinds} traced messages: {subjects:?}");
+    assert!(
+        subjects.iter().any(|s| s.ends_with(".task")),
+        "{subjects:?}"
+    );
+    assert!(
+        subjects.iter().any(|s| s.contains(".chat.out")),
+        "{subjects:?}"
+    );
+    db.drop().await;
+}

@@ -350,7 +350,7 @@ impl Hub {
                         );
                     }
                 }
-                Ok(Frame::Message(message)) => self.publish(*message).await,
+                Ok(Frame::Message(message)) => self.publish(*message, None).await,
                 Ok(Frame::Meta { kind }) => tracing::trace!(bot = bot.self_id, kind, "meta event"),
                 Ok(Frame::Own) => {}
                 Ok(Frame::Ignored { post_type }) => {
@@ -365,8 +365,17 @@ impl Hub {
         self.detach(&bot);
     }
 
-    /// Publishes an inbound message to `CHAT_IN`, deduplicated by its platform message id.
-    pub async fn publish(&self, message: hark_proto::v1::ChatMessage) {
+    /// Publishes an inbound message to `CHAT_IN`, deduplicated by its platform message id, in the
+    /// trace `trace` (a new one when the sender gave none).
+    pub async fn publish(
+        &self,
+        message: hark_proto::v1::ChatMessage,
+        trace: Option<hark_core::trace::TraceContext>,
+    ) {
+        hark_core::trace::scope(trace, self.publish_traced(message)).await
+    }
+
+    async fn publish_traced(&self, message: hark_proto::v1::ChatMessage) {
         let subject = match self.names.chat_in(&message.platform) {
             Ok(s) => s,
             Err(e) => {

@@ -217,6 +217,7 @@ struct OutboxColumns<'a> {
     subjects: Vec<&'a str>,
     msg_ids: Vec<&'a str>,
     payloads: Vec<Vec<u8>>,
+    traces: Vec<Option<&'a str>>,
 }
 
 impl<'a> OutboxColumns<'a> {
@@ -226,6 +227,7 @@ impl<'a> OutboxColumns<'a> {
             subjects: Vec::new(),
             msg_ids: Vec::new(),
             payloads: Vec::new(),
+            traces: Vec::new(),
         };
         for (ord, outbox) in (1..).zip(outboxes) {
             for message in outbox.iter().filter(|m| m.durable) {
@@ -233,6 +235,7 @@ impl<'a> OutboxColumns<'a> {
                 columns.subjects.push(&message.subject);
                 columns.msg_ids.push(&message.msg_id);
                 columns.payloads.push(message.payload.to_vec());
+                columns.traces.push(message.trace.as_deref());
             }
         }
         columns
@@ -402,9 +405,10 @@ impl Store {
                 SELECT id, c_round, c_messages FROM t WHERE c_round IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT o.s, o.m, o.p FROM t
-                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[]) AS o(ord, s, m, p)
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[], $11::text[])
+                    AS o(ord, s, m, p, tp)
                   ON o.ord = t.c_ord
             )
             SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
@@ -443,6 +447,7 @@ impl Store {
             .bind(out.subjects)
             .bind(out.msg_ids)
             .bind(out.payloads)
+            .bind(out.traces)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();
@@ -482,9 +487,10 @@ impl Store {
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
                 SELECT id, NULL, 'pending', 'create', generation, owner FROM t
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT o.s, o.m, o.p FROM t
-                JOIN unnest($11::uuid[], $12::text[], $13::text[], $14::bytea[]) AS o(task, s, m, p)
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($11::uuid[], $12::text[], $13::text[], $14::bytea[], $15::text[])
+                    AS o(task, s, m, p, tp)
                   ON o.task = t.id
             )
             SELECT * FROM t"
@@ -563,6 +569,12 @@ impl Store {
                 batch
                     .iter()
                     .map(|r| r.job.payload.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.trace.as_deref())
                     .collect::<Vec<_>>(),
             )
             .fetch_all(&self.pool)
@@ -670,9 +682,10 @@ impl Store {
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT o.s, o.m, o.p FROM t
-                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[]) AS o(ord, s, m, p)
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[], $11::text[])
+                    AS o(ord, s, m, p, tp)
                   ON o.ord = t.c_ord
             )
             SELECT t.*, t.c_ord AS ord FROM t"
@@ -721,6 +734,12 @@ impl Store {
                 batch
                     .iter()
                     .map(|r| r.job.payload.to_vec())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|r| r.job.trace.as_deref())
                     .collect::<Vec<_>>(),
             )
             .fetch_all(&self.pool)
@@ -805,9 +824,10 @@ impl Store {
                        END
                 FROM t RETURNING task_id, deadline
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT o.s, o.m, o.p FROM t
-                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[]) AS o(ord, s, m, p)
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[], $18::text[])
+                    AS o(ord, s, m, p, tp)
                   ON o.ord = t.c_ord
             )
             SELECT t.*, t.c_ord AS ord,
@@ -882,6 +902,7 @@ impl Store {
             .bind(out.subjects)
             .bind(out.msg_ids)
             .bind(out.payloads)
+            .bind(out.traces)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

@@ -101,6 +101,7 @@ pub struct OutboxEntry {
     pub subject: String,
     pub msg_id: String,
     pub payload: Vec<u8>,
+    pub traceparent: Option<String>,
 }
 
 /// Which tasks to list, newest first.
@@ -125,6 +126,8 @@ pub struct OutboxMessage {
     /// published once, best effort (watchers also read the task row), which keeps them off the
     /// database and out of JetStream's acknowledgement path.
     pub durable: bool,
+    /// The W3C `traceparent` to publish it with: a child of the trace that caused it.
+    pub trace: Option<String>,
 }
 
 /// One compare-and-set transition.
@@ -210,6 +213,7 @@ impl Store {
             msg_id: Names::task_event_msg_id(task, generation as u64),
             payload: codec::encode(event),
             durable: false,
+            trace: hark_core::trace::outgoing(),
         }
     }
 
@@ -230,6 +234,7 @@ impl Store {
             msg_id: Names::run_job_msg_id(task, generation as u64),
             payload: codec::encode(job),
             durable: true,
+            trace: hark_core::trace::outgoing(),
         }
     }
 
@@ -277,6 +282,7 @@ impl Store {
                     msg_id: id,
                     payload: codec::encode(message),
                     durable: true,
+                    trace: hark_core::trace::outgoing(),
                 }
             })
             .collect()
@@ -342,14 +348,15 @@ impl Store {
         if outbox.is_empty() {
             return Ok(());
         }
-        let (subjects, msg_ids, payloads) = columns(outbox.clone());
+        let (subjects, msg_ids, payloads, traces) = columns(outbox.clone());
         sqlx::query(
-            "INSERT INTO outbox (subject, msg_id, payload)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[])",
+            "INSERT INTO outbox (subject, msg_id, payload, traceparent)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[])",
         )
         .bind(subjects)
         .bind(msg_ids)
         .bind(payloads)
+        .bind(traces)
         .execute(conn)
         .await?;
         sent.extend(outbox);
@@ -953,7 +960,7 @@ impl Store {
             return Ok(false);
         };
         let messages = self.chat_msgs(&route, text, None, None);
-        let (subjects, msg_ids, payloads) = columns(messages.clone());
+        let (subjects, msg_ids, payloads, traces) = columns(messages.clone());
         let (held, queued): (bool, bool) = sqlx::query_as(
             "WITH t AS (
                 SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
@@ -963,8 +970,9 @@ impl Store {
                 ON CONFLICT DO NOTHING
                 RETURNING 1
             ), o AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT s, m, p FROM unnest($4::text[], $5::text[], $6::bytea[]) AS x(s, m, p)
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT s, m, p, tp FROM unnest($4::text[], $5::text[], $6::bytea[], $8::text[])
+                    AS x(s, m, p, tp)
                 WHERE EXISTS (SELECT 1 FROM t) AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM fresh))
                 RETURNING 1
             )
@@ -977,6 +985,7 @@ impl Store {
         .bind(msg_ids)
         .bind(payloads)
         .bind(key)
+        .bind(traces)
         .fetch_one(&self.pool)
         .await?;
         if !held {
@@ -1036,7 +1045,7 @@ impl Store {
     /// The oldest unrelayed messages. Rows taken by another relay are skipped.
     pub async fn outbox_batch(&self, limit: i64) -> Result<Vec<OutboxEntry>, Error> {
         Ok(sqlx::query_as::<_, OutboxEntry>(
-            "SELECT id, subject, msg_id, payload FROM outbox ORDER BY id LIMIT $1",
+            "SELECT id, subject, msg_id, payload, traceparent FROM outbox ORDER BY id LIMIT $1",
         )
         .bind(limit)
         .fetch_all(&self.pool)
@@ -1116,14 +1125,16 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
         detail = s.bind(change.detail),
     );
     if outbox.iter().any(|o| o.durable) {
-        let (subjects, msg_ids, payloads) = columns(outbox.to_vec());
+        let (subjects, msg_ids, payloads, traces) = columns(outbox.to_vec());
         sql += &format!(
             ", out AS (
-                INSERT INTO outbox (subject, msg_id, payload)
-                SELECT x.s, x.m, x.p FROM t, unnest({}::text[], {}::text[], {}::bytea[]) AS x(s, m, p))",
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT x.s, x.m, x.p, x.tp
+                FROM t, unnest({}::text[], {}::text[], {}::bytea[], {}::text[]) AS x(s, m, p, tp))",
             s.bind(subjects),
             s.bind(msg_ids),
-            s.bind(payloads)
+            s.bind(payloads),
+            s.bind(traces)
         );
     }
     if let Some(outcome) = change.close_questions {
@@ -1141,16 +1152,22 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
 }
 
 /// The outbox messages as three parallel arrays, for `unnest`.
-fn columns(outbox: Vec<OutboxMessage>) -> (Vec<String>, Vec<String>, Vec<Vec<u8>>) {
+/// The durable messages of `outbox` as parallel arrays for `unnest`: subjects, message ids,
+/// payloads and trace contexts.
+type Columns = (Vec<String>, Vec<String>, Vec<Vec<u8>>, Vec<Option<String>>);
+
+fn columns(outbox: Vec<OutboxMessage>) -> Columns {
     let mut subjects = Vec::with_capacity(outbox.len());
     let mut msg_ids = Vec::with_capacity(outbox.len());
     let mut payloads = Vec::with_capacity(outbox.len());
+    let mut traces = Vec::with_capacity(outbox.len());
     for o in outbox.into_iter().filter(|o| o.durable) {
         subjects.push(o.subject);
         msg_ids.push(o.msg_id);
         payloads.push(o.payload.to_vec());
+        traces.push(o.trace);
     }
-    (subjects, msg_ids, payloads)
+    (subjects, msg_ids, payloads, traces)
 }
 
 /// The resume of a claimed task from the last question, as the claim statement returns it.
@@ -1389,7 +1406,7 @@ impl Store {
     ) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let batch = sqlx::query_as::<_, OutboxEntry>(
-            "SELECT id, subject, msg_id, payload FROM outbox
+            "SELECT id, subject, msg_id, payload, traceparent FROM outbox
              WHERE created_at <= now() - $2 * interval '1 millisecond'
              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
@@ -1404,6 +1421,9 @@ impl Store {
         for entry in &batch {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert(hark_core::bus::MSG_ID_HEADER, entry.msg_id.as_str());
+            if let Some(trace) = &entry.traceparent {
+                headers.insert(hark_core::trace::HEADER, trace.as_str());
+            }
             match js
                 .publish_with_headers(entry.subject.clone(), headers, entry.payload.clone().into())
                 .await

@@ -22,6 +22,14 @@ pub const GROUP: &str = "group:777";
 
 /// The next message of a consumer within `wait`, acknowledged and decoded.
 async fn next_from<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
+    next_traced(consumer, wait).await.map(|(m, _)| m)
+}
+
+/// The next message, acknowledged, with the trace context it was published with.
+async fn next_traced<M: codec::Versioned>(
+    consumer: &PullConsumer,
+    wait: Duration,
+) -> Option<(M, Option<hark_core::trace::TraceContext>)> {
     let mut batch = consumer
         .fetch()
         .max_messages(1)
@@ -31,7 +39,11 @@ async fn next_from<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration)
         .expect("fetch");
     let message = batch.next().await?.expect("message");
     message.ack().await.expect("ack");
-    Some(codec::decode(&message.payload).expect("the message decodes"))
+    let trace = hark_core::trace::from_headers(message.headers.as_ref());
+    Some((
+        codec::decode(&message.payload).expect("the message decodes"),
+        trace,
+    ))
 }
 
 pub fn nats_url() -> String {
@@ -226,15 +238,34 @@ impl TestControl {
         next_from(&self.jobs, wait).await
     }
 
-    /// Sends a control request as a worker and decodes the response.
+    /// The next run job and the trace context it carries.
+    pub async fn next_job_traced(&self) -> (pb::RunJob, Option<hark_core::trace::TraceContext>) {
+        next_traced(&self.jobs, Duration::from_secs(10))
+            .await
+            .expect("a run job within 10s")
+    }
+
+    /// The next outbound chat message and the trace context it carries.
+    pub async fn next_out_traced(
+        &self,
+    ) -> (pb::OutboundMessage, Option<hark_core::trace::TraceContext>) {
+        next_traced(&self.outbound, Duration::from_secs(10))
+            .await
+            .expect("an outbound chat message within 10s")
+    }
+
+    /// Sends a control request as a worker (in the current trace, if any) and decodes the
+    /// response.
     pub async fn request<Resp: Message + Default>(
         &self,
         op: ControlOp,
         payload: bytes::Bytes,
     ) -> Resp {
+        let mut headers = async_nats::HeaderMap::new();
+        hark_core::trace::inject(&mut headers);
         let reply = self
             .nats
-            .request(self.names.control(op), payload)
+            .request_with_headers(self.names.control(op), headers, payload)
             .await
             .expect("task-control answers control requests");
         Resp::decode(reply.payload).expect("response decodes")

@@ -90,7 +90,7 @@ impl fmt::Display for TraceContext {
 
 fn nonzero_u128() -> u128 {
     loop {
-        let id = uuid::Uuid::new_v4().as_u128();
+        let id = (u128::from(random_u64()) << 64) | u128::from(random_u64());
         if id != 0 {
             return id;
         }
@@ -99,10 +99,36 @@ fn nonzero_u128() -> u128 {
 
 fn nonzero_u64() -> u64 {
     loop {
-        let id = uuid::Uuid::new_v4().as_u64_pair().0;
+        let id = random_u64();
         if id != 0 {
             return id;
         }
+    }
+}
+
+/// Random ids without a system call each: a per-thread splitmix64 sequence seeded from the
+/// operating system's randomness. Trace ids need to be unique, not secret.
+fn random_u64() -> u64 {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(uuid::Uuid::new_v4().as_u64_pair().0);
+    }
+    STATE.with(|state| {
+        let next = state.get().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        state.set(next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    })
+}
+
+/// A trace id as logs show it, formatted only when a log line is written.
+struct TraceId(u128);
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
     }
 }
 
@@ -120,7 +146,7 @@ pub fn outgoing() -> Option<String> {
 /// the trace id.
 pub async fn scope<F: Future>(context: Option<TraceContext>, work: F) -> F::Output {
     let context = context.unwrap_or_else(TraceContext::new_root);
-    let span = tracing::info_span!("trace", trace_id = %context.trace_id());
+    let span = tracing::info_span!("trace", trace_id = %TraceId(context.trace_id));
     CURRENT.scope(context, work.instrument(span)).await
 }
 

@@ -416,3 +416,56 @@ async fn the_model_is_called_in_the_trace_of_what_started_or_resumed_the_task() 
     );
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiting() {
+    let llm = llm(vec![
+        Step::ask("Which city?"),
+        Step::say("Went ahead without asking: {answer}"),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |c| {
+        c.permission.default_role = hark_core::domain::Role::Guest;
+    })
+    .await;
+    bed.add_worker("w1").await;
+    // Guests cannot create tasks; a task keeps running when its owner is demoted after creating
+    // it, which is what this stands for: a task whose owner is a guest by now.
+    let id = bed
+        .store
+        .create_task(&hark_control::store::NewTask {
+            owner: "api:visitor".parse().expect("owner"),
+            goal: "plan a trip".into(),
+            chat: None,
+            ask_timeout: Duration::from_secs(600),
+            on_timeout: hark_core::domain::TimeoutPolicy::Resume,
+            request_id: None,
+        })
+        .await
+        .expect("created")
+        .id
+        .to_string();
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let task = done.task.expect("task");
+    assert!(task.open_question.is_none(), "a question was opened");
+    let requests = bed.llm.requests();
+    assert_eq!(
+        requests.len(),
+        2,
+        "the model was called once more, not resumed"
+    );
+    let system = requests[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(system.contains("Nobody can answer"), "{system}");
+    let results = tool_results(&requests[1].body);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].starts_with("error:"), "{results:?}");
+    assert!(
+        task.result.starts_with("Went ahead without asking: error:"),
+        "{}",
+        task.result
+    );
+    bed.stop().await;
+}

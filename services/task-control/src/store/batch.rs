@@ -266,15 +266,28 @@ struct OrderedTarget {
     ord: i64,
 }
 
-/// Each request's row when it won, in the order of the batch.
-fn in_order(count: usize, rows: Vec<BatchRow>) -> Vec<Option<CasRow>> {
-    let mut won: Vec<Option<CasRow>> = (0..count).map(|_| None).collect();
-    for BatchRow { row, ord } in rows {
-        if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| won.get_mut(i)) {
+/// One column of a batch's requests, as an array to bind for `unnest`.
+fn column<'a, T, U>(batch: &'a [T], value: impl FnMut(&'a T) -> U) -> Vec<U> {
+    batch.iter().map(value).collect()
+}
+
+/// Each request's row, placed by its request's place in the batch (from 1); `None` for a request
+/// that has no row (it lost, or found nothing).
+fn in_order<R>(count: usize, rows: impl IntoIterator<Item = (i64, R)>) -> Vec<Option<R>> {
+    let mut placed: Vec<Option<R>> = (0..count).map(|_| None).collect();
+    for (ord, row) in rows {
+        if let Some(slot) = usize::try_from(ord - 1)
+            .ok()
+            .and_then(|i| placed.get_mut(i))
+        {
             *slot = Some(row);
         }
     }
-    won
+    placed
+}
+
+fn cas_rows(rows: Vec<BatchRow>) -> impl Iterator<Item = (i64, CasRow)> {
+    rows.into_iter().map(|BatchRow { row, ord }| (ord, row))
 }
 
 macro_rules! batched {
@@ -342,15 +355,10 @@ impl Store {
             FROM t"
         );
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
-            .bind(batch.iter().map(|r| r.task.as_uuid()).collect::<Vec<_>>())
-            .bind(batch.iter().map(|r| r.generation).collect::<Vec<_>>())
-            .bind(batch.iter().map(|r| r.worker.as_str()).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.lease.as_millis() as i64)
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |r| r.task.as_uuid()))
+            .bind(column(batch, |r| r.generation))
+            .bind(column(batch, |r| r.worker.as_str()))
+            .bind(column(batch, |r| r.lease.as_millis() as i64))
             .fetch_all(&self.pool)
             .await?;
         let events = rows
@@ -366,7 +374,7 @@ impl Store {
             })
             .collect();
         self.published(events);
-        Ok(in_order(batch.len(), rows))
+        Ok(in_order(batch.len(), cas_rows(rows)))
     }
 
     /// One statement for all of `batch`: each running task held under its lease moves to
@@ -417,32 +425,12 @@ impl Store {
         );
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.lease.task.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.lease.generation).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.lease.worker_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.result.as_str()).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.round.as_ref().map(|(n, _)| *n))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.round.as_ref().map(|(_, m)| Json(m)))
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |r| r.lease.task.as_uuid()))
+            .bind(column(batch, |r| r.lease.generation))
+            .bind(column(batch, |r| r.lease.worker_id.as_str()))
+            .bind(column(batch, |r| r.result.as_str()))
+            .bind(column(batch, |r| r.round.as_ref().map(|(n, _)| *n)))
+            .bind(column(batch, |r| r.round.as_ref().map(|(_, m)| Json(m))))
             .bind(out.ords)
             .bind(out.subjects)
             .bind(out.msg_ids)
@@ -464,7 +452,7 @@ impl Store {
             ));
         }
         self.published(sent);
-        Ok(in_order(batch.len(), rows))
+        Ok(in_order(batch.len(), cas_rows(rows)))
     }
 
     /// One statement for all of `batch`: each task inserted in `pending` with its audit row and
@@ -495,88 +483,35 @@ impl Store {
             )
             SELECT * FROM t"
         );
-        let chat = |r: &CreateRequest| r.new.chat.clone();
         let rows: Vec<TaskRow> = sqlx::query_as(sql)
-            .bind(batch.iter().map(|r| r.id.as_uuid()).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.new.owner.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| chat(r).map(|c| c.platform))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| chat(r).map(|c| c.bot_id))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| chat(r).map(|c| c.stream))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| chat(r).and_then(|c| c.origin_message_id))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.new.goal.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.new.on_timeout.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| i32::try_from(r.new.ask_timeout.as_secs()).unwrap_or(i32::MAX))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.new.request_id.as_deref())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.id.as_uuid()).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.subject.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.msg_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.payload.to_vec())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.trace.as_deref())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |r| r.id.as_uuid()))
+            .bind(column(batch, |r| r.new.owner.as_str()))
+            .bind(column(batch, |r| {
+                r.new.chat.as_ref().map(|c| c.platform.as_str())
+            }))
+            .bind(column(batch, |r| {
+                r.new.chat.as_ref().map(|c| c.bot_id.as_str())
+            }))
+            .bind(column(batch, |r| {
+                r.new.chat.as_ref().map(|c| c.stream.as_str())
+            }))
+            .bind(column(batch, |r| {
+                r.new
+                    .chat
+                    .as_ref()
+                    .and_then(|c| c.origin_message_id.as_deref())
+            }))
+            .bind(column(batch, |r| r.new.goal.as_str()))
+            .bind(column(batch, |r| r.new.on_timeout.as_str()))
+            .bind(column(batch, |r| {
+                i32::try_from(r.new.ask_timeout.as_secs()).unwrap_or(i32::MAX)
+            }))
+            .bind(column(batch, |r| r.new.request_id.as_deref()))
+            .bind(column(batch, |r| r.id.as_uuid()))
+            .bind(column(batch, |r| r.job.subject.as_str()))
+            .bind(column(batch, |r| r.job.msg_id.as_str()))
+            .bind(column(batch, |r| r.job.payload.to_vec()))
+            .bind(column(batch, |r| r.job.trace.as_deref()))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Option<TaskRow>> = batch.iter().map(|_| None).collect();
@@ -620,33 +555,15 @@ impl Store {
              JOIN tasks t ON t.id = q.task_id"
         );
         let rows: Vec<OrderedTarget> = sqlx::query_as(sql)
-            .bind(
-                batch
-                    .iter()
-                    .map(|l| l.question.map(|q| q.as_uuid()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|l| l.task.map(|t| t.as_uuid()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|l| l.inbound_key.as_deref())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |l| l.question.map(|q| q.as_uuid())))
+            .bind(column(batch, |l| l.task.map(|t| t.as_uuid())))
+            .bind(column(batch, |l| l.inbound_key.as_deref()))
             .fetch_all(&self.pool)
             .await?;
-        let mut found: Vec<Option<AnswerTarget>> = batch.iter().map(|_| None).collect();
-        for OrderedTarget { target, ord } in rows {
-            if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| found.get_mut(i)) {
-                *slot = Some(target);
-            }
-        }
-        Ok(found)
+        Ok(in_order(
+            batch.len(),
+            rows.into_iter().map(|r| (r.ord, r.target)),
+        ))
     }
 
     /// One statement for all of `batch`: each task still waiting at its generation moves to
@@ -690,75 +607,34 @@ impl Store {
             )
             SELECT t.*, t.c_ord AS ord FROM t"
         );
+        let out = OutboxColumns::of(batch.iter().map(|r| std::slice::from_ref(&r.job)));
         let rows: Vec<OrderedTask> = sqlx::query_as(sql)
-            .bind(batch.iter().map(|r| r.task.as_uuid()).collect::<Vec<_>>())
-            .bind(batch.iter().map(|r| r.generation).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.question.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.answer.answerer.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.answer.text.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.answer.inbound_key.as_deref())
-                    .collect::<Vec<_>>(),
-            )
-            .bind((1..=batch.len() as i64).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.subject.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.msg_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.payload.to_vec())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.job.trace.as_deref())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |r| r.task.as_uuid()))
+            .bind(column(batch, |r| r.generation))
+            .bind(column(batch, |r| r.question.as_uuid()))
+            .bind(column(batch, |r| r.answer.answerer.as_str()))
+            .bind(column(batch, |r| r.answer.text.as_str()))
+            .bind(column(batch, |r| r.answer.inbound_key.as_deref()))
+            .bind(out.ords)
+            .bind(out.subjects)
+            .bind(out.msg_ids)
+            .bind(out.payloads)
+            .bind(out.traces)
             .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("answer.after_commit");
-        let mut won: Vec<Option<TaskRow>> = batch.iter().map(|_| None).collect();
-        let mut sent = Vec::with_capacity(rows.len() * 2);
-        for OrderedTask { task, ord } in rows {
-            let Some(i) = usize::try_from(ord - 1).ok().filter(|i| *i < batch.len()) else {
-                continue;
-            };
-            sent.push(batch[i].job.clone());
-            sent.push(self.event_msg(
-                task.id,
-                TaskState::Pending,
-                task.generation,
-                Event::Answer.as_str(),
-            ));
-            won[i] = Some(task);
+        let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
+        let mut sent = Vec::with_capacity(batch.len() * 2);
+        for (request, task) in batch.iter().zip(&won) {
+            if let Some(task) = task {
+                sent.push(request.job.clone());
+                sent.push(self.event_msg(
+                    task.id,
+                    TaskState::Pending,
+                    task.generation,
+                    Event::Answer.as_str(),
+                ));
+            }
         }
         self.published(sent);
         Ok(won)
@@ -845,57 +721,19 @@ impl Store {
         }
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.lease.task.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.lease.generation).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.lease.worker_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.input.round).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| Json(&r.input.messages))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.question.as_uuid())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(batch.iter().map(|r| r.handle.as_str()).collect::<Vec<_>>())
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.input.question.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.input.context.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.input.tool_call_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                batch
-                    .iter()
-                    .map(|r| r.input.timeout.map(|t| t.as_millis() as i64))
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(batch, |r| r.lease.task.as_uuid()))
+            .bind(column(batch, |r| r.lease.generation))
+            .bind(column(batch, |r| r.lease.worker_id.as_str()))
+            .bind(column(batch, |r| r.input.round))
+            .bind(column(batch, |r| Json(&r.input.messages)))
+            .bind(column(batch, |r| r.question.as_uuid()))
+            .bind(column(batch, |r| r.handle.as_str()))
+            .bind(column(batch, |r| r.input.question.as_str()))
+            .bind(column(batch, |r| r.input.context.as_str()))
+            .bind(column(batch, |r| r.input.tool_call_id.as_str()))
+            .bind(column(batch, |r| {
+                r.input.timeout.map(|t| t.as_millis() as i64)
+            }))
             .bind(consumed_ords)
             .bind(consumed_ids)
             .bind(out.ords)
@@ -919,7 +757,7 @@ impl Store {
             ));
         }
         self.published(sent);
-        Ok(in_order(batch.len(), rows)
+        Ok(in_order(batch.len(), cas_rows(rows))
             .into_iter()
             .map(|row| row.map_or(Asked::Lost, |row| Asked::Won(Box::new(row))))
             .collect())

@@ -131,7 +131,7 @@ async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
 async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
     let store = &shared.store;
     // Read with their tasks, so that the answer starts from them without reading again.
-    let targets = store
+    let open = store
         .open_questions_for_sender(
             &inbound.platform,
             inbound.stream.as_str(),
@@ -139,7 +139,6 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             inbound.key().as_deref(),
         )
         .await?;
-    let open: Vec<QuestionRow> = targets.iter().map(|t| t.question.clone()).collect();
 
     // (a) A quote of the message that carried a question.
     if !inbound.quoted.is_empty()
@@ -154,13 +153,13 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             say(shared, inbound, &closed_text(&question)).await;
             return Ok(());
         }
-        return apply(shared, inbound, &question, inbound.text.trim(), &targets).await;
+        return apply(shared, inbound, &question, inbound.text.trim(), &open).await;
     }
 
     // (b) A `#handle` prefix.
     if let Some((handle, rest)) = Handle::strip_prefix(&inbound.text) {
-        if let Some(question) = open.iter().find(|q| q.handle == handle.as_str()) {
-            return apply(shared, inbound, question, rest, &targets).await;
+        if let Some(target) = open.iter().find(|t| t.question.handle == handle.as_str()) {
+            return apply(shared, inbound, &target.question, rest, &open).await;
         }
         if let Some(question) = store
             .question_by_handle(&inbound.platform, inbound.stream.as_str(), handle.as_str())
@@ -175,7 +174,16 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
 
     // (c) The sender's oldest open question here.
     match open.first() {
-        Some(question) => apply(shared, inbound, question, inbound.text.trim(), &targets).await,
+        Some(target) => {
+            apply(
+                shared,
+                inbound,
+                &target.question,
+                inbound.text.trim(),
+                &open,
+            )
+            .await
+        }
         None => Ok(()),
     }
 }

@@ -60,6 +60,23 @@ impl Gw {
         }
     }
 
+    /// The next message on `CHAT_IN`, as task-control would take it.
+    async fn next_chat_in(&self) -> jetstream::Message {
+        let consumer = self
+            .js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, self.names.chat_in_stream())
+            .await
+            .expect("consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await
+            .expect("fetch");
+        batch.next().await.expect("one").expect("ok")
+    }
+
     async fn post(&self, body: &str, token: Option<&str>) -> (u16, Value) {
         let mut request = reqwest::Client::new()
             .post(format!("{}/api/v1/messages", self.base))
@@ -113,20 +130,7 @@ async fn a_posted_message_reaches_chat_in_and_bad_input_gets_a_clear_error() {
         .post(&message("m1").to_string(), Some("app-secret"))
         .await;
     assert_eq!(status, 202, "{body}");
-    let consumer = gw
-        .js
-        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_in_stream())
-        .await
-        .expect("consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await
-        .expect("fetch");
-    let got: pb::ChatMessage =
-        codec::decode(&batch.next().await.expect("one").expect("ok").payload).expect("decodes");
+    let got: pb::ChatMessage = codec::decode(&gw.next_chat_in().await.payload).expect("decodes");
     assert_eq!(
         (
             got.platform.as_str(),
@@ -277,19 +281,7 @@ async fn a_posted_message_continues_the_trace_its_client_sent() {
         .await
         .expect("request");
     assert_eq!(response.status().as_u16(), 202);
-    let consumer = gw
-        .js
-        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_in_stream())
-        .await
-        .expect("consumer");
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await
-        .expect("fetch");
-    let published = batch.next().await.expect("one").expect("ok");
+    let published = gw.next_chat_in().await;
     let context = hark_core::trace::from_headers(published.headers.as_ref())
         .expect("the message carries a trace");
     assert_eq!(context.trace_id(), client.trace_id());

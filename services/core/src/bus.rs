@@ -21,14 +21,14 @@ use std::{fmt, str::FromStr, time::Duration};
 use async_nats::{
     HeaderMap,
     jetstream::{
-        self,
+        self, AckKind,
         consumer::{AckPolicy, pull},
         stream::{self, RetentionPolicy, StorageType},
     },
 };
 use bytes::Bytes;
 
-use crate::domain::TaskId;
+use crate::{domain::TaskId, error::Settle};
 
 /// The header JetStream deduplicates on.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
@@ -431,6 +431,28 @@ pub async fn ensure_consumer(
             consumer,
             source: e.into(),
         })
+}
+
+/// How long a message whose handling failed retryably waits before its `delivered`-th
+/// redelivery: 1 s, 2 s, 4 s, … up to a minute, so a consumer does not hammer a dependency that
+/// is down.
+pub fn retry_delay(delivered: i64) -> Duration {
+    let exponent = u32::try_from(delivered.clamp(1, 7) - 1).unwrap_or(0);
+    (Duration::from_secs(1) * 2u32.pow(exponent)).min(Duration::from_secs(60))
+}
+
+/// Acknowledges, redelivers later, or terminates a JetStream message, as its handling settled.
+pub async fn settle(message: &jetstream::Message, settle: Settle) -> Result<(), async_nats::Error> {
+    match settle {
+        Settle::Done => message.ack().await,
+        Settle::Retry => {
+            let delivered = message.info().map_or(1, |i| i.delivered);
+            message
+                .ack_with(AckKind::Nak(Some(retry_delay(delivered))))
+                .await
+        }
+        Settle::Drop => message.ack_with(AckKind::Term).await,
+    }
 }
 
 /// Publishes to a stream with a deduplication id (and the current trace context, if any) and

@@ -6,12 +6,14 @@
 //! - [`bus`] owns every NATS subject, JetStream stream and consumer name, derived from one
 //!   namespace, and creates the streams and consumers.
 //! - [`codec`] encodes and decodes the protobuf payloads that travel on the bus.
+//! - [`error`] is the one classification of failures that every service maps from.
 //! - [`trace`] carries W3C trace context across the bus and the gRPC API.
 
 pub mod bus;
 pub mod codec;
 pub mod config;
 pub mod domain;
+pub mod error;
 pub mod failpoint;
 pub mod trace;
 

@@ -1,5 +1,5 @@
-//! `hark.v1.TaskService` over gRPC. Every store error maps onto one `tonic::Code` in
-//! [`status_of`]; invalid arguments name the field.
+//! `hark.v1.TaskService` over gRPC. Every error's kind maps onto one `tonic::Code` in
+//! [`status`]; invalid arguments name the field.
 
 use std::{pin::Pin, time::Duration};
 
@@ -7,6 +7,7 @@ use futures_util::{Stream, StreamExt};
 use hark_core::{
     bus, codec,
     domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy},
+    error::{Classified as _, Kind},
 };
 use hark_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
@@ -51,24 +52,33 @@ enum Target {
     OpenOf(TaskId),
 }
 
-/// The one mapping from store errors to gRPC status codes.
-pub fn status_of(error: store::Error) -> Status {
-    use store::Error as E;
-    match &error {
-        E::TaskNotFound(_) | E::QuestionNotFound(_) => Status::not_found(error.to_string()),
-        E::AmbiguousTask { .. } | E::BadRound { .. } | E::DatabaseUrl(..) => {
-            Status::invalid_argument(error.to_string())
+/// The one mapping from an error's kind to a gRPC status code.
+pub fn status(kind: Kind, message: String) -> Status {
+    match kind {
+        Kind::Invalid => Status::invalid_argument(message),
+        Kind::NotFound => Status::not_found(message),
+        Kind::Conflict | Kind::Gone => Status::failed_precondition(message),
+        Kind::Forbidden => Status::permission_denied(message),
+        Kind::Exhausted => Status::resource_exhausted(message),
+        Kind::Unavailable => {
+            tracing::warn!(
+                error = message,
+                "a request found the task store unavailable"
+            );
+            Status::unavailable(format!(
+                "the task store is unavailable, try again: {message}"
+            ))
         }
-        E::NoOpenQuestion { .. }
-        | E::QuestionClosed { .. }
-        | E::WrongState { .. }
-        | E::Cancelled { .. } => Status::failed_precondition(error.to_string()),
-        E::LeaseLost { .. } | E::StaleJob { .. } => Status::aborted(error.to_string()),
-        E::Database(_) | E::Migrate(_) | E::CreateDatabase { .. } => {
-            tracing::error!(error = %error, "store error");
-            Status::unavailable(format!("the task store is unavailable, try again: {error}"))
+        Kind::Internal => {
+            tracing::error!(error = message, "a request failed inside task-control");
+            Status::internal(message)
         }
     }
+}
+
+/// A store error as a gRPC status.
+pub fn status_of(error: store::Error) -> Status {
+    status(error.kind(), error.to_string())
 }
 
 fn invalid(field: &str, why: impl std::fmt::Display) -> Status {

@@ -4,13 +4,14 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream::consumer::PullConsumer;
 use futures_util::StreamExt;
 use hark_core::{
     bus::{self, Names},
     codec,
     config::Config,
     domain::QuestionId,
+    error::{Classified as _, Kind, Settle},
 };
 use hark_proto::v1 as pb;
 use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
@@ -343,17 +344,7 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
                 }
             })
             .await;
-            let ack = match outcome {
-                Handled::Done => message.ack().await,
-                Handled::Retry => {
-                    // Back off while the store is down: 2 s, 4 s, … up to a minute.
-                    let delivered = message.info().map_or(1, |i| i.delivered.max(1) as u32);
-                    let delay = (chat::RETRY_DELAY * 2u32.pow(delivered.min(5) - 1))
-                        .min(Duration::from_secs(60));
-                    message.ack_with(jetstream::AckKind::Nak(Some(delay))).await
-                }
-                Handled::Poison => message.ack_with(jetstream::AckKind::Term).await,
-            };
+            let ack = bus::settle(&message, Settle::of(outcome)).await;
             if let Err(e) = ack {
                 tracing::warn!(stream, error = %e, "cannot acknowledge a message");
             }
@@ -361,56 +352,46 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
     }
 }
 
-enum Handled {
-    Done,
-    Retry,
-    Poison,
-}
-
-async fn handle_chat(shared: &Shared, payload: &[u8]) -> Handled {
-    let message: pb::ChatMessage = match codec::decode(payload) {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(error = %e, "dropping an undecodable chat message");
-            return Handled::Poison;
-        }
-    };
-    match chat::handle(shared, message).await {
-        Ok(()) => Handled::Done,
-        Err(e) => {
+/// Handles one inbound chat message. A message that cannot be decoded is invalid for good; a
+/// failure to handle it is settled by its kind (retried only while the store is unavailable).
+async fn handle_chat(shared: &Shared, payload: &[u8]) -> Result<(), Kind> {
+    let message: pb::ChatMessage = codec::decode(payload).map_err(|e| {
+        tracing::warn!(error = %e, "dropping an undecodable chat message");
+        Kind::Invalid
+    })?;
+    chat::handle(shared, message).await.map_err(|e| {
+        let kind = e.kind();
+        if kind.is_retryable() {
             tracing::warn!(error = %e, "chat message will be retried");
-            Handled::Retry
+        } else {
+            tracing::error!(error = %e, "dropping a chat message that cannot be handled");
         }
-    }
+        kind
+    })
 }
 
-async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Handled {
-    let receipt: pb::DeliveryReceipt = match codec::decode(payload) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %e, "dropping an undecodable delivery receipt");
-            return Handled::Poison;
-        }
-    };
+async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Kind> {
+    let receipt: pb::DeliveryReceipt = codec::decode(payload).map_err(|e| {
+        tracing::warn!(error = %e, "dropping an undecodable delivery receipt");
+        Kind::Invalid
+    })?;
     if receipt.question_id.is_empty() || receipt.platform_message_id.is_empty() {
-        return Handled::Done;
+        return Ok(());
     }
-    let Ok(question) = receipt.question_id.parse::<QuestionId>() else {
+    let question = receipt.question_id.parse::<QuestionId>().map_err(|_| {
         tracing::warn!(
             id = receipt.question_id,
             "delivery receipt names no valid question"
         );
-        return Handled::Poison;
-    };
-    match shared
+        Kind::Invalid
+    })?;
+    shared
         .store
         .set_chat_message_id(question, &receipt.platform_message_id)
         .await
-    {
-        Ok(_) => Handled::Done,
-        Err(e) => {
-            tracing::warn!(error = %e, "delivery receipt will be retried");
-            Handled::Retry
-        }
-    }
+        .map(|_| ())
+        .map_err(|e| {
+            tracing::warn!(error = %e, "delivery receipt not recorded");
+            e.kind()
+        })
 }

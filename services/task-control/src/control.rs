@@ -9,6 +9,7 @@ use hark_core::{
     bus::ControlOp,
     codec,
     domain::{Role, TaskId},
+    error::Classified as _,
 };
 use hark_proto::v1 as pb;
 use prost::Message;
@@ -69,14 +70,11 @@ fn refusal(reason: pb::RefusalReason, message: impl Into<String>) -> Option<pb::
 /// Maps a store error onto what a worker should do about it.
 fn refusal_of(error: &store::Error) -> Option<pb::Refusal> {
     use pb::RefusalReason as R;
+    // The precise reasons where task-control knows them; otherwise the kind's one mapping.
     let reason = match error {
         store::Error::Cancelled { .. } => R::Cancelled,
         store::Error::LeaseLost { .. } => R::LeaseLost,
-        store::Error::TaskNotFound(_) => R::NotFound,
-        store::Error::StaleJob { .. } | store::Error::WrongState { .. } => R::StaleJob,
-        store::Error::BadRound { .. } => R::Invalid,
-        e if e.is_retryable() => R::Unavailable,
-        _ => R::Invalid,
+        e => e.kind().refusal(),
     };
     refusal(reason, error.to_string())
 }

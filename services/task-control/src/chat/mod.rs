@@ -8,8 +8,6 @@
 
 pub mod command;
 
-use std::time::Duration;
-
 use hark_core::{
     bus::Names,
     domain::{Handle, Owner, QuestionOutcome, Role, StreamId, TaskRef, TaskState},
@@ -497,6 +495,3 @@ async fn history_text(shared: &Shared, task: &TaskRow) -> Result<String, store::
     }
     Ok(lines.join("\n"))
 }
-
-/// How long the chat consumer waits before a failed message is delivered again.
-pub const RETRY_DELAY: Duration = Duration::from_secs(2);

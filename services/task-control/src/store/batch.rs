@@ -77,7 +77,8 @@ impl Store {
             }
         };
         let (reply, decided) = oneshot::channel();
-        let stopped = || Error::Database(sqlx::Error::PoolClosed);
+        // The deciding loop only stops with the runtime: the store is going away.
+        let stopped = || Error::Busy("the store is shutting down".into());
         sender.send((request, reply)).map_err(|_| stopped())?;
         decided.await.map_err(|_| stopped())?
     }
@@ -112,11 +113,11 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
                     "a batch answered the wrong number of requests"
                 );
                 for reply in replies {
-                    let _ = reply.send(Err(Error::Database(sqlx::Error::Protocol(format!(
-                        "{} answers for {} requests",
+                    let _ = reply.send(Err(Error::Internal(format!(
+                        "a batch gave {} answers for {} requests",
                         answers.len(),
                         requests.len()
-                    )))));
+                    ))));
                 }
             }
             Err(e) if requests.len() == 1 => {
@@ -132,7 +133,9 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
                 for (request, reply) in requests.iter().zip(replies) {
                     let alone = Q::decide(&store, std::slice::from_ref(request)).await;
                     let _ = reply.send(alone.and_then(|mut a| {
-                        a.pop().ok_or(Error::Database(sqlx::Error::RowNotFound))
+                        a.pop().ok_or(Error::Internal(
+                            "a request decided alone got no answer".into(),
+                        ))
                     }));
                 }
             }

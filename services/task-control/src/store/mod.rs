@@ -50,7 +50,10 @@ pub use retention::Purged;
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 
-use hark_core::domain::{Event, QuestionOutcome, TaskState, TransitionError};
+use hark_core::{
+    domain::{Event, QuestionOutcome, TaskState, TransitionError},
+    error::Kind,
+};
 
 /// Why a store operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -107,24 +110,72 @@ pub enum Error {
         round: i32,
         message: String,
     },
+    #[error(
+        "{owner} has {active} active tasks, the most task.max_active_per_owner allows; cancel one or wait for one to end"
+    )]
+    TooManyActive { owner: String, active: i64 },
+    /// Other writers kept winning; the same request later will likely go through.
+    #[error("{0}; try again")]
+    Busy(String),
+    /// Something that must not happen did.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl hark_core::error::Classified for Error {
+    fn kind(&self) -> Kind {
+        match self {
+            Error::Database(e) | Error::CreateDatabase { source: e, .. } => kind_of_sqlx(e),
+            Error::Migrate(sqlx::migrate::MigrateError::Execute(e)) => kind_of_sqlx(e),
+            Error::Migrate(_) => Kind::Internal,
+            Error::DatabaseUrl(..) | Error::AmbiguousTask { .. } | Error::BadRound { .. } => {
+                Kind::Invalid
+            }
+            Error::TaskNotFound(_) | Error::QuestionNotFound(_) => Kind::NotFound,
+            Error::NoOpenQuestion { .. }
+            | Error::QuestionClosed { .. }
+            | Error::WrongState { .. } => Kind::Conflict,
+            Error::LeaseLost { .. } | Error::Cancelled { .. } | Error::StaleJob { .. } => {
+                Kind::Gone
+            }
+            Error::TooManyActive { .. } => Kind::Exhausted,
+            Error::Busy(_) => Kind::Unavailable,
+            Error::Internal(_) => Kind::Internal,
+        }
+    }
+}
+
+/// The kind of a database error: the server refusing the data is the caller's fault; the server
+/// or the connection to it being away is worth retrying; anything else is hark's.
+pub fn kind_of_sqlx(error: &sqlx::Error) -> Kind {
+    match error {
+        sqlx::Error::Database(e) => match e.code().as_deref().map(|c| c.get(..2).unwrap_or(c)) {
+            // Data exceptions (a NUL in a text, a value out of range) and integrity violations.
+            Some("22" | "23") => Kind::Invalid,
+            // Serialization failures and deadlocks, connection exceptions, insufficient
+            // resources, and the server shutting down or starting.
+            Some("40" | "08" | "53" | "57") => Kind::Unavailable,
+            Some("42") if e.code().as_deref() == Some("42501") => Kind::Forbidden,
+            _ => Kind::Internal,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::BeginFailed => Kind::Unavailable,
+        sqlx::Error::InvalidArgument(_) => Kind::Invalid,
+        _ => Kind::Internal,
+    }
 }
 
 impl Error {
     /// Whether trying again later may succeed (the database was unreachable or a serialization
     /// conflict), as opposed to a decision that stands.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            // Data the server refuses (class 22, e.g. a NUL character in a text) or a
-            // constraint it violates (class 23) is refused again however often it is sent.
-            Error::Database(sqlx::Error::Database(e)) => !e
-                .code()
-                .is_some_and(|code| code.starts_with("22") || code.starts_with("23")),
-            Error::Database(e) => !matches!(
-                e,
-                sqlx::Error::RowNotFound | sqlx::Error::ColumnDecode { .. }
-            ),
-            _ => false,
-        }
+        use hark_core::error::Classified as _;
+        self.kind().is_retryable()
     }
 
     fn wrong_state(task: impl ToString, err: TransitionError) -> Self {

@@ -720,9 +720,7 @@ impl Store {
                 chat_message_id: None,
             });
         }
-        Err(Error::Database(sqlx::Error::Protocol(
-            "no free question handle after 8 tries".into(),
-        )))
+        Err(Error::Busy("no free question handle after 8 tries".into()))
     }
 
     /// Applies an answer to an open question: the question becomes answered, the inbound message
@@ -893,9 +891,9 @@ impl Store {
                 return Ok(row);
             }
         }
-        Err(Error::Database(sqlx::Error::Protocol(format!(
-            "cancelling task {task} kept losing races; try again"
-        ))))
+        Err(Error::Busy(format!(
+            "cancelling task {task} kept losing races"
+        )))
     }
 
     /// Ends a running task with its final answer, sent to its chat.

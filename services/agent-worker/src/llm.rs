@@ -43,7 +43,7 @@ impl Error {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub base_url: String,
-    pub api_key: String,
+    pub api_key: hark_core::secret::Secret,
     pub model: String,
     pub extra_body: Map<String, Value>,
     pub request_timeout: Duration,
@@ -163,7 +163,7 @@ impl Client {
     async fn once(&self, body: &Value) -> (Result<Value, Error>, Option<Duration>) {
         let mut request = self.http.post(&self.url).json(body);
         if !self.settings.api_key.is_empty() {
-            request = request.bearer_auth(&self.settings.api_key);
+            request = request.bearer_auth(self.settings.api_key.expose());
         }
         // Providers and proxies that trace requests see them in the task's trace.
         if let Some(trace) = hark_core::trace::outgoing() {

@@ -406,10 +406,10 @@ pub async fn connect(
     let names = Names::new(config.namespace.parse()?);
     let client = async_nats::ConnectOptions::new()
         .name(client_name)
-        .connect(&config.url)
+        .connect(config.url.expose())
         .await
         .map_err(|source| Error::Connect {
-            url: config.url.clone(),
+            url: crate::secret::redact_url(config.url.expose()),
             source,
         })?;
     let js = jetstream::new(client.clone());

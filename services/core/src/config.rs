@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     bus::Namespace,
     domain::{HumanDuration, Owner, Role, TimeoutPolicy},
+    secret::{Secret, redact_url},
 };
 
 /// The prefix of every environment override.
@@ -54,7 +55,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
-    pub url: String,
+    /// A secret: it may carry a user and password (`nats://user:pass@host:4222`).
+    pub url: Secret,
     /// Prefix of every subject, stream and consumer name, so that several hark installations
     /// can share one nats-server without seeing each other's messages.
     pub namespace: String,
@@ -63,7 +65,7 @@ pub struct NatsConfig {
 impl Default for NatsConfig {
     fn default() -> Self {
         Self {
-            url: "nats://127.0.0.1:4222".into(),
+            url: Secret::new("nats://127.0.0.1:4222"),
             namespace: "hark".into(),
         }
     }
@@ -72,15 +74,15 @@ impl Default for NatsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// The database is created when it does not exist.
-    pub url: String,
+    /// The database is created when it does not exist. A secret: it may carry a password.
+    pub url: Secret,
     pub max_connections: u32,
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
-            url: "postgres://postgres@127.0.0.1:5432/hark".into(),
+            url: Secret::new("postgres://postgres@127.0.0.1:5432/hark"),
             max_connections: 16,
         }
     }
@@ -92,7 +94,7 @@ pub struct LlmConfig {
     /// An OpenAI-compatible endpoint, e.g. `https://api.deepseek.com/v1`. Empty runs the built-in
     /// demo model.
     pub base_url: String,
-    pub api_key: String,
+    pub api_key: Secret,
     pub model: String,
     /// Extra fields merged into every chat-completions request body.
     pub extra_body: toml::Table,
@@ -104,7 +106,7 @@ impl Default for LlmConfig {
     fn default() -> Self {
         Self {
             base_url: String::new(),
-            api_key: String::new(),
+            api_key: Secret::default(),
             model: String::new(),
             extra_body: toml::Table::new(),
             request_timeout: HumanDuration::from_secs(120),
@@ -117,6 +119,7 @@ impl Default for LlmConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
     /// HTTP and WebSocket listener (OneBot reverse WebSocket, the HTTP adapter).
+    #[serde(with = "listen_addr")]
     pub listen: SocketAddr,
     pub max_frame_bytes: u64,
     /// Inbound frames a second one connection may send (bursts of twice that).
@@ -140,12 +143,17 @@ impl Default for GatewayConfig {
     }
 }
 
-/// The generic HTTP adapter, for apps that are not OneBot bots.
+/// The generic HTTP adapter, for apps that are not OneBot bots. It is off until it is given the
+/// platforms it speaks for.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpAdapterConfig {
-    /// When set, HTTP clients must send `Authorization: Bearer <token>`.
-    pub token: String,
+    /// The platforms whose messages the adapter accepts, e.g. `["myapp"]`. Empty: the adapter is
+    /// off. Never a platform another adapter serves (OneBot's `gateway.onebot.platform`).
+    pub platforms: Vec<String>,
+    /// When set, HTTP clients must send `Authorization: Bearer <token>`. Required when the
+    /// gateway listens beyond loopback.
+    pub token: Secret,
     /// The bots this adapter delivers for, as `platform:bot_id`.
     pub bots: Vec<String>,
     /// Outbound messages are POSTed here; without it they are served on `/api/v1/stream` (SSE).
@@ -156,7 +164,8 @@ pub struct HttpAdapterConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct OneBotConfig {
     /// When set, bots must present it as `Authorization: Bearer <token>` or `?access_token=`.
-    pub access_token: String,
+    /// Required when the gateway listens beyond loopback.
+    pub access_token: Secret,
     /// The platform name given to messages from OneBot bots.
     pub platform: String,
     /// Forward mode: WebSocket URLs of bots' own servers to connect to (NapCat's
@@ -171,7 +180,7 @@ pub struct OneBotConfig {
 impl Default for OneBotConfig {
     fn default() -> Self {
         Self {
-            access_token: String::new(),
+            access_token: Secret::default(),
             platform: "qq".into(),
             forward: Vec::new(),
             idle_timeout: HumanDuration::from_secs(90),
@@ -182,9 +191,14 @@ impl Default for OneBotConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlConfig {
+    #[serde(with = "listen_addr")]
     pub grpc_listen: SocketAddr,
-    /// Bearer tokens accepted by the gRPC API. Empty: no authentication.
-    pub api_tokens: Vec<String>,
+    /// Bearer tokens accepted by the gRPC API. Empty: no authentication, which task-control
+    /// allows only on a loopback address unless `allow_unauthenticated` is set.
+    pub api_tokens: Vec<Secret>,
+    /// Serve the gRPC API without tokens on a non-loopback address, on purpose (behind a proxy
+    /// that authenticates, say).
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for ControlConfig {
@@ -192,6 +206,7 @@ impl Default for ControlConfig {
         Self {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             api_tokens: Vec::new(),
+            allow_unauthenticated: false,
         }
     }
 }
@@ -228,6 +243,8 @@ pub struct TaskConfig {
     /// How long a finished task (with its rounds, questions and audit) is kept after it ended;
     /// then it is deleted. `0s`: kept forever.
     pub retention: HumanDuration,
+    /// Tasks one owner may have that have not ended; more are refused. `0`: no limit.
+    pub max_active_per_owner: u32,
 }
 
 impl Default for TaskConfig {
@@ -241,6 +258,7 @@ impl Default for TaskConfig {
             max_runtime: HumanDuration::ZERO,
             lease: HumanDuration::from_secs(30),
             retention: HumanDuration::from_secs(30 * 86_400),
+            max_active_per_owner: 10,
         }
     }
 }
@@ -284,6 +302,9 @@ pub struct ChatConfig {
     pub command_aliases: Vec<String>,
     /// Label put before a question's context in the chat.
     pub context_label: String,
+    /// Commands one sender may give a minute (in bursts of as many); more are refused with one
+    /// short notice. `0`: no limit.
+    pub commands_per_minute: u32,
 }
 
 impl Default for ChatConfig {
@@ -292,6 +313,7 @@ impl Default for ChatConfig {
             command: "/task".into(),
             command_aliases: Vec::new(),
             context_label: "[上下文]".into(),
+            commands_per_minute: 20,
         }
     }
 }
@@ -418,23 +440,23 @@ impl Config {
         if let Err(e) = self.nats.namespace.parse::<Namespace>() {
             return bad("nats.namespace", e.to_string());
         }
-        if !self.nats.url.contains("://") && !self.nats.url.contains(':') {
+        let nats_url = self.nats.url.expose();
+        if !nats_url.contains("://") && !nats_url.contains(':') {
             return bad(
                 "nats.url",
                 format!(
                     "`{}` is not a NATS URL: expected e.g. nats://127.0.0.1:4222",
-                    self.nats.url
+                    redact_url(nats_url)
                 ),
             );
         }
-        if !(self.database.url.starts_with("postgres://")
-            || self.database.url.starts_with("postgresql://"))
-        {
+        let database_url = self.database.url.expose();
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
             return bad(
                 "database.url",
                 format!(
                     "`{}` is not a Postgres URL: expected e.g. postgres://postgres@127.0.0.1:5432/hark",
-                    self.database.url
+                    redact_url(database_url)
                 ),
             );
         }
@@ -492,17 +514,6 @@ impl Config {
                 );
             }
         }
-        for bot in &self.gateway.http.bots {
-            if bot
-                .split_once(':')
-                .is_none_or(|(p, b)| p.is_empty() || b.is_empty())
-            {
-                return bad(
-                    "gateway.http.bots",
-                    format!("`{bot}`: expected platform:bot_id, e.g. myapp:main"),
-                );
-            }
-        }
         if self.gateway.rate_limit == 0 {
             return bad("gateway.rate_limit", "must be at least 1".into());
         }
@@ -512,6 +523,16 @@ impl Config {
         if self.chat.command.trim().is_empty() || self.chat.command.contains(char::is_whitespace) {
             return bad("chat.command", "must be one word, e.g. /task".into());
         }
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.filter) {
+            return bad(
+                "log.filter",
+                format!(
+                    "`{}` is not a log filter ({e}): expected e.g. info, or hark_control=debug,info",
+                    crate::domain::ids::shown(&self.log.filter)
+                ),
+            );
+        }
+        self.validate_http_adapter()?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return bad(
                 "log.format",
@@ -519,6 +540,161 @@ impl Config {
             );
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The HTTP adapter speaks only for its own platforms, never for one another adapter serves,
+    /// and delivers only for bots of those platforms.
+    fn validate_http_adapter(&self) -> Result<(), Error> {
+        let http = &self.gateway.http;
+        let bad = |key: &str, message: String| {
+            Err(Error::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        for platform in &http.platforms {
+            if Owner::new(platform, "x").is_err() {
+                return bad(
+                    "gateway.http.platforms",
+                    format!(
+                        "`{}` is not a platform name: expected a-z, 0-9, _ or -, e.g. myapp",
+                        crate::domain::ids::shown(platform)
+                    ),
+                );
+            }
+            if *platform == self.gateway.onebot.platform {
+                return bad(
+                    "gateway.http.platforms",
+                    format!(
+                        "`{platform}` is the platform of OneBot bots (gateway.onebot.platform): the HTTP \
+                         adapter must not speak for their users; pick another name for your app"
+                    ),
+                );
+            }
+        }
+        for bot in &http.bots {
+            let Some((platform, id)) = bot
+                .split_once(':')
+                .filter(|(p, b)| !p.is_empty() && !b.is_empty())
+            else {
+                return bad(
+                    "gateway.http.bots",
+                    format!("`{bot}`: expected platform:bot_id, e.g. myapp:main"),
+                );
+            };
+            if !http.platforms.iter().any(|p| p == platform) {
+                return bad(
+                    "gateway.http.bots",
+                    format!(
+                        "`{platform}:{id}`: the platform `{platform}` is not in gateway.http.platforms, \
+                         so the HTTP adapter does not serve it; add it there"
+                    ),
+                );
+            }
+        }
+        if http.platforms.is_empty() && !http.webhook_url.is_empty() {
+            return bad(
+                "gateway.http.webhook_url",
+                "the HTTP adapter is off (gateway.http.platforms is empty); set its platforms to turn it on"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuses a gateway that would let strangers in: on an address beyond loopback, every
+    /// adapter it serves needs its token.
+    pub fn check_gateway_exposure(&self) -> Result<(), Error> {
+        let addr = self.gateway.listen;
+        if addr.ip().is_loopback() {
+            return Ok(());
+        }
+        if self.gateway.onebot.access_token.is_empty() {
+            return Err(Error::Key {
+                key: "gateway.onebot.access_token".into(),
+                message: format!(
+                    "gateway.listen = {addr} is reachable from other hosts, but no access token is set, \
+                     so anyone could connect as a bot and speak for its users. Set \
+                     gateway.onebot.access_token (HARK_GATEWAY__ONEBOT__ACCESS_TOKEN) and give the \
+                     same token to the bot, or listen on 127.0.0.1"
+                ),
+            });
+        }
+        if !self.gateway.http.platforms.is_empty() && self.gateway.http.token.is_empty() {
+            return Err(Error::Key {
+                key: "gateway.http.token".into(),
+                message: format!(
+                    "gateway.listen = {addr} is reachable from other hosts and the HTTP adapter is on \
+                     (gateway.http.platforms), but it has no token, so anyone could post messages as \
+                     any user. Set gateway.http.token (HARK_GATEWAY__HTTP__TOKEN), or listen on 127.0.0.1"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a task-control whose API would be open to strangers: on an address beyond
+    /// loopback it needs tokens, unless the operator opts out explicitly.
+    pub fn check_control_exposure(&self) -> Result<(), Error> {
+        let control = &self.control;
+        let addr = control.grpc_listen;
+        if addr.ip().is_loopback()
+            || control.allow_unauthenticated
+            || control.api_tokens.iter().any(|t| !t.is_empty())
+        {
+            return Ok(());
+        }
+        Err(Error::Key {
+            key: "control.api_tokens".into(),
+            message: format!(
+                "control.grpc_listen = {addr} is reachable from other hosts, but control.api_tokens is \
+                 empty, so anyone could create, answer and cancel tasks. Set control.api_tokens \
+                 (HARK_CONTROL__API_TOKENS), listen on 127.0.0.1, or set \
+                 control.allow_unauthenticated = true to serve it open on purpose"
+            ),
+        })
+    }
+
+    /// This configuration as it may be shown to people: every secret replaced by `[redacted]`
+    /// (empty ones stay empty, so that "not set" shows) and the database password by `***`.
+    pub fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        shown.database.url = Secret::new(redact_url(self.database.url.expose()));
+        shown.nats.url = Secret::new(redact_url(self.nats.url.expose()));
+        shown.llm.api_key = self.llm.api_key.redacted();
+        shown.gateway.onebot.access_token = self.gateway.onebot.access_token.redacted();
+        shown.gateway.http.token = self.gateway.http.token.redacted();
+        shown.control.api_tokens = self
+            .control
+            .api_tokens
+            .iter()
+            .map(Secret::redacted)
+            .collect();
+        shown
+    }
+}
+
+/// Listen addresses, with an error that shows what one looks like.
+mod listen_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(addr: &SocketAddr, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(addr)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SocketAddr, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.trim().parse().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "`{}` is not a listen address: expected host:port, e.g. 127.0.0.1:8080 (this host \
+                 only) or 0.0.0.0:8080 (every interface)",
+                crate::domain::ids::shown(&text)
+            ))
+        })
     }
 }
 
@@ -602,10 +778,10 @@ mod tests {
     #[test]
     fn defaults_match_a_local_machine() {
         let config = Config::from_parts(None, "<none>", &BTreeMap::new()).expect("defaults load");
-        assert_eq!(config.nats.url, "nats://127.0.0.1:4222");
+        assert_eq!(config.nats.url.expose(), "nats://127.0.0.1:4222");
         assert_eq!(config.nats.namespace, "hark");
         assert_eq!(
-            config.database.url,
+            config.database.url.expose(),
             "postgres://postgres@127.0.0.1:5432/hark"
         );
         assert_eq!(config.task.ask_timeout, HumanDuration::from_secs(600));
@@ -643,7 +819,7 @@ mod tests {
         .expect("config loads");
         assert_eq!(config.task.max_rounds, 50);
         assert_eq!(config.task.ask_timeout, HumanDuration::from_secs(120));
-        assert_eq!(config.gateway.onebot.access_token, "12345");
+        assert_eq!(config.gateway.onebot.access_token.expose(), "12345");
         assert_eq!(config.permission.users.len(), 2);
         assert_eq!(
             config
@@ -761,6 +937,168 @@ mod tests {
                 assert!(!message.contains("there is no config"), "{key}: {message}");
             }
         }
+    }
+
+    #[test]
+    fn listeners_beyond_loopback_need_their_tokens() {
+        let load = |pairs: &[(&str, &str)]| {
+            Config::from_parts(None, "f", &env(pairs)).expect("the config itself loads")
+        };
+        // Loopback: no token needed anywhere.
+        let local = load(&[("HARK_GATEWAY__HTTP__PLATFORMS", "myapp")]);
+        assert!(local.check_gateway_exposure().is_ok());
+        assert!(local.check_control_exposure().is_ok());
+
+        // The README's QQ setup without a token: refused, naming the key to set.
+        let open = load(&[("HARK_GATEWAY__LISTEN", "0.0.0.0:8080")]);
+        let err = open
+            .check_gateway_exposure()
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("gateway.onebot.access_token"), "{err}");
+        assert!(err.contains("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN"), "{err}");
+
+        // OneBot has its token, but the HTTP adapter is on without one.
+        let http = load(&[
+            ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
+            ("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "t"),
+            ("HARK_GATEWAY__HTTP__PLATFORMS", "myapp"),
+        ]);
+        let err = http
+            .check_gateway_exposure()
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("gateway.http.token"), "{err}");
+        let closed = load(&[
+            ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
+            ("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "t"),
+        ]);
+        assert!(
+            closed.check_gateway_exposure().is_ok(),
+            "the adapter is off"
+        );
+
+        let api = load(&[("HARK_CONTROL__GRPC_LISTEN", "0.0.0.0:50051")]);
+        let err = api
+            .check_control_exposure()
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("control.api_tokens"), "{err}");
+        assert!(err.contains("control.allow_unauthenticated"), "{err}");
+        for fine in [
+            load(&[
+                ("HARK_CONTROL__GRPC_LISTEN", "0.0.0.0:50051"),
+                ("HARK_CONTROL__API_TOKENS", "a,b"),
+            ]),
+            load(&[
+                ("HARK_CONTROL__GRPC_LISTEN", "[::]:50051"),
+                ("HARK_CONTROL__ALLOW_UNAUTHENTICATED", "true"),
+            ]),
+            load(&[("HARK_CONTROL__GRPC_LISTEN", "[::1]:50051")]),
+        ] {
+            assert!(fine.check_control_exposure().is_ok());
+        }
+    }
+
+    #[test]
+    fn the_http_adapter_speaks_only_for_its_own_platforms() {
+        let err = Config::from_parts(
+            Some("[gateway.http]\nplatforms = [\"qq\"]"),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect_err("OneBot's platform is refused");
+        assert!(err.to_string().contains("gateway.onebot.platform"), "{err}");
+        let err = Config::from_parts(
+            Some("[gateway.http]\nplatforms = [\"myapp\"]\nbots = [\"other:main\"]"),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect_err("a bot of another platform is refused");
+        assert!(err.to_string().contains("gateway.http.platforms"), "{err}");
+        let err = Config::from_parts(
+            Some("[gateway.http]\nwebhook_url = \"http://x\""),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect_err("a webhook for an adapter that is off is refused");
+        assert!(err.to_string().contains("gateway.http.platforms"), "{err}");
+        let config = Config::from_parts(
+            Some("[gateway.http]\nplatforms = [\"myapp\"]\nbots = [\"myapp:main\"]"),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect("a consistent adapter loads");
+        assert_eq!(config.gateway.http.platforms, ["myapp"]);
+    }
+
+    #[test]
+    fn a_bad_listen_address_or_log_filter_says_what_one_looks_like() {
+        let err = Config::from_parts(None, "f", &env(&[("HARK_GATEWAY__LISTEN", "8080")]))
+            .expect_err("a port alone is refused")
+            .to_string();
+        assert!(err.contains("gateway.listen"), "{err}");
+        assert!(err.contains("127.0.0.1:8080"), "{err}");
+        let err = Config::from_parts(Some("[log]\nfilter = '[[['"), "f", &BTreeMap::new())
+            .expect_err("a broken filter is refused")
+            .to_string();
+        assert!(err.contains("log.filter"), "{err}");
+        for fine in ["info", "hark_control=debug,info", "warn,hark_gateway=trace"] {
+            Config::from_parts(
+                Some(&format!("[log]\nfilter = '{fine}'")),
+                "f",
+                &BTreeMap::new(),
+            )
+            .expect("a filter loads");
+        }
+    }
+
+    #[test]
+    fn redacted_shows_no_secret_and_which_are_unset() {
+        let config = Config::from_parts(
+            None,
+            "f",
+            &env(&[
+                (
+                    "HARK_DATABASE__URL",
+                    "postgres://postgres:TopSecret@db:5432/hark",
+                ),
+                ("HARK_LLM__API_KEY", "sk-LlmSecret"),
+                ("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "OneBotSecret"),
+                ("HARK_GATEWAY__HTTP__TOKEN", "HttpSecret"),
+                ("HARK_CONTROL__API_TOKENS", "ApiSecret1,ApiSecret2"),
+            ]),
+        )
+        .expect("loads");
+        let shown = toml::to_string(&config.redacted()).expect("toml");
+        let debug = format!("{config:?}");
+        for secret in [
+            "TopSecret",
+            "LlmSecret",
+            "OneBotSecret",
+            "HttpSecret",
+            "ApiSecret1",
+            "ApiSecret2",
+        ] {
+            assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+            assert!(!debug.contains(secret), "{secret} in Debug: {debug}");
+        }
+        assert!(
+            shown.contains("postgres://postgres:***@db:5432/hark"),
+            "{shown}"
+        );
+        assert!(shown.contains(crate::secret::REDACTED), "{shown}");
+        let unset = toml::to_string(&Config::default().redacted()).expect("toml");
+        assert!(unset.contains("api_key = \"\""), "{unset}");
+        // An invalid database URL is named without its password.
+        let err = Config::from_parts(
+            None,
+            "f",
+            &env(&[("HARK_DATABASE__URL", "mysql://root:TopSecret@db/hark")]),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(!err.contains("TopSecret"), "{err}");
     }
 
     #[test]

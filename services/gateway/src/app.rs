@@ -19,6 +19,8 @@ use crate::{Settings, forward, http, onebot::conn::Hub, ws};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
+    Config(#[from] hark_core::config::Error),
+    #[error(transparent)]
     Bus(#[from] bus::Error),
     #[error("cannot listen on gateway.listen = {addr}: {source}")]
     Listen {
@@ -40,6 +42,7 @@ pub struct App {
 impl App {
     pub async fn build(config: &Config) -> Result<Self, Error> {
         hark_core::install_crypto();
+        config.check_gateway_exposure()?;
         let bus::Connection { js, names, .. } = bus::connect(&config.nats, "hark gateway").await?;
         let addr = config.gateway.listen;
         let listener = TcpListener::bind(addr)
@@ -87,14 +90,19 @@ impl App {
             }
         }
         let limit = hub.settings.max_frame_bytes;
-        let router = Router::new()
+        let mut router = Router::new()
             .route("/onebot/v11/ws", any(ws::upgrade))
             .route("/onebot/v11/ws/", any(ws::upgrade))
             .route("/onebot/v11/", any(ws::upgrade))
             .route("/onebot/v11", any(ws::upgrade))
-            .route("/api/v1/messages", post(http::post_message))
-            .route("/api/v1/stream", get(http::stream))
-            .route("/healthz", get(health))
+            .route("/healthz", get(health));
+        // The HTTP adapter exists only when it was given platforms to speak for.
+        if hub.settings.http_enabled() {
+            router = router
+                .route("/api/v1/messages", post(http::post_message))
+                .route("/api/v1/stream", get(http::stream));
+        }
+        let router = router
             .layer(DefaultBodyLimit::max(limit))
             .with_state(hub.clone());
         tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
@@ -113,7 +121,21 @@ impl App {
     }
 }
 
-async fn health(State(hub): State<Arc<Hub>>) -> Json<serde_json::Value> {
+/// `GET /healthz`: liveness for anyone. Which bots are online is shown only to a caller with one
+/// of the gateway's tokens (`gateway.onebot.access_token` or `gateway.http.token`), or to anyone
+/// when the gateway has none (it then listens on loopback only).
+async fn health(
+    State(hub): State<Arc<Hub>>,
+    headers: axum::http::HeaderMap,
+) -> Json<serde_json::Value> {
+    let tokens = [&hub.settings.access_token, &hub.settings.http_token];
+    let open = tokens.iter().all(|t| t.is_empty());
+    let given = crate::bearer(&headers);
+    let trusted =
+        open || given.is_some_and(|g| tokens.iter().any(|t| !t.is_empty() && t.matches(g)));
+    if !trusted {
+        return Json(json!({"status": "ok"}));
+    }
     let bots: Vec<String> = hub
         .online()
         .into_iter()

@@ -36,7 +36,7 @@ pub async fn keep_connected(hub: Arc<Hub>, url: String) {
 async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
     if !hub.settings.access_token.is_empty() {
-        let value = format!("Bearer {}", hub.settings.access_token)
+        let value = format!("Bearer {}", hub.settings.access_token.expose())
             .parse()
             .map_err(|_| "the access token cannot be sent as a header".to_owned())?;
         request.headers_mut().insert("authorization", value);
@@ -80,11 +80,16 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     let writer = tokio::spawn(write_frames(
         sink,
         outgoing,
-        bot.closed.clone(),
+        bot.clone(),
         Frames {
             text: |t| Message::Text(t.into()),
             ping: || Message::Ping(Default::default()),
-            close: Message::Close(None),
+            close: |code, reason| {
+                Message::Close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                    code: code.into(),
+                    reason: reason.into(),
+                }))
+            },
         },
         hub.settings.idle_timeout,
     ));
@@ -96,6 +101,10 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
                 Ok(Message::Close(_)) => break,
                 Ok(Message::Ping(_) | Message::Pong(_)) => Incoming::Alive,
                 Ok(_) => continue,
+                Err(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
+                    let _ = tx.send(Incoming::TooBig).await;
+                    return;
+                }
                 Err(e) => {
                     let _ = tx.send(Incoming::Closed(e.to_string())).await;
                     return;

@@ -98,11 +98,7 @@ fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
     if expected.is_empty() {
         return Ok(());
     }
-    let given = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|h| h.strip_prefix("Bearer "));
-    if given.is_some_and(|g| crate::constant_time_eq(g.trim().as_bytes(), expected.as_bytes())) {
+    if crate::bearer(headers).is_some_and(|given| expected.matches(given)) {
         Ok(())
     } else {
         Err(Box::new(error(
@@ -133,6 +129,17 @@ pub async fn post_message(
     let field = |name: &str, why: String| error(StatusCode::BAD_REQUEST, format!("{name}: {why}"));
     if let Err(e) = bus::token(&inbound.platform) {
         return field("platform", e.to_string());
+    }
+    // The adapter speaks only for its own platforms: never as a OneBot bot's user.
+    if !hub.settings.http_platforms.contains(&inbound.platform) {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "platform: `{}` is not one of gateway.http.platforms ({}); this adapter does not speak for it",
+                hark_core::domain::ids::shown(&inbound.platform),
+                hub.settings.http_platforms.join(", ")
+            ),
+        );
     }
     if let Err(e) = bus::token(&inbound.bot_id) {
         return field("bot_id", e.to_string());
@@ -311,7 +318,7 @@ pub async fn webhook(hub: Arc<Hub>, platform: String, bot_id: String) {
         async move {
             let mut request = client.post(&url).json(&OutboundJson::from(&message));
             if !token.is_empty() {
-                request = request.bearer_auth(token);
+                request = request.bearer_auth(token.expose());
             }
             let response = request
                 .send()

@@ -15,18 +15,22 @@ pub mod ws;
 
 use std::time::Duration;
 
+use hark_core::secret::Secret;
+
 /// The gateway's settings, from the `gateway` config section.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Platform name of OneBot bots' messages.
     pub platform: String,
-    pub access_token: String,
+    pub access_token: Secret,
     pub max_frame_bytes: usize,
     pub rate_limit: u32,
     pub send_timeout: Duration,
     /// A OneBot connection silent this long is closed; `None`: never.
     pub idle_timeout: Option<Duration>,
-    pub http_token: String,
+    /// The platforms the HTTP adapter accepts messages for; empty: the adapter is off.
+    pub http_platforms: Vec<String>,
+    pub http_token: Secret,
     pub http_bots: Vec<(String, String)>,
     pub webhook_url: String,
 }
@@ -40,6 +44,7 @@ impl Settings {
             rate_limit: config.rate_limit,
             send_timeout: config.send_timeout.0,
             idle_timeout: Some(config.onebot.idle_timeout.0).filter(|d| !d.is_zero()),
+            http_platforms: config.http.platforms.clone(),
             http_token: config.http.token.clone(),
             http_bots: config
                 .http
@@ -53,6 +58,16 @@ impl Settings {
     }
 }
 
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+impl Settings {
+    /// Whether the HTTP adapter is on.
+    pub fn http_enabled(&self) -> bool {
+        !self.http_platforms.is_empty()
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header, the scheme in any case.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get("authorization")?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

@@ -12,6 +12,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use futures_util::StreamExt;
+use hark_core::secret::Secret;
 use tokio::sync::mpsc;
 
 use crate::onebot::conn::{Frames, Hub, Incoming, write_frames};
@@ -25,17 +26,15 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Whether the request carries the configured access token, as a header or a query parameter.
-pub fn authorized(expected: &str, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
+pub fn authorized(expected: &Secret, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
     if expected.is_empty() {
         return true;
     }
-    let from_header = header(headers, "authorization").and_then(|h| {
-        h.strip_prefix("Bearer ")
-            .or_else(|| h.strip_prefix("bearer "))
-            .or_else(|| h.strip_prefix("Token "))
+    let from_header = crate::bearer(headers).or_else(|| {
+        header(headers, "authorization").and_then(|h| h.strip_prefix("Token ").map(str::trim))
     });
-    let given = from_header.or(query.get("access_token").map(String::as_str));
-    given.is_some_and(|g| crate::constant_time_eq(g.trim().as_bytes(), expected.as_bytes()))
+    let given = from_header.or(query.get("access_token").map(|t| t.trim()));
+    given.is_some_and(|g| expected.matches(g))
 }
 
 pub async fn upgrade(
@@ -86,18 +85,19 @@ async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
     let (bot, outgoing) = hub.attach(&platform, &self_id);
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel(256);
-    let close = Message::Close(Some(axum::extract::ws::CloseFrame {
-        code: 1000,
-        reason: "closed by hark".into(),
-    }));
     let writer = tokio::spawn(write_frames(
         sink,
         outgoing,
-        bot.closed.clone(),
+        bot.clone(),
         Frames {
             text: |t| Message::Text(t.into()),
             ping: || Message::Ping(Default::default()),
-            close,
+            close: |code, reason| {
+                Message::Close(Some(axum::extract::ws::CloseFrame {
+                    code,
+                    reason: reason.into(),
+                }))
+            },
         },
         hub.settings.idle_timeout,
     ));
@@ -116,7 +116,15 @@ async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
                     return;
                 }
                 Err(e) => {
-                    let _ = tx.send(Incoming::Closed(e.to_string())).await;
+                    let inner = e.into_inner();
+                    let incoming =
+                        match inner.downcast_ref::<tokio_tungstenite::tungstenite::Error>() {
+                            Some(tokio_tungstenite::tungstenite::Error::Capacity(_)) => {
+                                Incoming::TooBig
+                            }
+                            _ => Incoming::Closed(inner.to_string()),
+                        };
+                    let _ = tx.send(incoming).await;
                     return;
                 }
             };

@@ -33,9 +33,10 @@ impl Gw {
     async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
         hark_core::install_crypto();
         let mut config = Config::default();
-        config.nats.url = nats_url();
+        config.nats.url = nats_url().into();
         config.nats.namespace = format!("h{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
+        config.gateway.http.platforms = vec!["myapp".into()];
         config.gateway.http.token = "app-secret".into();
         config.gateway.http.bots = vec!["myapp:main".into()];
         tweak(&mut config);
@@ -58,6 +59,23 @@ impl Gw {
         for config in self.names.stream_configs() {
             let _ = self.js.delete_stream(&config.name).await;
         }
+    }
+
+    /// The next message on `CHAT_IN` within a second, if any.
+    async fn try_next_chat_in(&self) -> Option<jetstream::Message> {
+        let consumer = self
+            .js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, self.names.chat_in_stream())
+            .await
+            .expect("consumer");
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .expect("fetch");
+        batch.next().await.map(|m| m.expect("ok"))
     }
 
     /// The next message on `CHAT_IN`, as task-control would take it.
@@ -286,5 +304,85 @@ async fn a_posted_message_continues_the_trace_its_client_sent() {
         .expect("the message carries a trace");
     assert_eq!(context.trace_id(), client.trace_id());
     assert_ne!(context, client, "sent from a span of its own");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_adapter_is_off_unless_it_is_given_platforms() {
+    let gw = Gw::start(|c| {
+        c.gateway.http = Default::default();
+    })
+    .await;
+    let (status, _) = gw.post(&message("m1").to_string(), None).await;
+    assert_eq!(status, 404, "no HTTP adapter is mounted");
+    let stream = reqwest::get(format!(
+        "{}/api/v1/stream?platform=myapp&bot_id=main",
+        gw.base
+    ))
+    .await
+    .expect("request");
+    assert_eq!(stream.status().as_u16(), 404);
+    assert!(
+        gw.try_next_chat_in().await.is_none(),
+        "nothing reached CHAT_IN"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_post_as_a_onebot_user_or_another_platform_is_refused_and_reaches_nothing() {
+    let gw = Gw::start(|_| {}).await;
+    // The spoofed answer of the security review: a QQ user, through the HTTP adapter.
+    let spoof = json!({"platform": "qq", "bot_id": "3889001", "stream": "group:5001",
+        "sender": {"user_id": "20001"}, "text": "spoofed answer", "message_id": "x1"});
+    let (status, body) = gw.post(&spoof.to_string(), Some("app-secret")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gateway.http.platforms"),
+        "{body}"
+    );
+    let mut other = message("m2");
+    other["platform"] = json!("otherapp");
+    let (status, _) = gw.post(&other.to_string(), Some("app-secret")).await;
+    assert_eq!(status, 403);
+    assert!(
+        gw.try_next_chat_in().await.is_none(),
+        "nothing reached CHAT_IN"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_accepted_in_any_case() {
+    let gw = Gw::start(|_| {}).await;
+    for (n, header) in [
+        "bearer app-secret",
+        "BEARER app-secret",
+        "Bearer  app-secret",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let response = reqwest::Client::new()
+            .post(format!("{}/api/v1/messages", gw.base))
+            .header("content-type", "application/json")
+            .header("authorization", header)
+            .body(message(&format!("case-{n}")).to_string())
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 202, "{header}");
+    }
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/messages", gw.base))
+        .header("authorization", "Basic app-secret")
+        .body(message("basic").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 401);
     gw.stop().await;
 }

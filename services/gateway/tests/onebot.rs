@@ -42,7 +42,7 @@ impl Gw {
             .with_test_writer()
             .try_init();
         let mut config = Config::default();
-        config.nats.url = nats_url();
+        config.nats.url = nats_url().into();
         config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
         config.gateway.onebot.access_token = "tok".into();
@@ -82,18 +82,8 @@ impl Gw {
 
     /// Waits until the gateway's /healthz no longer lists the bot.
     async fn until_offline(&self, bot: &str) {
-        let url = format!("http://{}/healthz", self.addr);
         for _ in 0..200 {
-            let health: Value = reqwest::get(&url)
-                .await
-                .expect("healthz")
-                .json()
-                .await
-                .expect("json");
-            let online = health["bots"]
-                .as_array()
-                .is_some_and(|b| b.iter().any(|x| x == &json!(format!("qq:{bot}"))));
-            if !online {
+            if !listed(self, bot).await {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
@@ -348,16 +338,22 @@ async fn an_oversized_frame_closes_that_connection_only() {
     let mut big = gw.connect("42", Some("tok")).await.expect("connects");
     let mut other = gw.connect("43", Some("tok")).await.expect("connects");
     let _ = big.send(Message::text("x".repeat(10_000))).await;
-    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match big.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
+                None | Some(Err(_)) => return None,
                 Some(Ok(_)) => {}
             }
         }
     })
-    .await;
-    assert_eq!(closed, Ok(true), "the oversized connection is closed");
+    .await
+    .expect("the oversized connection is closed");
+    assert_eq!(
+        closed,
+        Some(1009),
+        "closed as too big, not as a normal close"
+    );
     let event = json!({"self_id": 43, "post_type": "message", "message_type": "private",
                        "message_id": 5, "user_id": 100, "message": "fine"});
     other
@@ -539,14 +535,24 @@ async fn forward_mode_dials_the_bots_own_server() {
     gw.stop().await;
 }
 
-/// Whether the gateway's /healthz lists the bot as online.
-async fn listed(gw: &Gw, bot: &str) -> bool {
-    let health: Value = reqwest::get(format!("http://{}/healthz", gw.addr))
+/// The gateway's /healthz, asked with `token` as the bearer token.
+async fn health(gw: &Gw, token: Option<&str>) -> Value {
+    let mut request = reqwest::Client::new().get(format!("http://{}/healthz", gw.addr));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request
+        .send()
         .await
         .expect("healthz")
         .json()
         .await
-        .expect("json");
+        .expect("json")
+}
+
+/// Whether the gateway's /healthz lists the bot as online.
+async fn listed(gw: &Gw, bot: &str) -> bool {
+    let health = health(gw, Some("tok")).await;
     health["bots"]
         .as_array()
         .is_some_and(|b| b.iter().any(|x| x == &json!(format!("qq:{bot}"))))
@@ -673,4 +679,78 @@ async fn each_inbound_message_starts_a_trace_of_its_own() {
     }
     assert_ne!(traces[0], traces[1], "two messages share a trace");
     gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_frame_claiming_another_bots_self_id_is_dropped_and_the_other_bot_is_not_used() {
+    let gw = Gw::start(|_| {}).await;
+    let mut a = gw
+        .connect("42", Some("tok"))
+        .await
+        .expect("bot 42 connects");
+    let mut b = gw
+        .connect("43", Some("tok"))
+        .await
+        .expect("bot 43 connects");
+    assert!(listed(&gw, "42").await && listed(&gw, "43").await);
+    // Bot 42's connection sends a message claiming to come through bot 43.
+    let spoofed = json!({"self_id": 43, "post_type": "message", "message_type": "group",
+        "message_id": 901, "group_id": 777, "user_id": 100, "message": "spoofed"});
+    a.send(Message::text(spoofed.to_string()))
+        .await
+        .expect("send");
+    // Then each bot sends one message of its own.
+    a.send(Message::text(group_event(json!("from 42"), 902, 100)))
+        .await
+        .expect("send");
+    let own = json!({"self_id": 43, "post_type": "message", "message_type": "group",
+        "message_id": 903, "group_id": 777, "user_id": 100, "message": "from 43"});
+    b.send(Message::text(own.to_string())).await.expect("send");
+    let mut got = Vec::new();
+    while let Some(m) = gw.next_inbound(Duration::from_secs(3)).await {
+        got.push((m.bot_id, m.text));
+        if got.len() == 2 {
+            break;
+        }
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("42".to_owned(), "from 42".to_owned()),
+            ("43".to_owned(), "from 43".to_owned())
+        ],
+        "only each connection's own messages reach hark"
+    );
+    assert!(
+        gw.next_inbound(Duration::from_millis(500)).await.is_none(),
+        "the spoofed frame was not published late"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn healthz_answers_everyone_but_lists_bots_only_to_a_token_holder() {
+    let gw = Gw::start(|_| {}).await;
+    let _bot = gw.connect("42", Some("tok")).await.expect("connects");
+    assert!(listed(&gw, "42").await, "a token holder sees the bot");
+    let anonymous = health(&gw, None).await;
+    assert_eq!(anonymous["status"], "ok");
+    assert!(anonymous.get("bots").is_none(), "{anonymous}");
+    let wrong = health(&gw, Some("not-the-token")).await;
+    assert!(wrong.get("bots").is_none(), "{wrong}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_gateway_reachable_from_other_hosts_does_not_start_without_its_tokens() {
+    let mut config = Config::default();
+    config.nats.url = nats_url().into();
+    config.gateway.listen = "0.0.0.0:0".parse().expect("addr");
+    let err = App::build(&config).await.expect_err("refused").to_string();
+    assert!(err.contains("gateway.onebot.access_token"), "{err}");
+    config.gateway.onebot.access_token = "tok".into();
+    config.gateway.http.platforms = vec!["myapp".into()];
+    let err = App::build(&config).await.expect_err("refused").to_string();
+    assert!(err.contains("gateway.http.token"), "{err}");
 }

@@ -45,8 +45,8 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
         },
         gateway.addr(),
         control.grpc_addr(),
-        config.database.url,
-        config.nats.url,
+        hark_core::secret::redact_url(config.database.url.expose()),
+        hark_core::secret::redact_url(config.nats.url.expose()),
         config.nats.namespace,
     );
 

@@ -35,8 +35,13 @@ struct Cli {
 enum Command {
     /// Create the database if needed, run its migrations, and create the NATS streams.
     Migrate,
-    /// Print the effective configuration (file, then environment overrides) as TOML.
-    Config,
+    /// Print the effective configuration (file, then environment overrides) as TOML, with
+    /// tokens, keys and passwords redacted.
+    Config {
+        /// Print tokens, keys and passwords as they are.
+        #[arg(long)]
+        show_secrets: bool,
+    },
     /// Run task-control: the gRPC API, chat commands, answer routing, timers and worker requests.
     Control,
     /// Run the gateway: OneBot v11 bots (reverse and forward WebSocket) and the HTTP adapter.
@@ -88,7 +93,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // The task client prints for people; only warnings belong on its stderr.
     let quiet = matches!(
         cli.command,
-        Command::Task(_) | Command::Config | Command::Health { .. } | Command::Bench(_)
+        Command::Task(_) | Command::Config { .. } | Command::Health { .. } | Command::Bench(_)
     );
     init_tracing(&config, quiet);
     match cli.command {
@@ -116,8 +121,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown_on_signal()).await?;
             Ok(())
         }
-        Command::Config => {
-            print!("{}", toml::to_string_pretty(&config)?);
+        Command::Config { show_secrets } => {
+            let shown = if show_secrets {
+                config
+            } else {
+                config.redacted()
+            };
+            print!("{}", toml::to_string_pretty(&shown)?);
             Ok(())
         }
     }
@@ -210,16 +220,12 @@ fn init_tracing(config: &Config, quiet: bool) {
 }
 
 async fn migrate(config: &Config) -> anyhow::Result<()> {
-    let pool = hark_control::store::connect(&config.database.url, 2)
+    let shown = hark_core::secret::redact_url(config.database.url.expose());
+    let pool = hark_control::store::connect(config.database.url.expose(), 2)
         .await
-        .with_context(|| {
-            format!(
-                "cannot reach Postgres at database.url = {}",
-                config.database.url
-            )
-        })?;
+        .with_context(|| format!("cannot reach Postgres at database.url = {shown}"))?;
     hark_control::store::migrate(&pool).await?;
-    tracing::info!(database = config.database.url, "database migrated");
+    tracing::info!(database = shown, "database migrated");
     bus::connect(&config.nats, "hark migrate").await?;
     tracing::info!(
         namespace = config.nats.namespace,

@@ -8,6 +8,7 @@ use hark_core::{
     bus, codec,
     domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy},
     error::{Classified as _, Kind},
+    secret::Secret,
 };
 use hark_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
@@ -526,16 +527,17 @@ impl TaskService for Api {
 }
 
 /// Checks `authorization: Bearer <token>` against `control.api_tokens`; with no tokens
-/// configured, every caller is let in.
+/// configured (allowed on loopback only, or with `control.allow_unauthenticated`), every caller
+/// is let in.
 #[derive(Debug, Clone)]
 pub struct Auth {
-    tokens: std::sync::Arc<Vec<String>>,
+    tokens: std::sync::Arc<Vec<Secret>>,
 }
 
 impl Auth {
-    pub fn new(tokens: Vec<String>) -> Self {
+    pub fn new(tokens: Vec<Secret>) -> Self {
         Self {
-            tokens: std::sync::Arc::new(tokens),
+            tokens: std::sync::Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()),
         }
     }
 }
@@ -551,18 +553,13 @@ impl tonic::service::Interceptor for Auth {
         let token = header
             .to_str()
             .ok()
-            .and_then(|h| {
-                h.strip_prefix("Bearer ")
-                    .or_else(|| h.strip_prefix("bearer "))
-            })
+            .and_then(|h| h.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .ok_or_else(|| {
                 Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
             })?;
-        if self
-            .tokens
-            .iter()
-            .any(|t| constant_time_eq(t.as_bytes(), token.trim().as_bytes()))
-        {
+        if self.tokens.iter().any(|t| t.matches(token)) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -570,8 +567,4 @@ impl tonic::service::Interceptor for Auth {
             ))
         }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -22,6 +22,8 @@ use crate::{api, chat, control, shared::Shared, store, store::OutboxMessage, tim
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
+    Config(#[from] hark_core::config::Error),
+    #[error(transparent)]
     Store(#[from] store::Error),
     #[error(transparent)]
     Bus(#[from] bus::Error),
@@ -45,7 +47,12 @@ pub struct App {
 
 impl App {
     pub async fn build(config: Config) -> Result<Self, Error> {
-        let pool = store::connect(&config.database.url, config.database.max_connections).await?;
+        config.check_control_exposure()?;
+        let pool = store::connect(
+            config.database.url.expose(),
+            config.database.max_connections,
+        )
+        .await?;
         store::migrate(&pool).await?;
         let bus::Connection {
             client: nats,

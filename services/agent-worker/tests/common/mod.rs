@@ -40,8 +40,8 @@ impl Bed {
         let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
         let database = format!("hark_wtest_{tag}");
         let mut config = Config::default();
-        config.database.url = format!("{}/{database}", postgres_url());
-        config.nats.url = nats_url();
+        config.database.url = format!("{}/{database}", postgres_url()).into();
+        config.nats.url = nats_url().into();
         config.nats.namespace = format!("w{tag}");
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
         config.llm.base_url = llm.base_url();

@@ -32,7 +32,7 @@ impl FromStr for HumanDuration {
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let err = || DurationError {
-            input: input.to_owned(),
+            input: super::ids::shown(input),
         };
         let text = input.trim();
         if text == "0" {

@@ -29,6 +29,23 @@ pub enum IdError {
     Role(String),
 }
 
+/// The most characters of someone's input an error or a reply repeats.
+pub const SHOWN_CHARS: usize = 40;
+
+/// Input as an error message or a chat reply repeats it: at most [`SHOWN_CHARS`] characters
+/// (cut with `…`), on one line, without control characters. A reply never echoes a flood back.
+pub fn shown(input: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in input.chars().enumerate() {
+        if i == SHOWN_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident, $err:ident, $make:expr) => {
         $(#[$doc])*
@@ -66,7 +83,7 @@ macro_rules! uuid_id {
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 Uuid::parse_str(s.trim())
                     .map(Self)
-                    .map_err(|_| IdError::$err(s.to_owned()))
+                    .map_err(|_| IdError::$err(shown(s)))
             }
         }
 
@@ -129,7 +146,7 @@ impl FromStr for TaskRef {
         {
             Ok(Self::Prefix(hex))
         } else {
-            Err(IdError::TaskRef(s.to_owned()))
+            Err(IdError::TaskRef(shown(s)))
         }
     }
 }
@@ -178,7 +195,7 @@ impl FromStr for Owner {
     type Err = IdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || IdError::Owner(s.to_owned());
+        let err = || IdError::Owner(shown(s));
         let (platform, user) = s.split_once(':').ok_or_else(err)?;
         let platform_ok =
             !platform.is_empty() && platform.len() <= 32 && platform.chars().all(is_platform_char);
@@ -256,7 +273,7 @@ impl FromStr for StreamId {
     type Err = IdError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || IdError::Stream(s.to_owned());
+        let err = || IdError::Stream(shown(s));
         let (kind, target) = s.split_once(':').ok_or_else(err)?;
         let kind_ok =
             !kind.is_empty() && kind.len() <= 16 && kind.chars().all(|c| c.is_ascii_lowercase());
@@ -318,7 +335,7 @@ impl FromStr for Handle {
         if (2..=8).contains(&t.len()) && t.chars().all(|c| c.is_ascii_alphanumeric()) {
             Ok(Self(t.to_ascii_lowercase()))
         } else {
-            Err(IdError::Handle(s.to_owned()))
+            Err(IdError::Handle(shown(s)))
         }
     }
 }
@@ -359,7 +376,7 @@ impl FromStr for Role {
             "guest" => Ok(Role::Guest),
             "user" => Ok(Role::User),
             "admin" => Ok(Role::Admin),
-            _ => Err(IdError::Role(s.to_owned())),
+            _ => Err(IdError::Role(shown(s))),
         }
     }
 }
@@ -435,6 +452,24 @@ mod tests {
         assert!(Handle::strip_prefix("no handle here").is_none());
         assert!(Handle::strip_prefix("# spaced").is_none());
         assert_eq!(Handle::random().as_str().len(), Handle::LEN);
+    }
+
+    #[test]
+    fn errors_repeat_at_most_a_short_clean_piece_of_the_input() {
+        let flood = format!("{}\0\n", "@0".repeat(10_000));
+        for message in [
+            flood.parse::<TaskRef>().unwrap_err().to_string(),
+            flood.parse::<Owner>().unwrap_err().to_string(),
+            flood.parse::<StreamId>().unwrap_err().to_string(),
+            flood.parse::<Role>().unwrap_err().to_string(),
+            flood.parse::<TaskId>().unwrap_err().to_string(),
+        ] {
+            assert!(message.chars().count() < 200, "{message}");
+            assert!(!message.contains('\0'), "{message}");
+        }
+        assert_eq!(shown("short"), "short");
+        assert_eq!(shown("a\0b"), "a b");
+        assert_eq!(shown(&"x".repeat(50)).chars().count(), SHOWN_CHARS + 1);
     }
 
     #[test]

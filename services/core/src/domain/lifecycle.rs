@@ -107,7 +107,7 @@ impl FromStr for TaskState {
             .find(|state| {
                 state.as_str() == lower || (lower == "waiting" && *state == TaskState::WaitingInput)
             })
-            .ok_or_else(|| UnknownState(s.to_owned()))
+            .ok_or_else(|| UnknownState(super::ids::shown(s)))
     }
 }
 
@@ -177,7 +177,7 @@ impl FromStr for TimeoutPolicy {
         TimeoutPolicy::ALL
             .into_iter()
             .find(|p| p.as_str() == lower)
-            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+            .ok_or_else(|| UnknownPolicy(super::ids::shown(s)))
     }
 }
 
@@ -329,7 +329,7 @@ impl FromStr for QuestionOutcome {
         QuestionOutcome::ALL
             .into_iter()
             .find(|o| o.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
+            .ok_or_else(|| UnknownState(super::ids::shown(s)))
     }
 }
 

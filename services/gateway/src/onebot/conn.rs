@@ -26,6 +26,8 @@ pub enum Incoming {
     Binary(usize),
     /// A WebSocket ping or pong: the peer is there.
     Alive,
+    /// A frame larger than `gateway.max_frame_bytes`: the connection is closed with 1009.
+    TooBig,
     /// The connection ended; the reason, if any, for the log.
     Closed(String),
 }
@@ -37,7 +39,16 @@ pub struct Frames<M> {
     pub text: fn(String) -> M,
     /// A ping, sent every third of the idle timeout so that a live peer answers.
     pub ping: fn() -> M,
-    pub close: M,
+    /// A close frame with its code and reason.
+    pub close: fn(u16, String) -> M,
+}
+
+/// WebSocket close codes hark sends.
+pub mod close_code {
+    /// The connection did its job (hark stops, or a newer connection replaced it).
+    pub const NORMAL: u16 = 1000;
+    /// The peer sent a message larger than hark accepts.
+    pub const TOO_BIG: u16 = 1009;
 }
 
 /// Writes a connection's outgoing frames until it closes or is replaced, then sends a close
@@ -45,7 +56,7 @@ pub struct Frames<M> {
 pub async fn write_frames<S, M>(
     mut sink: S,
     mut outgoing: mpsc::Receiver<String>,
-    closed: CancellationToken,
+    bot: Arc<Bot>,
     frames: Frames<M>,
     idle_timeout: Option<Duration>,
 ) where
@@ -57,8 +68,9 @@ pub async fn write_frames<S, M>(
     pings.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = closed.cancelled() => {
-                let _ = sink.send(frames.close).await;
+            _ = bot.closed.cancelled() => {
+                let (code, reason) = bot.close_reason();
+                let _ = sink.send((frames.close)(code, reason)).await;
                 return;
             }
             _ = pings.tick(), if idle_timeout.is_some() => {
@@ -104,9 +116,25 @@ pub struct Bot {
     pub closed: CancellationToken,
     /// When the bot last sent anything (a heartbeat included).
     pub last_seen: Mutex<Instant>,
+    /// Why this connection is closed, when hark closes it for a reason of the peer's making.
+    closing: Mutex<Option<(u16, String)>>,
 }
 
 impl Bot {
+    /// The close frame's code and reason for this connection.
+    pub fn close_reason(&self) -> (u16, String) {
+        self.closing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| (close_code::NORMAL, "closed by hark".into()))
+    }
+
+    fn close_with(&self, code: u16, reason: String) {
+        *self.closing.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, reason));
+        self.closed.cancel();
+    }
+
     /// Calls an action and waits for its answer's `data`.
     pub async fn call(
         &self,
@@ -252,6 +280,7 @@ impl Hub {
             pending: Mutex::default(),
             closed: self.shutdown.child_token(),
             last_seen: Mutex::new(Instant::now()),
+            closing: Mutex::new(None),
         });
         let previous = self
             .lock_bots()
@@ -318,6 +347,21 @@ impl Hub {
             let text = match frame {
                 Incoming::Text(text) => text,
                 Incoming::Alive => continue,
+                Incoming::TooBig => {
+                    let limit = self.settings.max_frame_bytes;
+                    tracing::warn!(
+                        bot = bot.self_id,
+                        limit,
+                        "closing a bot connection that sent a frame larger than gateway.max_frame_bytes"
+                    );
+                    bot.close_with(
+                        close_code::TOO_BIG,
+                        format!(
+                            "message too big: the limit is {limit} bytes (gateway.max_frame_bytes)"
+                        ),
+                    );
+                    break;
+                }
                 Incoming::Binary(len) => {
                     tracing::warn!(
                         bot = bot.self_id,
@@ -349,6 +393,15 @@ impl Hub {
                             "rate limit: dropping events from a flooding bot"
                         );
                     }
+                }
+                // A frame speaks only for its own connection: a bot that claims to be another
+                // bot is not believed.
+                Ok(Frame::Message(message)) if message.bot_id != bot.self_id => {
+                    tracing::warn!(
+                        connection_bot = bot.self_id,
+                        frame_self_id = message.bot_id,
+                        "dropping a message whose self_id is not the bot of its connection"
+                    );
                 }
                 Ok(Frame::Message(message)) => self.publish(*message, None).await,
                 Ok(Frame::Meta { kind }) => tracing::trace!(bot = bot.self_id, kind, "meta event"),

@@ -60,7 +60,7 @@ impl Limits {
 }
 
 pub async fn measure(bench: &Bench) -> anyhow::Result<Limits> {
-    let pool = sqlx::PgPool::connect(&bench.config.database.url).await?;
+    let pool = sqlx::PgPool::connect(bench.config.database.url.expose()).await?;
     let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(&pool)
         .await?;

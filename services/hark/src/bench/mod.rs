@@ -110,12 +110,9 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     } else {
         let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
         config.nats.namespace = format!("bench{tag}");
-        let base = config
-            .database
-            .url
-            .rsplit_once('/')
-            .map_or(config.database.url.as_str(), |(b, _)| b);
-        config.database.url = format!("{base}/hark_bench_{tag}");
+        let url = config.database.url.expose();
+        let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+        config.database.url = format!("{base}/hark_bench_{tag}").into();
         procs::Processes::spawn(
             &config,
             &llm.base_url(),
@@ -125,9 +122,14 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         .await?
     };
     let names = Names::new(config.nats.namespace.parse()?);
-    let nats = async_nats::connect(&config.nats.url)
+    let nats = async_nats::connect(config.nats.url.expose())
         .await
-        .with_context(|| format!("cannot reach NATS at {}", config.nats.url))?;
+        .with_context(|| {
+            format!(
+                "cannot reach NATS at nats.url = {}",
+                hark_core::secret::redact_url(config.nats.url.expose())
+            )
+        })?;
     let api = procs::connect_api(&config).await?;
     let events = hub::EventHub::start(&nats, &names).await?;
     let arrivals = hub::ArrivalHub::start(&llm);
@@ -144,7 +146,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
     eprintln!(
         "bench: namespace {}, database {}, {} hark processes, scripted LLM at {}",
         bench.config.nats.namespace,
-        bench.config.database.url,
+        hark_core::secret::redact_url(bench.config.database.url.expose()),
         bench.procs.list().len(),
         bench.llm.base_url()
     );

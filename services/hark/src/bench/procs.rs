@@ -34,8 +34,11 @@ impl Processes {
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the hark binary")?;
         let env = [
-            ("HARK_DATABASE__URL", config.database.url.clone()),
-            ("HARK_NATS__URL", config.nats.url.clone()),
+            (
+                "HARK_DATABASE__URL",
+                config.database.url.expose().to_owned(),
+            ),
+            ("HARK_NATS__URL", config.nats.url.expose().to_owned()),
             ("HARK_NATS__NAMESPACE", config.nats.namespace.clone()),
             (
                 "HARK_CONTROL__GRPC_LISTEN",
@@ -44,7 +47,7 @@ impl Processes {
             ("HARK_GATEWAY__LISTEN", config.gateway.listen.to_string()),
             (
                 "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
-                config.gateway.onebot.access_token.clone(),
+                config.gateway.onebot.access_token.expose().to_owned(),
             ),
             ("HARK_LLM__BASE_URL", llm_url.to_owned()),
             ("HARK_WORKER__CONCURRENCY", concurrency.to_string()),
@@ -184,7 +187,7 @@ pub async fn connect_api(config: &Config) -> anyhow::Result<TaskServiceClient<Ch
 }
 
 pub async fn drop_database(config: &Config) {
-    let Some((base, name)) = config.database.url.rsplit_once('/') else {
+    let Some((base, name)) = config.database.url.expose().rsplit_once('/') else {
         return;
     };
     if let Ok(pool) = sqlx::PgPool::connect(&format!("{base}/postgres")).await {

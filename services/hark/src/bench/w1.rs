@@ -40,9 +40,10 @@ impl Bot {
         request.headers_mut().insert("x-self-id", BOT.parse()?);
         let token = &bench.config.gateway.onebot.access_token;
         if !token.is_empty() {
-            request
-                .headers_mut()
-                .insert("authorization", format!("Bearer {token}").parse()?);
+            request.headers_mut().insert(
+                "authorization",
+                format!("Bearer {}", token.expose()).parse()?,
+            );
         }
         let (socket, _) = tokio_tungstenite::connect_async_with_config(request, None, true)
             .await

@@ -22,7 +22,7 @@ const STATEMENTS_PER_RESUME: f64 = 3.0;
 const NATS_PER_RESUME: f64 = 4.0;
 
 async fn xact_commit(bench: &Bench) -> anyhow::Result<i64> {
-    let pool = sqlx::PgPool::connect(&bench.config.database.url).await?;
+    let pool = sqlx::PgPool::connect(bench.config.database.url.expose()).await?;
     let n: i64 = sqlx::query_scalar(
         "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
     )

@@ -12,7 +12,7 @@ use super::Error;
 /// Connects a pool to `url`, creating the database first when it does not exist.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
     let options = PgConnectOptions::from_str(url)
-        .map_err(|e| Error::DatabaseUrl(url.to_owned(), e.to_string()))?;
+        .map_err(|e| Error::DatabaseUrl(hark_core::secret::redact_url(url), e.to_string()))?;
     let name = options.get_database().unwrap_or("postgres").to_owned();
     ensure_database(&options, &name).await?;
     let pool = PgPoolOptions::new()

@@ -72,8 +72,8 @@ impl TestControl {
     pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
         let db = super::TestDb::new().await;
         let mut config = Config::default();
-        config.database.url = format!("{}/{}", super::server_url(), db.name);
-        config.nats.url = nats_url();
+        config.database.url = format!("{}/{}", super::server_url(), db.name).into();
+        config.nats.url = nats_url().into();
         config.nats.namespace = db.store.names().namespace().to_string();
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
         config.permission.admins = vec!["qq:1".parse().expect("owner")];

@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         descriptors.encode_to_vec(),
     )?;
     tonic_prost_build::configure()
+        .codec_path("crate::codec::HarkCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;

@@ -3,6 +3,8 @@
 //! The `.proto` files are compiled with `protox`, so building needs no `protoc`. The encoded file
 //! descriptor set is kept in [`FILE_DESCRIPTOR_SET`] for gRPC server reflection.
 
+pub mod codec;
+
 /// Package `hark.v1`: messages shared by every service, the worker control protocol, and the
 /// `TaskService` API.
 #[allow(missing_debug_implementations, unused_qualifications, clippy::all)]

@@ -185,6 +185,7 @@ impl Env {
         Process {
             name: args.join(" "),
             child,
+            log: log_path,
         }
     }
 
@@ -200,6 +201,18 @@ impl Env {
             "task-control did not answer on {} within 30s",
             self.grpc_url()
         );
+    }
+
+    /// A gRPC client that sends `token` as its bearer token, once task-control answers.
+    pub async fn client_with_token(&self, token: &str) -> AuthorizedClient {
+        self.client().await;
+        let channel = tonic::transport::Endpoint::from_shared(self.grpc_url())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("task-control answers");
+        let value = format!("Bearer {token}").parse().expect("header value");
+        TaskServiceClient::with_interceptor(channel, Bearer(value))
     }
 
     /// The run jobs consumer, as workers use it.
@@ -249,6 +262,27 @@ impl Env {
     }
 }
 
+/// Adds a bearer token to every call.
+#[derive(Debug, Clone)]
+pub struct Bearer(tonic::metadata::MetadataValue<tonic::metadata::Ascii>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.0.clone());
+        Ok(request)
+    }
+}
+
+/// A gRPC client with a bearer token.
+pub type AuthorizedClient = TaskServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+>;
+
 /// Fetches up to `max` messages, waiting at most `wait`; each is acked.
 pub async fn fetch<M: codec::Versioned>(
     consumer: &PullConsumer,
@@ -276,9 +310,34 @@ pub async fn fetch<M: codec::Versioned>(
 pub struct Process {
     pub name: String,
     child: Child,
+    /// Where its output goes (empty with `HARK_E2E_LOGS=inherit`).
+    log: PathBuf,
 }
 
 impl Process {
+    /// What the process wrote to stdout and stderr so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until its output contains `needle`; panics after `wait` with the output.
+    pub async fn wait_for_output(&self, needle: &str, wait: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let output = self.output();
+            if output.contains(needle) {
+                return output;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "{} did not print {needle:?} within {wait:?}:\n{output}",
+                    self.name
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// SIGKILL: no shutdown, no flushing.
     pub async fn kill(&mut self) {
         let _ = self.child.start_kill();

@@ -440,6 +440,7 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             ask_timeout: Duration::from_secs(600),
             on_timeout: hark_core::domain::TimeoutPolicy::Resume,
             request_id: None,
+            active_limit: 0,
         })
         .await
         .expect("created")

@@ -81,7 +81,7 @@ impl FromStr for Namespace {
         if ok {
             Ok(Self(s.to_owned()))
         } else {
-            Err(Error::Namespace(s.to_owned()))
+            Err(Error::Namespace(crate::domain::ids::shown(s)))
         }
     }
 }
@@ -138,7 +138,7 @@ pub fn token(s: &str) -> Result<&str, Error> {
     if ok {
         Ok(s)
     } else {
-        Err(Error::Token(s.to_owned()))
+        Err(Error::Token(crate::domain::ids::shown(s)))
     }
 }
 
@@ -404,17 +404,74 @@ pub async fn connect(
     client_name: &str,
 ) -> Result<Connection, Error> {
     let names = Names::new(config.namespace.parse()?);
-    let client = async_nats::ConnectOptions::new()
-        .name(client_name)
-        .connect(config.url.expose())
+    let client = connect_client(config, client_name).await?;
+    let js = jetstream::new(client.clone());
+    ensure(&js, &names).await?;
+    Ok(Connection { client, js, names })
+}
+
+/// Connects as `client_name` to the configured NATS, and nothing more.
+pub async fn connect_client(
+    config: &crate::config::NatsConfig,
+    client_name: &str,
+) -> Result<async_nats::Client, Error> {
+    // Credentials in the URL are handed over separately, so that the client library, which
+    // logs the server's address, never sees them in it.
+    let (url, credentials) = split_credentials(config.url.expose());
+    let mut options = async_nats::ConnectOptions::new().name(client_name);
+    options = match credentials {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    };
+    options
+        .connect(url.as_str())
         .await
         .map_err(|source| Error::Connect {
             url: crate::secret::redact_url(config.url.expose()),
             source,
-        })?;
-    let js = jetstream::new(client.clone());
-    ensure(&js, &names).await?;
-    Ok(Connection { client, js, names })
+        })
+}
+
+/// A NATS URL without its `user:password@` (or `token@`), and those apart, percent-decoded.
+pub fn split_credentials(url: &str) -> (String, Option<(String, Option<String>)>) {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some((credentials, host)) = rest[..authority_end].rsplit_once('@') else {
+        return (url.to_owned(), None);
+    };
+    let decoded = |s: &str| percent_decode(s);
+    let credentials = match credentials.split_once(':') {
+        Some((user, password)) => (decoded(user), Some(decoded(password))),
+        None => (decoded(credentials), None),
+    };
+    (
+        format!("{scheme}{host}{}", &rest[authority_end..]),
+        Some(credentials),
+    )
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(byte) = text
+                .get(i + 1..i + 3)
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Creates the consumer, or updates it when it exists with other settings.
@@ -517,6 +574,29 @@ mod tests {
             assert!(n.chat_in(bad).is_err(), "{bad:?} accepted");
             assert!(n.chat_out("qq", bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn credentials_are_taken_out_of_a_nats_url() {
+        assert_eq!(
+            split_credentials("nats://hark:p%40ss@127.0.0.1:4222"),
+            (
+                "nats://127.0.0.1:4222".into(),
+                Some(("hark".into(), Some("p@ss".into())))
+            )
+        );
+        assert_eq!(
+            split_credentials("nats://s3cr3t@nats:4222"),
+            ("nats://nats:4222".into(), Some(("s3cr3t".into(), None)))
+        );
+        assert_eq!(
+            split_credentials("nats://127.0.0.1:4222"),
+            ("nats://127.0.0.1:4222".into(), None)
+        );
+        assert_eq!(
+            split_credentials("127.0.0.1:4222"),
+            ("127.0.0.1:4222".into(), None)
+        );
     }
 
     #[test]

@@ -70,16 +70,12 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
             }
         }
         Role::Worker => {
-            let client =
-                tokio::time::timeout(within, async_nats::connect(config.nats.url.expose()))
-                    .await
-                    .context("NATS did not answer in time")?
-                    .with_context(|| {
-                        format!(
-                            "NATS does not answer at nats.url = {}",
-                            hark_core::secret::redact_url(config.nats.url.expose())
-                        )
-                    })?;
+            let client = tokio::time::timeout(
+                within,
+                hark_core::bus::connect_client(&config.nats, "hark health"),
+            )
+            .await
+            .context("NATS did not answer in time")??;
             let names = Names::new(config.nats.namespace.parse()?);
             async_nats::jetstream::new(client)
                 .get_stream(names.task_run_stream())

@@ -6,7 +6,7 @@ use std::{pin::Pin, time::Duration};
 use futures_util::{Stream, StreamExt};
 use hark_core::{
     bus, codec,
-    domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy},
+    domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, text},
     error::{Classified as _, Kind},
     secret::Secret,
 };
@@ -20,9 +20,6 @@ use crate::{
         self, Answer, AnswerOutcome, ChatRoute, NewTask, QuestionFilter, TaskFilter, TellDelivery,
     },
 };
-
-/// Longest goal, question answer or instruction accepted, in bytes.
-const MAX_TEXT: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct Api {
@@ -39,7 +36,7 @@ impl Api {
         let reference = task_ref(field, value)?;
         self.shared
             .store
-            .resolve_task(&reference)
+            .resolve_task(&reference, None)
             .await
             .map_err(status_of)
     }
@@ -86,21 +83,45 @@ fn invalid(field: &str, why: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {why}"))
 }
 
+/// A required text (a goal, an answer, an instruction): trimmed, bounded, without NUL.
 fn text_field(field: &str, value: &str) -> Result<String, Status> {
-    let trimmed = value.trim();
-    if trimmed.is_empty() {
-        return Err(invalid(field, "must not be empty"));
+    text::text(value, text::MAX_TEXT_BYTES)
+        .map(str::to_owned)
+        .map_err(|e| invalid(field, e))
+}
+
+/// An optional short note (a reason, an author): trimmed, bounded, without NUL; `None` when
+/// empty.
+fn note_field(field: &str, value: &str) -> Result<Option<String>, Status> {
+    let note = text::optional_text(value, text::MAX_NOTE_BYTES).map_err(|e| invalid(field, e))?;
+    Ok((!note.is_empty()).then(|| note.to_owned()))
+}
+
+/// An optional identifier the caller chose (a request id, a message id); `None` when empty.
+fn key_field(field: &str, value: &str) -> Result<Option<String>, Status> {
+    let key = text::key(value).map_err(|e| invalid(field, e))?;
+    Ok((!key.is_empty()).then(|| key.to_owned()))
+}
+
+/// An optional platform name (a filter); `None` when empty.
+fn platform_field(field: &str, value: &str) -> Result<Option<String>, Status> {
+    if value.is_empty() {
+        return Ok(None);
     }
-    if trimmed.len() > MAX_TEXT {
-        return Err(invalid(field, format!("is longer than {MAX_TEXT} bytes")));
+    bus::token(value)
+        .map(|p| Some(p.to_owned()))
+        .map_err(|e| invalid(field, e))
+}
+
+/// An optional chat stream (a filter); `None` when empty.
+fn stream_field(field: &str, value: &str) -> Result<Option<String>, Status> {
+    if value.is_empty() {
+        return Ok(None);
     }
-    if trimmed.contains('\0') {
-        return Err(invalid(
-            field,
-            "contains a NUL character (\\0), which cannot be stored",
-        ));
-    }
-    Ok(trimmed.to_owned())
+    value
+        .parse::<StreamId>()
+        .map(|s| Some(s.to_string()))
+        .map_err(|e| invalid(field, e))
 }
 
 fn task_ref(field: &str, value: &str) -> Result<TaskRef, Status> {
@@ -170,11 +191,13 @@ impl TaskService for Api {
                 let stream: StreamId =
                     chat.stream.parse().map_err(|e| invalid("chat.stream", e))?;
                 Some(ChatRoute {
+                    origin_message_id: key_field(
+                        "chat.origin_message_id",
+                        &chat.origin_message_id,
+                    )?,
                     platform: chat.platform,
                     bot_id: chat.bot_id,
                     stream: stream.to_string(),
-                    origin_message_id: (!chat.origin_message_id.is_empty())
-                        .then_some(chat.origin_message_id),
                 })
             }
         };
@@ -196,8 +219,9 @@ impl TaskService for Api {
                 chat,
                 ask_timeout,
                 on_timeout,
-                request_id: (!request.request_id.is_empty())
-                    .then(|| format!("api:{}", request.request_id)),
+                request_id: key_field("request_id", &request.request_id)?
+                    .map(|id| format!("api:{id}")),
+                active_limit: self.shared.config.task.max_active_per_owner,
             })
             .await
             .map_err(status_of)?;
@@ -249,8 +273,8 @@ impl TaskService for Api {
             .list_tasks(&TaskFilter {
                 owner: owner_field("owner", &request.owner)?,
                 states,
-                platform: (!request.platform.is_empty()).then_some(request.platform),
-                stream: (!request.stream.is_empty()).then_some(request.stream),
+                platform: platform_field("platform", &request.platform)?,
+                stream: stream_field("stream", &request.stream)?,
                 before,
                 limit,
             })
@@ -269,12 +293,9 @@ impl TaskService for Api {
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
         let request = request.into_inner();
+        let reason = note_field("reason", &request.reason)?
+            .unwrap_or_else(|| "cancelled over the API".to_owned());
         let task = self.resolve("task_id", &request.task_id).await?;
-        let reason = if request.reason.trim().is_empty() {
-            "cancelled over the API".to_owned()
-        } else {
-            request.reason.trim().to_owned()
-        };
         let cancelled = self
             .shared
             .store
@@ -294,6 +315,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
         let request = request.into_inner();
         let text = text_field("answer", &request.answer)?;
+        let request_id = key_field("request_id", &request.request_id)?;
         let store = &self.shared.store;
         // Either a question by id, or whichever question the task has open.
         // Either a question by id, or whichever question the task has open. Neither is read
@@ -306,7 +328,13 @@ impl TaskService for Api {
             ),
             ("", task) => Target::OpenOf(match task_ref("task_id", task)? {
                 TaskRef::Full(id) => id,
-                prefix => store.resolve_task(&prefix).await.map_err(status_of)?.id,
+                prefix => {
+                    store
+                        .resolve_task(&prefix, None)
+                        .await
+                        .map_err(status_of)?
+                        .id
+                }
             }),
             _ => {
                 return Err(invalid(
@@ -333,8 +361,7 @@ impl TaskService for Api {
         let answer = Answer {
             answerer,
             text,
-            inbound_key: (!request.request_id.is_empty())
-                .then(|| format!("api:{}", request.request_id)),
+            inbound_key: request_id.map(|id| format!("api:{id}")),
         };
         let applied = match target {
             Target::Question(q) => store.answer(q, &answer).await,
@@ -380,16 +407,12 @@ impl TaskService for Api {
     ) -> Result<Response<pb::TellTaskResponse>, Status> {
         let request = request.into_inner();
         let text = text_field("instruction", &request.instruction)?;
+        let author = note_field("author", &request.author)?.unwrap_or_else(|| "api".to_owned());
         let task = self.resolve("task_id", &request.task_id).await?;
-        let author = if request.author.trim().is_empty() {
-            "api"
-        } else {
-            request.author.trim()
-        };
         let (id, delivery) = self
             .shared
             .store
-            .tell(task.id, &text, author)
+            .tell(task.id, &text, &author)
             .await
             .map_err(|e| match e {
                 store::Error::WrongState { state, .. } => {
@@ -497,12 +520,8 @@ impl TaskService for Api {
         request: Request<pb::ListQuestionsRequest>,
     ) -> Result<Response<pb::ListQuestionsResponse>, Status> {
         let request = request.into_inner();
-        if !request.stream.is_empty() {
-            request
-                .stream
-                .parse::<StreamId>()
-                .map_err(|e| invalid("stream", e))?;
-        }
+        let stream = stream_field("stream", &request.stream)?;
+        let platform = platform_field("platform", &request.platform)?;
         let after = page_token::<QuestionId>(&request.page_token)?;
         let limit = page_size(request.page_size);
         let questions = self
@@ -510,8 +529,8 @@ impl TaskService for Api {
             .store
             .list_questions(&QuestionFilter {
                 owner: owner_field("owner", &request.owner)?,
-                platform: (!request.platform.is_empty()).then_some(request.platform),
-                stream: (!request.stream.is_empty()).then_some(request.stream),
+                platform,
+                stream,
                 include_closed: request.include_closed,
                 after,
                 limit,

@@ -72,6 +72,9 @@ impl App {
                 nats,
                 js,
                 names,
+                commands: Arc::new(chat::limit::CommandLimiter::new(
+                    config.chat.commands_per_minute,
+                )),
                 config: Arc::new(config),
             },
             listener,

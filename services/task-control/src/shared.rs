@@ -21,6 +21,8 @@ pub struct Shared {
     pub js: jetstream::Context,
     pub names: Names,
     pub config: Arc<Config>,
+    /// How many chat commands each sender may give (`chat.commands_per_minute`).
+    pub commands: Arc<crate::chat::limit::CommandLimiter>,
 }
 
 impl Shared {

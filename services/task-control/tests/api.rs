@@ -378,3 +378,304 @@ async fn trace_context_follows_a_task_from_the_grpc_call_through_the_bus() {
     assert_eq!(context.map(|c| c.trace_id()), Some(answerer.trace_id()));
     tc.stop().await;
 }
+
+/// Every string field of every request, with a value no field may take, is refused as an
+/// invalid argument naming the field — never as an outage.
+#[tokio::test]
+async fn every_bad_string_field_is_an_invalid_argument_naming_its_field() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let task = api
+        .create_task(create("api:alice", "hold on"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let id = task.id.clone();
+    let nul = "bad\0value".to_owned();
+    let huge = "x".repeat(2 * 1024 * 1024 - 64 * 1024);
+    let mut checked = 0;
+    for bad in [nul, huge] {
+        let chat = |f: &dyn Fn(&mut pb::ChatRoute)| {
+            let mut route = pb::ChatRoute {
+                platform: "qq".into(),
+                bot_id: "42".into(),
+                stream: "group:1".into(),
+                origin_message_id: "m1".into(),
+            };
+            f(&mut route);
+            Some(route)
+        };
+        let calls: Vec<(&str, tonic::Status)> = vec![
+            (
+                "owner",
+                api.create_task(create(&bad, "g")).await.unwrap_err(),
+            ),
+            (
+                "goal",
+                api.create_task(create("api:alice", &bad))
+                    .await
+                    .unwrap_err(),
+            ),
+            (
+                "chat.platform",
+                api.create_task(pb::CreateTaskRequest {
+                    chat: chat(&|r| r.platform = bad.clone()),
+                    ..create("api:alice", "g")
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "chat.bot_id",
+                api.create_task(pb::CreateTaskRequest {
+                    chat: chat(&|r| r.bot_id = bad.clone()),
+                    ..create("api:alice", "g")
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "chat.stream",
+                api.create_task(pb::CreateTaskRequest {
+                    chat: chat(&|r| r.stream = bad.clone()),
+                    ..create("api:alice", "g")
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "chat.origin_message_id",
+                api.create_task(pb::CreateTaskRequest {
+                    chat: chat(&|r| r.origin_message_id = bad.clone()),
+                    ..create("api:alice", "g")
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "request_id",
+                api.create_task(pb::CreateTaskRequest {
+                    request_id: bad.clone(),
+                    ..create("api:alice", "g")
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "task_id",
+                api.get_task(pb::GetTaskRequest {
+                    task_id: bad.clone(),
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "owner",
+                api.list_tasks(pb::ListTasksRequest {
+                    owner: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "platform",
+                api.list_tasks(pb::ListTasksRequest {
+                    platform: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "stream",
+                api.list_tasks(pb::ListTasksRequest {
+                    stream: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "page_token",
+                api.list_tasks(pb::ListTasksRequest {
+                    page_token: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "reason",
+                api.cancel_task(pb::CancelTaskRequest {
+                    task_id: id.clone(),
+                    reason: bad.clone(),
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "answer",
+                api.answer_question(pb::AnswerQuestionRequest {
+                    task_id: id.clone(),
+                    answer: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "request_id",
+                api.answer_question(pb::AnswerQuestionRequest {
+                    task_id: id.clone(),
+                    answer: "fine".into(),
+                    request_id: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "answerer",
+                api.answer_question(pb::AnswerQuestionRequest {
+                    task_id: id.clone(),
+                    answer: "fine".into(),
+                    answerer: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "question_id",
+                api.answer_question(pb::AnswerQuestionRequest {
+                    question_id: bad.clone(),
+                    answer: "fine".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "instruction",
+                api.tell_task(pb::TellTaskRequest {
+                    task_id: id.clone(),
+                    instruction: bad.clone(),
+                    author: String::new(),
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "author",
+                api.tell_task(pb::TellTaskRequest {
+                    task_id: id.clone(),
+                    instruction: "fine".into(),
+                    author: bad.clone(),
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "task_id",
+                api.watch_task(pb::WatchTaskRequest {
+                    task_id: bad.clone(),
+                })
+                .await
+                .map(|_| ())
+                .unwrap_err(),
+            ),
+            (
+                "owner",
+                api.list_questions(pb::ListQuestionsRequest {
+                    owner: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "stream",
+                api.list_questions(pb::ListQuestionsRequest {
+                    stream: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+            (
+                "platform",
+                api.list_questions(pb::ListQuestionsRequest {
+                    platform: bad.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+            ),
+        ];
+        for (field, status) in calls {
+            assert_eq!(
+                status.code(),
+                Code::InvalidArgument,
+                "{field}: {}",
+                status.message()
+            );
+            assert!(
+                status.message().starts_with(field),
+                "the error names {field}: {}",
+                status.message()
+            );
+            assert!(
+                status.message().len() < 400,
+                "the error does not echo the value: {} bytes",
+                status.message().len()
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 46);
+    // The task is untouched by all of it.
+    let now = api
+        .get_task(pb::GetTaskRequest { task_id: id })
+        .await
+        .expect("get")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(now.state, pb::TaskState::Pending as i32);
+    tc.stop().await;
+}
+
+/// `CreateTaskRequest` as a client could send it with its owner (field 1) as raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawCreateTask {
+    #[prost(bytes = "vec", tag = "1")]
+    owner: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_request_that_is_not_valid_protobuf_is_an_invalid_argument() {
+    let tc = TestControl::start().await;
+    let channel = tonic::transport::Endpoint::from_shared(tc.grpc.clone())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    // A string field whose bytes are not UTF-8.
+    let status = grpc
+        .unary::<_, pb::CreateTaskResponse, _>(
+            Request::new(RawCreateTask {
+                owner: vec![0xff, 0xfe],
+            }),
+            "/hark.v1.TaskService/CreateTask".parse().expect("path"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    tc.stop().await;
+}

@@ -245,7 +245,7 @@ async fn an_expired_question_fails_the_task_under_the_fail_policy() {
     tc.out_containing("failed").await;
     let task = tc
         .store
-        .resolve_task(&short.parse().expect("ref"))
+        .resolve_task(&short.parse().expect("ref"), None)
         .await
         .expect("task");
     assert_eq!(task.state, TaskState::Failed);
@@ -278,7 +278,7 @@ async fn a_question_under_the_never_policy_has_no_deadline_and_stays_open() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let task = tc
         .store
-        .resolve_task(&short.parse().expect("ref"))
+        .resolve_task(&short.parse().expect("ref"), None)
         .await
         .expect("task");
     assert_eq!(task.state, TaskState::WaitingInput);

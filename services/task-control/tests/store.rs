@@ -39,6 +39,7 @@ async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
             ask_timeout: Duration::from_secs(600),
             on_timeout: TimeoutPolicy::Resume,
             request_id: None,
+            active_limit: 0,
         })
         .await
         .expect("task created")
@@ -387,6 +388,7 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         ask_timeout: Duration::from_secs(60),
         on_timeout: TimeoutPolicy::Fail,
         request_id: Some("req-1".into()),
+        active_limit: 0,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -528,7 +530,7 @@ async fn a_task_is_found_by_a_unique_prefix_and_listed_newest_first() {
     let b = new_task(&db.store, Some(group_chat())).await;
     let found = db
         .store
-        .resolve_task(&b.id.short().parse::<TaskRef>().expect("prefix"))
+        .resolve_task(&b.id.short().parse::<TaskRef>().expect("prefix"), None)
         .await;
     assert_eq!(
         found
@@ -538,13 +540,13 @@ async fn a_task_is_found_by_a_unique_prefix_and_listed_newest_first() {
     );
     let full = db
         .store
-        .resolve_task(&TaskRef::Full(a.id))
+        .resolve_task(&TaskRef::Full(a.id), None)
         .await
         .expect("full id");
     assert_eq!(full.id, a.id);
     assert!(matches!(
         db.store
-            .resolve_task(&"ffffffff".parse::<TaskRef>().expect("prefix"))
+            .resolve_task(&"ffffffff".parse::<TaskRef>().expect("prefix"), None)
             .await,
         Err(Error::TaskNotFound(_))
     ));
@@ -753,6 +755,7 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         ask_timeout: Duration::from_secs(600),
         on_timeout: TimeoutPolicy::Resume,
         request_id: request.map(str::to_owned),
+        active_limit: 0,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [

@@ -7,6 +7,7 @@
 pub mod duration;
 pub mod ids;
 pub mod lifecycle;
+pub mod text;
 
 pub use duration::HumanDuration;
 pub use ids::{Handle, IdError, Owner, QuestionId, Role, StreamId, TaskId, TaskRef};

@@ -25,8 +25,9 @@ use tonic::transport::Channel;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Measure a hark that is already running (its llm.base_url must be http://<llm-listen>/v1)
-    /// instead of starting one.
+    /// Measure a hark that is already running (its llm.base_url must be http://<llm-listen>/v1,
+    /// and task.max_active_per_owner = 0, since one owner has every W2 task) instead of starting
+    /// one.
     #[arg(long)]
     external: bool,
     /// Where the bench's scripted LLM listens.
@@ -122,14 +123,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         .await?
     };
     let names = Names::new(config.nats.namespace.parse()?);
-    let nats = async_nats::connect(config.nats.url.expose())
-        .await
-        .with_context(|| {
-            format!(
-                "cannot reach NATS at nats.url = {}",
-                hark_core::secret::redact_url(config.nats.url.expose())
-            )
-        })?;
+    let nats = hark_core::bus::connect_client(&config.nats, "hark bench").await?;
     let api = procs::connect_api(&config).await?;
     let events = hub::EventHub::start(&nats, &names).await?;
     let arrivals = hub::ArrivalHub::start(&llm);

@@ -52,6 +52,9 @@ impl Processes {
             ("HARK_LLM__BASE_URL", llm_url.to_owned()),
             ("HARK_WORKER__CONCURRENCY", concurrency.to_string()),
             ("HARK_GATEWAY__RATE_LIMIT", "1000000".to_owned()),
+            // One bench owner has every W2 task, and its bot sends every W1 answer.
+            ("HARK_TASK__MAX_ACTIVE_PER_OWNER", "0".to_owned()),
+            ("HARK_CHAT__COMMANDS_PER_MINUTE", "0".to_owned()),
             (
                 "HARK_LOG__FILTER",
                 std::env::var("HARK_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),

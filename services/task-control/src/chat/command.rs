@@ -71,7 +71,10 @@ pub fn parse(args: &str, word: &str) -> Result<Command, String> {
             }
             Ok(Command::Tell(task, text))
         }
-        other => Err(format!("unknown command `{other}`; try {word} help")),
+        other => Err(format!(
+            "unknown command `{}`; try {word} help",
+            hark_core::domain::ids::shown(other)
+        )),
     }
 }
 

@@ -7,10 +7,11 @@
 //! answer; nobody else's message ever does.
 
 pub mod command;
+pub mod limit;
 
 use hark_core::{
     bus::Names,
-    domain::{Handle, Owner, QuestionOutcome, Role, StreamId, TaskRef, TaskState},
+    domain::{Handle, Owner, QuestionOutcome, Role, StreamId, TaskRef, TaskState, text},
 };
 use hark_proto::v1 as pb;
 
@@ -102,6 +103,23 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
         .chain(chat.command_aliases.iter().cloned())
         .collect();
     if let Some(args) = command::strip_command(&inbound.text, &words) {
+        if let Some(sender) = inbound.owner() {
+            match shared.commands.check(&sender, std::time::Instant::now()) {
+                limit::Verdict::Allow => {}
+                limit::Verdict::RefuseAndTell => {
+                    tracing::info!(%sender, "refusing commands over chat.commands_per_minute");
+                    let text = format!(
+                        "You are sending commands faster than {} a minute (chat.commands_per_minute); \
+                         the ones over it were ignored. Wait {} and try again.",
+                        chat.commands_per_minute,
+                        render::human(shared.commands.wait_hint())
+                    );
+                    say(shared, &inbound, &text).await;
+                    return Ok(());
+                }
+                limit::Verdict::RefuseQuietly => return Ok(()),
+            }
+        }
         let reply = match command::parse(args, &chat.command) {
             Ok(cmd) => run_command(shared, &inbound, cmd).await?,
             Err(usage) => Some(usage),
@@ -208,6 +226,15 @@ async fn apply(
     text: &str,
     open: &[AnswerTarget],
 ) -> Result<(), store::Error> {
+    // An answer too long to keep is refused, and the question stays open for a shorter one.
+    if let Err(e) = text::optional_text(text, text::MAX_TEXT_BYTES) {
+        let reply = format!(
+            "Your answer to #{} {e}; it was not passed on, and the question is still open.",
+            question.handle
+        );
+        say(shared, inbound, &reply).await;
+        return Ok(());
+    }
     let answer = Answer {
         answerer: inbound
             .owner()
@@ -282,7 +309,11 @@ async fn run_command(
                     "You cannot create tasks (your role is {role}). An admin can add {sender} to permission.users."
                 )));
             }
-            let task = shared
+            if let Err(e) = text::text(&goal, text::MAX_TEXT_BYTES) {
+                return Ok(Some(format!("The goal {e}; no task was created.")));
+            }
+            let limit = shared.config.task.max_active_per_owner;
+            let created = shared
                 .store
                 .create_task(&NewTask {
                     owner: sender.clone(),
@@ -291,13 +322,22 @@ async fn run_command(
                     ask_timeout: timeout.map_or(shared.config.task.ask_timeout.0, |t| t.0),
                     on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
                     request_id: inbound.key(),
+                    active_limit: limit,
                 })
-                .await?;
-            format!(
-                "Task {} created: {}",
-                task.id.short(),
-                render::clip(&task.goal, 60)
-            )
+                .await;
+            match created {
+                Ok(task) => format!(
+                    "Task {} created: {}",
+                    task.id.short(),
+                    render::clip(&task.goal, 60)
+                ),
+                Err(store::Error::TooManyActive { active, .. }) => format!(
+                    "No new task: you have {active} tasks that have not ended, and {limit} is the most \
+                     one person may have (task.max_active_per_owner). Cancel one with {word} cancel <id>, \
+                     or wait for one to finish."
+                ),
+                Err(e) => return Err(e),
+            }
         }
         Command::List { all, state } => {
             if all && role < Role::Admin {
@@ -372,7 +412,10 @@ async fn run_command(
                 }
             }
         }
-        Command::Tell(reference, text) => {
+        Command::Tell(reference, instruction) => {
+            if let Err(e) = text::text(&instruction, text::MAX_TEXT_BYTES) {
+                return Ok(Some(format!("The instruction {e}; it was not passed on.")));
+            }
             match visible_task(shared, &reference, &sender, role).await? {
                 Err(reply) => reply,
                 Ok(task) => {
@@ -381,7 +424,11 @@ async fn run_command(
                     {
                         return Ok(None);
                     }
-                    match shared.store.tell(task.id, &text, sender.as_str()).await {
+                    match shared
+                        .store
+                        .tell(task.id, &instruction, sender.as_str())
+                        .await
+                    {
                         Ok((_, TellDelivery::NextRound)) => {
                             format!(
                                 "Told task {}: it sees this at its next round.",
@@ -414,13 +461,16 @@ async fn visible_task(
     sender: &Owner,
     role: Role,
 ) -> Result<Result<TaskRow, String>, store::Error> {
-    match shared.store.resolve_task(reference).await {
+    // A prefix is resolved only among the tasks the sender may see, so that nobody learns of
+    // other people's tasks by probing prefixes.
+    let visible_to = (role < Role::Admin).then_some(sender);
+    match shared.store.resolve_task(reference, visible_to).await {
         Ok(task) if task.owner == *sender || role == Role::Admin => Ok(Ok(task)),
         Ok(_) | Err(store::Error::TaskNotFound(_)) => {
             Ok(Err(format!("You have no task {}.", display_ref(reference))))
         }
         Err(store::Error::AmbiguousTask { prefix, count }) => Ok(Err(format!(
-            "`{prefix}` matches {count} tasks; give more of the id."
+            "`{prefix}` matches {count} of the tasks you can see; give more of the id."
         ))),
         Err(e) => Err(e),
     }

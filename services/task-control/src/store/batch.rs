@@ -161,6 +161,14 @@ pub(super) struct CompleteRequest {
     pub(super) outbox: Vec<OutboxMessage>,
 }
 
+/// How a creation was decided.
+#[derive(Debug)]
+pub(super) enum Created {
+    New(Box<TaskRow>),
+    /// Its request id was used before, or its owner is at the limit of active tasks.
+    NotInserted,
+}
+
 /// A task to create, with its id and the run job and event that announce it.
 #[derive(Debug)]
 pub(super) struct CreateRequest {
@@ -312,7 +320,7 @@ macro_rules! batched {
     };
 }
 
-batched!(CreateRequest, Option<TaskRow>, creations, create_batch);
+batched!(CreateRequest, Created, creations, create_batch);
 batched!(ClaimRequest, Option<CasRow>, claims, claim_batch);
 batched!(AskRequest, Asked, asks, ask_batch);
 batched!(AnswerLookup, Option<AnswerTarget>, lookups, lookup_batch);
@@ -459,17 +467,34 @@ impl Store {
     }
 
     /// One statement for all of `batch`: each task inserted in `pending` with its audit row and
-    /// its first run job, unless its request id was used before.
-    async fn create_batch(&self, batch: &[CreateRequest]) -> Result<Vec<Option<TaskRow>>, Error> {
+    /// its first run job, unless its request id was used before or its owner already has as many
+    /// tasks that have not ended as its limit allows (counting the batch's own requests in
+    /// order). A request without a row is then told which of the two it was.
+    async fn create_batch(&self, batch: &[CreateRequest]) -> Result<Vec<Created>, Error> {
         let sql = concat!(
-            "WITH t AS (
+            "WITH n AS (
+                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                     $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[])
+                    WITH ORDINALITY
+                    AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
+                         request_id, active_limit, ord)
+            ), counted AS (
+                SELECT n.*,
+                    CASE WHEN n.active_limit = 0 THEN 0 ELSE
+                        (SELECT count(*) FROM tasks a WHERE a.owner = n.owner AND a.state IN (",
+            active_states!(),
+            "))
+                        + row_number() OVER (PARTITION BY n.owner ORDER BY n.ord)
+                    END AS would_have
+                FROM n
+            ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
                                    on_timeout, ask_timeout_s, request_id)
-                SELECT n.id, n.owner, n.platform, n.bot_id, n.stream, n.origin, n.goal, 'pending',
-                       n.on_timeout, n.ask_timeout_s, n.request_id
-                FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                            $7::text[], $8::text[], $9::int[], $10::text[])
-                    AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s, request_id)
+                SELECT id, owner, platform, bot_id, stream, origin, goal, 'pending',
+                       on_timeout, ask_timeout_s, request_id
+                FROM counted
+                WHERE active_limit = 0 OR would_have <= active_limit
+                ORDER BY ord
                 ON CONFLICT (request_id) DO NOTHING
                 RETURNING ",
             task_columns!(),
@@ -515,15 +540,16 @@ impl Store {
             .bind(column(batch, |r| r.job.msg_id.as_str()))
             .bind(column(batch, |r| r.job.payload.to_vec()))
             .bind(column(batch, |r| r.job.trace.as_deref()))
+            .bind(column(batch, |r| i64::from(r.new.active_limit)))
             .fetch_all(&self.pool)
             .await?;
-        let mut created: Vec<Option<TaskRow>> = batch.iter().map(|_| None).collect();
+        let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();
         let mut sent = Vec::with_capacity(rows.len() * 2);
         for row in rows {
             if let Some(i) = batch.iter().position(|r| r.id == row.id) {
                 sent.push(batch[i].job.clone());
                 sent.push(batch[i].event.clone());
-                created[i] = Some(row);
+                created[i] = Created::New(Box::new(row));
             }
         }
         self.published(sent);

@@ -24,6 +24,15 @@ macro_rules! run_ms_update {
     };
 }
 
+/// The states of a task that has not ended, as a SQL list. The partial index
+/// `tasks_active_by_owner` has the same predicate, so counting an owner's active tasks is an
+/// index lookup.
+macro_rules! active_states {
+    () => {
+        "'pending', 'running', 'waiting_input'"
+    };
+}
+
 /// The columns of `questions`, in the order of [`QuestionRow`].
 macro_rules! question_columns {
     () => {
@@ -167,6 +176,30 @@ pub fn kind_of_sqlx(error: &sqlx::Error) -> Kind {
         | sqlx::Error::BeginFailed => Kind::Unavailable,
         sqlx::Error::InvalidArgument(_) => Kind::Invalid,
         _ => Kind::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hark_core::domain::TaskState;
+
+    #[test]
+    fn the_active_states_in_sql_are_the_states_that_have_not_ended() {
+        let listed: Vec<&str> = active_states!()
+            .split(", ")
+            .map(|s| s.trim_matches('\''))
+            .collect();
+        let active: Vec<&str> = TaskState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .map(TaskState::as_str)
+            .collect();
+        assert_eq!(listed, active);
+        let migration = include_str!("../../migrations/20261201000001_active_by_owner.sql");
+        assert!(
+            migration.contains(&format!("WHERE state IN ({})", active_states!())),
+            "the partial index has the same predicate"
+        );
     }
 }
 

@@ -34,6 +34,9 @@ pub struct NewTask {
     pub on_timeout: TimeoutPolicy,
     /// Idempotency key: creating twice with one key returns the first task.
     pub request_id: Option<String>,
+    /// How many tasks that have not ended the owner may have, this one included; `0`: no limit
+    /// (`task.max_active_per_owner`).
+    pub active_limit: u32,
 }
 
 /// What a worker receives when its claim wins.
@@ -365,7 +368,8 @@ impl Store {
 
     // Creating and reading.
 
-    /// Creates a task in `pending` and queues its first run, in one statement.
+    /// Creates a task in `pending` and queues its first run, in one statement. A request id used
+    /// before returns the task it created; an owner at `new.active_limit` is refused.
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
         let created = self
@@ -376,21 +380,39 @@ impl Store {
                 event: self.event_msg(id, TaskState::Pending, 1, "create"),
             })
             .await?;
-        match created {
-            Some(task) => {
-                self.routes.remember(task.id, task.chat());
-                Ok(task)
-            }
-            // The request id was used before: that task is the answer.
-            None => Ok(sqlx::query_as::<_, TaskRow>(concat!(
+        if let super::batch::Created::New(task) = created {
+            self.routes.remember(task.id, task.chat());
+            return Ok(*task);
+        }
+        // The request id was used before: that task is the answer.
+        if let Some(request_id) = &new.request_id
+            && let Some(task) = sqlx::query_as::<_, TaskRow>(concat!(
                 "SELECT ",
                 task_columns!(),
                 " FROM tasks WHERE request_id = $1"
             ))
-            .bind(new.request_id.as_deref())
-            .fetch_one(&self.pool)
-            .await?),
+            .bind(request_id)
+            .fetch_optional(&self.pool)
+            .await?
+        {
+            return Ok(task);
         }
+        Err(Error::TooManyActive {
+            owner: new.owner.to_string(),
+            active: self.active_tasks_of(&new.owner).await?,
+        })
+    }
+
+    /// How many tasks of `owner` have not ended.
+    pub async fn active_tasks_of(&self, owner: &Owner) -> Result<i64, Error> {
+        Ok(sqlx::query_scalar(concat!(
+            "SELECT count(*) FROM tasks WHERE owner = $1 AND state IN (",
+            active_states!(),
+            ")"
+        ))
+        .bind(owner.as_str())
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     pub async fn get_task(&self, id: TaskId) -> Result<TaskRow, Error> {
@@ -403,21 +425,37 @@ impl Store {
     }
 
     /// Finds the one task whose id is `reference` or starts with it.
+    /// With `visible_to`, only that owner's tasks are candidates, so a prefix reveals nothing
+    /// of anyone else's tasks.
     pub async fn resolve_task(
         &self,
         reference: &hark_core::domain::TaskRef,
+        visible_to: Option<&Owner>,
     ) -> Result<TaskRow, Error> {
         let prefix = match reference {
             hark_core::domain::TaskRef::Full(id) => return self.get_task(*id).await,
             hark_core::domain::TaskRef::Prefix(p) => p,
         };
+        // The ids that start with the prefix are one range of the primary key.
+        let bound = |fill: char| {
+            let hex: String = prefix
+                .chars()
+                .chain(std::iter::repeat(fill))
+                .take(32)
+                .collect();
+            Uuid::parse_str(&hex).map_err(|_| Error::TaskNotFound(prefix.clone()))
+        };
+        let (low, high) = (bound('0')?, bound('f')?);
         let sql = concat!(
             "SELECT ",
             task_columns!(),
-            " FROM tasks WHERE replace(id::text, '-', '') LIKE $1 || '%' ORDER BY id LIMIT 2"
+            " FROM tasks WHERE id BETWEEN $1 AND $2 AND ($3::text IS NULL OR owner = $3)
+             ORDER BY id LIMIT 2"
         );
         let mut rows = sqlx::query_as::<_, TaskRow>(sql)
-            .bind(prefix)
+            .bind(low)
+            .bind(high)
+            .bind(visible_to.map(Owner::as_str))
             .fetch_all(&self.pool)
             .await?;
         match rows.len() {
@@ -1014,9 +1052,13 @@ impl Store {
     ) -> Result<(Uuid, TellDelivery), Error> {
         let id = Uuid::now_v7();
         let state: Option<String> = sqlx::query_scalar(
-            "WITH t AS (SELECT id, state FROM tasks WHERE id = $1 AND state IN ('pending', 'running', 'waiting_input'))
-             , i AS (INSERT INTO instructions (id, task_id, text, author) SELECT $2, id, $3, $4 FROM t)
-             SELECT state FROM t",
+            concat!(
+                "WITH t AS (SELECT id, state FROM tasks WHERE id = $1 AND state IN (",
+                active_states!(),
+                "))
+                 , i AS (INSERT INTO instructions (id, task_id, text, author) SELECT $2, id, $3, $4 FROM t)
+                 SELECT state FROM t"
+            ),
         )
         .bind(task.as_uuid())
         .bind(id)

@@ -370,7 +370,7 @@ impl TestControl {
             .to_owned();
         let task = self
             .store
-            .resolve_task(&short.parse().expect("short id"))
+            .resolve_task(&short.parse().expect("short id"), None)
             .await
             .expect("task exists");
         task.id.to_string()

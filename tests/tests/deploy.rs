@@ -104,6 +104,26 @@ fn substitute(value: &str, vars: &BTreeMap<String, String>, used: &mut BTreeSet<
         out.push_str(&rest[..start]);
         let end = rest[start..].find('}').expect("closing brace") + start;
         let inner = &rest[start + 2..end];
+        // `${VAR:?message}`: compose refuses to start while VAR is empty; the example file
+        // must still name it, and the check goes on with a stand-in value.
+        if let Some((name, message)) = inner.split_once(":?") {
+            assert!(
+                vars.contains_key(name),
+                "${{{name}}} is required by docker-compose.yml but .env.example does not name it"
+            );
+            assert!(
+                !message.trim().is_empty(),
+                "${{{name}}} must say how to set it"
+            );
+            out.push_str(
+                vars.get(name)
+                    .filter(|v| !v.is_empty())
+                    .map_or("a-token", String::as_str),
+            );
+            used.insert(name.to_owned());
+            rest = &rest[end + 1..];
+            continue;
+        }
         let (name, default) = match inner.split_once(":-") {
             Some((n, d)) => (n, Some(d)),
             None => (inner, None),
@@ -171,6 +191,19 @@ fn every_compose_command_and_environment_key_exists_in_hark() {
             })
             .collect();
         assert_config_keys(&env, name);
+        // What listens beyond loopback has its token.
+        let config_env: BTreeMap<String, String> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("HARK_") && !NON_CONFIG.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let config = Config::from_parts(None, name, &config_env).expect("loads");
+        config
+            .check_gateway_exposure()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        config
+            .check_control_exposure()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     assert_eq!(hark_services, 4, "gateway, control and two workers");
     for required in ["nats", "postgres"] {
@@ -247,6 +280,14 @@ fn the_kubernetes_manifests_run_hark_commands_with_hark_config_keys() {
             assert!(keys.contains(key), "{name}: {key} is not a hark config key");
         }
         assert_config_keys(&config_map, name);
+        // A role that listens beyond loopback gets its token from the secret.
+        let config = Config::from_parts(None, name, &env).expect("loads");
+        match strings(&c["args"]).first().map(String::as_str) {
+            Some("gateway") => config.check_gateway_exposure(),
+            Some("control") => config.check_control_exposure(),
+            _ => Ok(()),
+        }
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 

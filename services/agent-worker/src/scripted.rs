@@ -140,10 +140,14 @@ pub struct Recorded {
     pub traceparent: Option<String>,
 }
 
+/// The most requests kept for [`ScriptedLlm::requests`]; older ones are forgotten.
+pub const KEPT_REQUESTS: usize = 1000;
+
 #[derive(Debug, Default)]
 struct Inner {
     scripts: BTreeMap<String, Script>,
-    requests: Vec<Recorded>,
+    /// The latest requests, at most [`KEPT_REQUESTS`], when keeping is on.
+    requests: std::collections::VecDeque<Recorded>,
     /// Attempts seen per (conversation, step), for scripted failures.
     attempts: HashMap<(String, usize), usize>,
 }
@@ -154,7 +158,8 @@ struct Shared {
     arrived: Arc<tokio::sync::Notify>,
     /// Every request as it arrives, for benchmarks that time arrivals.
     feed: tokio::sync::broadcast::Sender<Recorded>,
-    /// Whether to keep every request for [`ScriptedLlm::requests`] (off for long benchmarks).
+    /// Whether to keep requests for [`ScriptedLlm::requests`]: on for tests, off for the demo
+    /// model and benchmarks, which serve many.
     keep: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -207,6 +212,14 @@ impl ScriptedLlm {
         Ok(Self { addr, shared, stop })
     }
 
+    /// The demo model of `hark dev` and `hark worker` without an LLM: the demo script, keeping
+    /// no requests, so that it serves any number of tasks in constant memory.
+    pub async fn demo() -> std::io::Result<Self> {
+        let demo = Self::with_default(Script::demo()).await?;
+        demo.keep_requests(false);
+        Ok(demo)
+    }
+
     /// Starts a server with one script as `default`.
     pub async fn with_default(script: Script) -> std::io::Result<Self> {
         Self::start(
@@ -230,7 +243,8 @@ impl ScriptedLlm {
         self.shared.feed.subscribe()
     }
 
-    /// Whether to keep every request in memory for [`ScriptedLlm::requests`] (default true).
+    /// Whether to keep requests in memory for [`ScriptedLlm::requests`] (default true; at most
+    /// [`KEPT_REQUESTS`] of them).
     pub fn keep_requests(&self, keep: bool) {
         self.shared
             .keep
@@ -245,9 +259,9 @@ impl ScriptedLlm {
         self.shared.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Every request received so far.
+    /// The requests received so far (the latest [`KEPT_REQUESTS`]).
     pub fn requests(&self) -> Vec<Recorded> {
-        self.lock().requests.clone()
+        self.lock().requests.iter().cloned().collect()
     }
 
     /// Waits until a received request satisfies `matches`; returns it.
@@ -316,7 +330,10 @@ async fn complete(
         let _ = shared.feed.send(recorded.clone());
         let mut inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
         if shared.keep.load(std::sync::atomic::Ordering::Relaxed) {
-            inner.requests.push(recorded);
+            if inner.requests.len() == KEPT_REQUESTS {
+                inner.requests.pop_front();
+            }
+            inner.requests.push_back(recorded);
         }
         let script = inner
             .scripts
@@ -332,6 +349,10 @@ async fn complete(
         let failure = if step.failures.is_empty() {
             None
         } else {
+            // Only scripted failures are counted; a long run of them still stays bounded.
+            if inner.attempts.len() >= 10 * KEPT_REQUESTS {
+                inner.attempts.clear();
+            }
             let attempts = inner
                 .attempts
                 .entry((goal.clone(), step_index))
@@ -421,6 +442,36 @@ async fn complete(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_demo_model_keeps_no_requests_and_a_test_server_keeps_the_latest() {
+        let demo = ScriptedLlm::demo().await.expect("demo");
+        let kept = ScriptedLlm::with_default(Script::default())
+            .await
+            .expect("server");
+        hark_core::install_crypto();
+        let client = reqwest::Client::new();
+        for n in 0..(KEPT_REQUESTS + 5) {
+            for server in [&demo, &kept] {
+                let body = json!({"messages": [{"role": "user", "content": format!("goal {n}")}]});
+                let status = client
+                    .post(format!("{}/chat/completions", server.base_url()))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("answers")
+                    .status();
+                assert!(status.is_success());
+            }
+        }
+        assert!(demo.requests().is_empty());
+        let requests = kept.requests();
+        assert_eq!(requests.len(), KEPT_REQUESTS);
+        assert_eq!(
+            requests.last().expect("latest").body["messages"][0]["content"],
+            format!("goal {}", KEPT_REQUESTS + 4)
+        );
+    }
 
     #[test]
     fn the_goal_names_its_script() {

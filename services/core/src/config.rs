@@ -199,6 +199,9 @@ pub struct ControlConfig {
     /// Serve the gRPC API without tokens on a non-loopback address, on purpose (behind a proxy
     /// that authenticates, say).
     pub allow_unauthenticated: bool,
+    /// `WatchTask` streams one task-control process serves at once; more are refused with
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_watchers: u32,
 }
 
 impl Default for ControlConfig {
@@ -207,6 +210,7 @@ impl Default for ControlConfig {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             api_tokens: Vec::new(),
             allow_unauthenticated: false,
+            max_watchers: 10_000,
         }
     }
 }

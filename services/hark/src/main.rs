@@ -10,11 +10,7 @@ mod task;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use hark_core::{bus, config::Config};
-use hark_worker::{
-    llm,
-    scripted::{Script, ScriptedLlm},
-    worker::Worker,
-};
+use hark_worker::{llm, scripted::ScriptedLlm, worker::Worker};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -187,7 +183,7 @@ pub(crate) async fn llm_settings(
     if !config.llm.base_url.is_empty() {
         return Ok((llm::Settings::from_config(&config.llm), None));
     }
-    let demo = ScriptedLlm::with_default(Script::demo())
+    let demo = ScriptedLlm::demo()
         .await
         .context("cannot start the demo model")?;
     tracing::warn!(

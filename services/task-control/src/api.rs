@@ -3,9 +3,9 @@
 
 use std::{pin::Pin, time::Duration};
 
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use hark_core::{
-    bus, codec,
+    bus,
     domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, text},
     error::{Classified as _, Kind},
     secret::Secret,
@@ -165,6 +165,21 @@ fn page_size(size: u32) -> i64 {
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TaskEvent, Status>> + Send + 'static>>;
+
+/// How long a watch waits for an event before it looks at the task row itself.
+const WATCH_RECHECK: Duration = Duration::from_secs(15);
+
+/// The event that says where a task stands now.
+fn row_event(row: &store::TaskRow) -> pb::TaskEvent {
+    pb::TaskEvent {
+        version: hark_proto::WIRE_VERSION,
+        task_id: row.id.to_string(),
+        state: row.state.to_proto() as i32,
+        generation: row.generation as u64,
+        cause: "current".into(),
+        at: Some(convert::timestamp(row.updated_at)),
+    }
+}
 
 #[tonic::async_trait]
 impl TaskService for Api {
@@ -369,21 +384,11 @@ impl TaskService for Api {
         };
         let (task, question) = match applied {
             Ok(AnswerOutcome::Applied { task, question }) => (*task, *question),
-            Ok(AnswerOutcome::Duplicate) => {
-                let question = match target {
-                    Target::Question(q) => store.get_question(q).await.map_err(status_of)?,
-                    Target::OpenOf(t) => store
-                        .questions_of(t)
-                        .await
-                        .map_err(status_of)?
-                        .pop()
-                        .ok_or_else(|| Status::failed_precondition("the task asked no question"))?,
-                };
-                (
-                    store.get_task(question.task_id).await.map_err(status_of)?,
-                    question,
-                )
-            }
+            // The same request id applied before: what it did then.
+            Ok(AnswerOutcome::Duplicate { question }) => (
+                store.get_task(question.task_id).await.map_err(status_of)?,
+                *question,
+            ),
             Err(store::Error::NoOpenQuestion { task }) => {
                 let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
                 let task = store.get_task(id).await.map_err(status_of)?;
@@ -437,63 +442,42 @@ impl TaskService for Api {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
-        let task = self.resolve("task_id", &request.get_ref().task_id).await?;
-        // Subscribe before reading the current state, so no change falls between the two.
-        let mut events = self
-            .shared
-            .nats
-            .subscribe(self.shared.names.task_event(task.id))
-            .await
-            .map_err(|e| Status::unavailable(format!("cannot subscribe to task events: {e}")))?;
-        let current = self
-            .shared
-            .store
-            .get_task(task.id)
-            .await
-            .map_err(status_of)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let reference = task_ref("task_id", &request.get_ref().task_id)?;
+        let watchers = &self.shared.watchers;
         let store = self.shared.store.clone();
+        let too_many = |e: crate::watchers::TooMany| status(Kind::Exhausted, e.to_string());
+        // One read of the task. A full id is watched before that read, so that no change falls
+        // between the two; a prefix must be read to be known, and a change in the moment before
+        // its watch starts is caught by the periodic look at the row.
+        let (mut watch, current) = match reference {
+            TaskRef::Full(id) => {
+                let watch = watchers.watch(id).map_err(too_many)?;
+                (watch, store.get_task(id).await.map_err(status_of)?)
+            }
+            prefix => {
+                let row = store.resolve_task(&prefix, None).await.map_err(status_of)?;
+                (watchers.watch(row.id).map_err(too_many)?, row)
+            }
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
-            let first = pb::TaskEvent {
-                version: hark_proto::WIRE_VERSION,
-                task_id: current.id.to_string(),
-                state: current.state.to_proto() as i32,
-                generation: current.generation as u64,
-                cause: "current".into(),
-                at: Some(convert::timestamp(current.updated_at)),
-            };
             let mut last = current.generation as u64;
-            if tx.send(Ok(first)).await.is_err() || current.state.is_terminal() {
+            if tx.send(Ok(row_event(&current))).await.is_err() || current.state.is_terminal() {
                 return;
             }
             loop {
-                // Events come from the outbox relay; a periodic look at the row covers a relay
-                // that is behind.
-                let next = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
-                let event = match next {
-                    Ok(Some(message)) => match codec::decode::<pb::TaskEvent>(&message.payload) {
-                        Ok(event) => event,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "skipping a malformed task event");
-                            continue;
-                        }
+                // Events are published best effort; a look at the row now and then covers one
+                // that was lost.
+                let event = tokio::select! {
+                    // The client went away: stop at once.
+                    _ = tx.closed() => return,
+                    event = watch.next() => match event {
+                        Some(event) => event,
+                        None => return,
                     },
-                    Ok(None) => return,
-                    Err(_) => match store.get_task(current.id).await {
-                        Ok(row) if row.generation as u64 > last => pb::TaskEvent {
-                            version: hark_proto::WIRE_VERSION,
-                            task_id: row.id.to_string(),
-                            state: row.state.to_proto() as i32,
-                            generation: row.generation as u64,
-                            cause: "current".into(),
-                            at: Some(convert::timestamp(row.updated_at)),
-                        },
-                        _ => {
-                            if tx.is_closed() {
-                                return;
-                            }
-                            continue;
-                        }
+                    _ = tokio::time::sleep(WATCH_RECHECK) => match store.get_task(current.id).await {
+                        Ok(row) if row.generation as u64 > last => row_event(&row),
+                        _ => continue,
                     },
                 };
                 if event.generation <= last {

@@ -75,6 +75,7 @@ impl App {
                 commands: Arc::new(chat::limit::CommandLimiter::new(
                     config.chat.commands_per_minute,
                 )),
+                watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
                 config: Arc::new(config),
             },
             listener,
@@ -108,6 +109,11 @@ impl App {
         tracker.spawn(timers::retention(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_chat(shared.clone(), shutdown.clone()));
         tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
+        tracker.spawn(shared.watchers.clone().run(
+            shared.nats.clone(),
+            shared.names.task_events_all(),
+            shutdown.clone(),
+        ));
         {
             let (shared, shutdown) = (shared.clone(), shutdown.clone());
             tracker.spawn(async move {

@@ -8,6 +8,7 @@
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
 //! - [`render`] writes the short texts hark puts into chats.
+//! - [`watchers`] hands task events to the `WatchTask` streams of this process.
 
 pub mod api;
 pub mod app;
@@ -19,3 +20,4 @@ pub mod shared;
 pub mod store;
 pub mod timers;
 pub mod traced;
+pub mod watchers;

@@ -23,6 +23,8 @@ pub struct Shared {
     pub config: Arc<Config>,
     /// How many chat commands each sender may give (`chat.commands_per_minute`).
     pub commands: Arc<crate::chat::limit::CommandLimiter>,
+    /// The `WatchTask` streams of this process and the events they wait for.
+    pub watchers: Arc<crate::watchers::Watchers>,
 }
 
 impl Shared {

@@ -53,8 +53,8 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
 /// How often the upkeep loop looks at the tables' statistics.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(2);
 
-/// Keeps hark's tables analyzed and vacuumed while the server's autovacuum is off (see
-/// [`crate::store::Upkeep`]).
+/// Keeps hark's tables analyzed as they grow, and vacuumed too while the server's autovacuum is
+/// off (see [`crate::store::Upkeep`]).
 pub async fn upkeep(shared: Shared, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(UPKEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -65,14 +65,20 @@ pub async fn upkeep(shared: Shared, shutdown: CancellationToken) {
             _ = tick.tick() => {}
         }
         let pass = async {
-            if shared.store.autovacuum_on().await? {
-                return Ok(None);
-            }
-            shared.store.upkeep().await.map(Some)
+            let autovacuum = shared.store.autovacuum_on().await?;
+            shared
+                .store
+                .upkeep_with(!autovacuum)
+                .await
+                .map(|done| (autovacuum, done))
         };
         match pass.await {
-            Ok(None) => {}
-            Ok(Some(done)) => {
+            Ok((true, done)) => {
+                if !done.analyzed.is_empty() {
+                    tracing::debug!(analyzed = ?done.analyzed, "table statistics refreshed");
+                }
+            }
+            Ok((false, done)) => {
                 if !told {
                     tracing::info!(
                         "the database's autovacuum is off: task-control analyzes and vacuums its own tables"

@@ -679,3 +679,116 @@ async fn a_request_that_is_not_valid_protobuf_is_an_invalid_argument() {
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_watch_ends_when_its_client_leaves_and_watchers_are_capped() {
+    let tc = TestControl::start_with(|c| c.control.max_watchers = 2).await;
+    let mut api = tc.client().await;
+    let task = api
+        .create_task(create("api:wendy", "stay pending"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let watch = |api: &mut TaskServiceClient<tonic::transport::Channel>| {
+        let mut api = api.clone();
+        let id = task.id.clone();
+        async move { api.watch_task(pb::WatchTaskRequest { task_id: id }).await }
+    };
+    let mut first = watch(&mut api).await.expect("first watch").into_inner();
+    let second = watch(&mut api).await.expect("second watch").into_inner();
+    assert_eq!(
+        first.next().await.expect("current").expect("ok").state,
+        pb::TaskState::Pending as i32
+    );
+    let refused = watch(&mut api).await.expect_err("over the cap");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(refused.message().contains("control.max_watchers"));
+
+    // The client drops its stream; the task stays pending, with no event to notice it by, and
+    // the watch still ends.
+    drop(second);
+    tc.eventually("the dropped watch is gone", || async {
+        tc.watchers.count() == 1
+    })
+    .await;
+    let mut third = watch(&mut api).await.expect("room again").into_inner();
+    assert!(third.next().await.expect("current").is_ok());
+    drop(first);
+    drop(third);
+    tc.eventually("every watch is gone", || async { tc.watchers.count() == 0 })
+        .await;
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_retried_answer_gets_its_first_outcome_however_the_question_was_named() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let task = api
+        .create_task(create("api:rita", "ask twice"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let (_, _) = tc.claim_and_ask("First?", 0).await;
+    let by_task = |request_id: &str, answer: &str| pb::AnswerQuestionRequest {
+        task_id: task.id.clone(),
+        answer: answer.into(),
+        request_id: request_id.into(),
+        ..Default::default()
+    };
+    let first = api
+        .answer_question(by_task("r-1", "yes"))
+        .await
+        .expect("answered")
+        .into_inner();
+    let first_question = first.question.expect("question");
+    assert_eq!(first_question.answer, "yes");
+
+    // The task moves on and asks again before the client's retry arrives.
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    let asked = tc
+        .ask(&claimed.lease.expect("lease"), 2, "call-2", "Second?", 0)
+        .await;
+    assert!(asked.refusal.is_none());
+
+    // The retry, by task id with the same request id, gets the first outcome back and answers
+    // nothing new.
+    let retried = api
+        .answer_question(by_task("r-1", "yes"))
+        .await
+        .expect("the retry succeeds")
+        .into_inner();
+    let again = retried.question.expect("question");
+    assert_eq!(again.id, first_question.id);
+    assert_eq!(again.answer, "yes");
+    let open = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "api:rita".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .questions;
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].text, "Second?", "the second question is still open");
+
+    // By question id the same holds.
+    let retried = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: first_question.id.clone(),
+            answer: "yes".into(),
+            request_id: "r-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the retry by question id succeeds")
+        .into_inner();
+    assert_eq!(retried.question.expect("question").id, first_question.id);
+    tc.stop().await;
+}

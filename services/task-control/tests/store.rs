@@ -237,7 +237,7 @@ async fn the_same_inbound_message_applied_twice_changes_nothing_the_second_time(
         .answer(question, &answer("London", "qq:42:msg-9"))
         .await
         .expect("the duplicate is not an error");
-    assert!(matches!(second, AnswerOutcome::Duplicate));
+    assert!(matches!(second, AnswerOutcome::Duplicate { .. }));
 
     let after_second = db.store.get_task(task.id).await.expect("task");
     assert_eq!(after_second.generation, after_first.generation);
@@ -827,7 +827,9 @@ async fn answers_decided_together_apply_once_each() {
                     applied_to_0 += 1;
                 }
             }
-            Ok(AnswerOutcome::Duplicate) => assert_eq!(*i, 0, "answer {i} taken for a duplicate"),
+            Ok(AnswerOutcome::Duplicate { .. }) => {
+                assert_eq!(*i, 0, "answer {i} taken for a duplicate")
+            }
             Err(Error::QuestionClosed { outcome, .. }) => {
                 assert_eq!(*i, 5, "answer {i} refused");
                 assert_eq!(outcome, QuestionOutcome::Cancelled);
@@ -906,7 +908,7 @@ async fn answers_looked_up_together_each_find_their_own_question() {
         "{none:?}"
     );
     assert!(
-        matches!(repeated, Ok(AnswerOutcome::Duplicate)),
+        matches!(repeated, Ok(AnswerOutcome::Duplicate { .. })),
         "{repeated:?}"
     );
     db.drop().await;
@@ -965,7 +967,10 @@ async fn an_answer_from_the_open_questions_read_is_refused_for_a_message_applied
         .answer_target(again[0].clone(), &answer("Paris", "m-1"))
         .await
         .expect("decided");
-    assert!(matches!(repeated, AnswerOutcome::Duplicate), "{repeated:?}");
+    assert!(
+        matches!(repeated, AnswerOutcome::Duplicate { .. }),
+        "{repeated:?}"
+    );
     let fresh = store
         .open_questions_for_sender("qq", "group:777", "10001", Some("m-2"))
         .await
@@ -1275,5 +1280,44 @@ async fn every_outbox_message_carries_the_trace_that_caused_it() {
         subjects.iter().any(|s| s.contains(".chat.out")),
         "{subjects:?}"
     );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_fresh_database_gets_statistics_at_once_and_growth_is_analyzed_without_vacuuming() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    // TestDb migrated a new database: every table has been analyzed.
+    let never: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_stat_user_tables
+         WHERE relname IN ('tasks', 'questions', 'checkpoints', 'transitions', 'instructions',
+                           'applied_inbound', 'outbox')
+           AND last_analyze IS NULL AND last_autoanalyze IS NULL",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("statistics");
+    assert!(never.is_empty(), "never analyzed: {never:?}");
+
+    for _ in 0..120 {
+        let task = new_task(store, None).await;
+        store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+    }
+    // With autovacuum left to the server, a pass analyzes what grew and vacuums nothing.
+    let mut all = hark_control::store::Upkeep::default();
+    for _ in 0..60 {
+        let pass = store.upkeep_with(false).await.expect("pass");
+        all.analyzed.extend(pass.analyzed);
+        all.vacuumed.extend(pass.vacuumed);
+        if all.analyzed.iter().any(|t| t == "tasks") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(all.analyzed.iter().any(|t| t == "tasks"), "{all:?}");
+    assert!(all.vacuumed.is_empty(), "{all:?}");
     db.drop().await;
 }

@@ -270,7 +270,7 @@ async fn apply(
             say(shared, inbound, &ack).await;
             Ok(())
         }
-        Ok(AnswerOutcome::Duplicate) => Ok(()),
+        Ok(AnswerOutcome::Duplicate { .. }) => Ok(()),
         Err(store::Error::QuestionClosed { .. }) => {
             let now = shared.store.get_question(question.id).await?;
             say(shared, inbound, &closed_text(&now)).await;

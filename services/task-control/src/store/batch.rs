@@ -562,8 +562,10 @@ impl Store {
         &self,
         batch: &[AnswerLookup],
     ) -> Result<Vec<Option<AnswerTarget>>, Error> {
-        // A lookup has either a question or a task; the other branch finds nothing by a NULL.
-        // Two branches rather than one condition with an OR, so each is a plain index lookup.
+        // A lookup whose inbound message was applied before finds the question that message
+        // answered, whatever the task did since, so a retried answer gets its first outcome
+        // back. Otherwise it has either a question or a task; the other branch finds nothing by
+        // a NULL. Branches rather than one condition with an OR, so each is a plain index lookup.
         let sql = concat!(
             "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
                     EXISTS (SELECT 1 FROM applied_inbound WHERE key = l.l_inbound) AS applied,
@@ -571,6 +573,11 @@ impl Store {
              FROM unnest($1::uuid[], $2::uuid[], $3::text[])
                  WITH ORDINALITY AS l(l_question, l_task, l_inbound, l_ord)
              CROSS JOIN LATERAL (
+                 (SELECT ",
+            question_columns!(),
+            " FROM questions
+                  WHERE id = (SELECT question_id FROM applied_inbound WHERE key = l.l_inbound))
+                 UNION ALL
                  (SELECT ",
             question_columns!(),
             " FROM questions WHERE id = l.l_question)

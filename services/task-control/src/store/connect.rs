@@ -33,10 +33,14 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
     Ok(pool)
 }
 
-/// Runs the embedded migrations. Safe to run from several replicas at once: sqlx holds an
-/// advisory lock while migrating.
+/// Runs the embedded migrations, then analyzes the tables that never had statistics. Safe to run
+/// from several replicas at once: sqlx holds an advisory lock while migrating.
 pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
     sqlx::migrate!("./migrations").run(pool).await?;
+    let analyzed = super::upkeep::analyze_new_tables(pool).await?;
+    if !analyzed.is_empty() {
+        tracing::debug!(?analyzed, "analyzed tables without statistics");
+    }
     Ok(())
 }
 

@@ -87,8 +87,9 @@ pub enum AnswerOutcome {
         task: Box<TaskRow>,
         question: Box<QuestionRow>,
     },
-    /// This inbound message was applied before; nothing changed.
-    Duplicate,
+    /// This inbound message was applied before; nothing changed. The question is the one it
+    /// answered, when the lookup found it.
+    Duplicate { question: Box<QuestionRow> },
 }
 
 /// When a told instruction reaches the task.
@@ -821,7 +822,9 @@ impl Store {
         } = target;
         let question = question_row.id;
         if applied {
-            return Ok(AnswerOutcome::Duplicate);
+            return Ok(AnswerOutcome::Duplicate {
+                question: Box::new(question_row),
+            });
         }
         let task_id = question_row.task_id;
         if !question_row.outcome.is_open() {
@@ -848,12 +851,14 @@ impl Store {
         let Some(task) = won else {
             // Another writer won: the same message applied concurrently, or a cancel or an
             // expiry. Say which.
+            let now = self.get_question(question).await?;
             if let Some(key) = &answer.inbound_key
                 && self.was_applied(key).await?
             {
-                return Ok(AnswerOutcome::Duplicate);
+                return Ok(AnswerOutcome::Duplicate {
+                    question: Box::new(now),
+                });
             }
-            let now = self.get_question(question).await?;
             return Err(Error::QuestionClosed {
                 id: question.to_string(),
                 outcome: now.outcome,

@@ -1,12 +1,13 @@
-//! Statistics and dead rows of hark's own tables, when the server's autovacuum does not look
-//! after them.
+//! Statistics and dead rows of hark's own tables.
 //!
 //! Every task leaves dead row versions behind (each move writes a new version of its row, and
 //! every outbox row is deleted once relayed), and Postgres plans queries from table statistics.
-//! With autovacuum off — as on some CI machines and hand-tuned servers — neither is ever
-//! refreshed: cached plans chosen while the tables were empty keep scanning every open question,
-//! and index scans wade through dead versions. Then task-control does what autovacuum would,
-//! with the same thresholds, one replica at a time.
+//! A fresh database has none: plans chosen while the tables were empty keep scanning every open
+//! question, and autovacuum, even when on, looks at a table only every minute or so. So
+//! task-control analyzes its tables after migrating a database that never had statistics, and
+//! whenever a table grew past a threshold since its last analyze, whether autovacuum is on or
+//! not. With autovacuum off — as on some CI machines and hand-tuned servers — it also vacuums,
+//! with autovacuum's thresholds. One replica at a time does either.
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
@@ -63,6 +64,12 @@ impl Store {
     /// Analyzes and vacuums the tables that changed enough since they last were. Another
     /// replica doing the same meanwhile makes this pass do nothing.
     pub async fn upkeep(&self) -> Result<Upkeep, Error> {
+        self.upkeep_with(true).await
+    }
+
+    /// Analyzes the tables that grew enough since their last analyze, and, with `vacuum`,
+    /// vacuums those with enough dead rows.
+    pub async fn upkeep_with(&self, vacuum: bool) -> Result<Upkeep, Error> {
         let mut conn = self.pool.acquire().await?;
         let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
             .bind(UPKEEP_LOCK)
@@ -71,7 +78,7 @@ impl Store {
         if !locked {
             return Ok(Upkeep::default());
         }
-        let done = upkeep_locked(&mut conn).await;
+        let done = upkeep_locked(&mut conn, vacuum).await;
         let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(UPKEEP_LOCK)
             .execute(&mut *conn)
@@ -84,7 +91,31 @@ impl Store {
     }
 }
 
-async fn upkeep_locked(conn: &mut PgConnection) -> Result<Upkeep, Error> {
+/// Analyzes every hark table that never had statistics (a database just created), so that the
+/// first statements are planned from what the tables hold.
+pub(super) async fn analyze_new_tables(pool: &sqlx::PgPool) -> Result<Vec<String>, Error> {
+    let fresh: Vec<String> = sqlx::query_scalar(
+        "SELECT relname::text FROM pg_stat_user_tables
+         WHERE schemaname = current_schema() AND relname = ANY($1)
+           AND last_analyze IS NULL AND last_autoanalyze IS NULL",
+    )
+    .bind(&TABLES[..])
+    .fetch_all(pool)
+    .await?;
+    let mut analyzed = Vec::new();
+    for table in fresh {
+        // The name comes from TABLES, not from the server.
+        if let Some(name) = TABLES.iter().find(|t| **t == table) {
+            sqlx::query(AssertSqlSafe(format!("ANALYZE {name}")))
+                .execute(pool)
+                .await?;
+            analyzed.push(table);
+        }
+    }
+    Ok(analyzed)
+}
+
+async fn upkeep_locked(conn: &mut PgConnection, vacuum: bool) -> Result<Upkeep, Error> {
     let stats: Vec<TableStats> = sqlx::query_as(
         "SELECT s.relname::text AS relname, greatest(c.reltuples, 0)::float8 AS reltuples,
                 s.n_dead_tup, s.n_mod_since_analyze
@@ -97,7 +128,7 @@ async fn upkeep_locked(conn: &mut PgConnection) -> Result<Upkeep, Error> {
     let mut done = Upkeep::default();
     for table in stats {
         let live = table.reltuples;
-        let command = if table.n_dead_tup as f64 > BASE_ROWS + VACUUM_SHARE * live {
+        let command = if vacuum && table.n_dead_tup as f64 > BASE_ROWS + VACUUM_SHARE * live {
             done.vacuumed.push(table.relname.clone());
             "VACUUM (ANALYZE)"
         } else if table.n_mod_since_analyze as f64 > BASE_ROWS + ANALYZE_SHARE * live {

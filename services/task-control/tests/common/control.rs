@@ -52,6 +52,7 @@ pub fn nats_url() -> String {
 
 pub struct TestControl {
     pub store: Store,
+    pub watchers: std::sync::Arc<hark_control::watchers::Watchers>,
     pub names: Names,
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
@@ -83,6 +84,7 @@ impl TestControl {
         let app = App::build(config).await.expect("task-control builds");
         let grpc = format!("http://{}", app.grpc_addr());
         let store = app.shared().store.clone();
+        let watchers = app.shared().watchers.clone();
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let handle = tokio::spawn(async move {
@@ -110,6 +112,7 @@ impl TestControl {
             .expect("worker consumer");
         Self {
             store,
+            watchers,
             names,
             nats,
             js,

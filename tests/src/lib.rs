@@ -5,6 +5,7 @@
 //! its own, and [`Process`] runs one `hark` role and kills it (SIGKILL) on demand or on drop.
 
 pub mod bot;
+pub mod servers;
 
 use std::{
     collections::BTreeMap,
@@ -94,16 +95,32 @@ pub struct Env {
     pub names: Names,
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
+    /// The servers this installation uses: the machine's, or a test's own.
+    nats_url: String,
+    postgres_url: String,
 }
 
 impl Env {
     pub async fn new() -> Self {
+        Self::on(nats_url(), postgres_url()).await
+    }
+
+    /// An installation on the given nats-server and Postgres server (`postgres://…` without a
+    /// database).
+    pub async fn on(nats_url: String, postgres_url: String) -> Self {
         let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
         let namespace = format!("e{tag}");
-        let nats = async_nats::connect(nats_url()).await.expect(
-            "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
-        );
+        let nats = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connect(&nats_url)
+            .await
+            .expect(
+                "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
+            );
         Self {
+            nats_url,
+            postgres_url,
             names: Names::new(namespace.parse().expect("namespace")),
             namespace,
             database: format!("hark_e2e_{tag}"),
@@ -126,11 +143,11 @@ impl Env {
     /// The environment every process of this installation gets.
     pub fn process_env(&self) -> BTreeMap<String, String> {
         let mut vars = BTreeMap::from([
-            ("HARK_NATS__URL".to_owned(), nats_url()),
+            ("HARK_NATS__URL".to_owned(), self.nats_url.clone()),
             ("HARK_NATS__NAMESPACE".to_owned(), self.namespace.clone()),
             (
                 "HARK_DATABASE__URL".to_owned(),
-                format!("{}/{}", postgres_url(), self.database),
+                format!("{}/{}", self.postgres_url, self.database),
             ),
             (
                 "HARK_CONTROL__GRPC_LISTEN".to_owned(),
@@ -244,6 +261,26 @@ impl Env {
         Resp::decode(reply.payload).expect("response decodes")
     }
 
+    /// Runs one SQL query on this installation's database with psql; returns its rows, one a
+    /// line, columns separated by `|`.
+    pub async fn sql(&self, query: &str) -> String {
+        let output = Command::new("psql")
+            .args([
+                &format!("{}/{}", self.postgres_url, self.database),
+                "-AtXc",
+                query,
+            ])
+            .output()
+            .await
+            .expect("psql runs");
+        assert!(
+            output.status.success(),
+            "psql failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
     /// Deletes the streams and the database. Processes must be stopped first.
     pub async fn cleanup(self) {
         for config in self.names.stream_configs() {
@@ -251,7 +288,7 @@ impl Env {
         }
         let _ = Command::new("psql")
             .args([
-                &format!("{}/postgres", postgres_url()),
+                &format!("{}/postgres", self.postgres_url),
                 "-qc",
                 &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database),
             ])

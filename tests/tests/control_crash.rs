@@ -40,6 +40,7 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
                 round: Some(pb::Round {
                     number: 1,
                     messages_json: serde_json::to_vec(&messages).expect("json"),
+                    ..Default::default()
                 }),
                 tool_call_id: "call-1".into(),
                 question: "Which day?".into(),

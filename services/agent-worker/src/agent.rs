@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    control::ControlClient,
-    llm,
+    control::{self, ControlClient},
+    limits, llm,
     tools::{Kind, Registry},
 };
 
@@ -27,6 +27,8 @@ pub enum Outcome {
     Failed,
     /// Cancelled, lease lost, or task-control unreachable: stop and write nothing more.
     Stopped(String),
+    /// The worker stopped and handed the task back to be continued elsewhere.
+    HandedBack,
 }
 
 /// Instructions handed over by heartbeats while the loop runs, deduplicated by id.
@@ -94,6 +96,7 @@ fn round(number: u32, messages: &[Value]) -> pb::Round {
     pb::Round {
         number,
         messages_json: serde_json::to_vec(messages).unwrap_or_else(|_| b"[]".to_vec()),
+        partial: false,
     }
 }
 
@@ -106,31 +109,40 @@ struct PendingAsk {
 }
 
 impl Runner {
-    /// Runs a claimed task until it completes, suspends, fails or must stop.
+    /// Runs a claimed task until it completes, suspends, fails or must stop. `cancel` stops it
+    /// at its next step; `gone` says the task is no longer held (its lease lost, or it was
+    /// cancelled), so that requests waiting for task-control give up.
     pub async fn run(
         &self,
         claimed: pb::ClaimResponse,
         cancel: CancellationToken,
+        gone: CancellationToken,
         inbox: Inbox,
     ) -> Outcome {
         let (Some(spec), Some(lease)) = (claimed.task.clone(), claimed.lease.clone()) else {
             return Outcome::Stopped("the claim carried no task or lease".into());
         };
+        let run = Run {
+            runner: self,
+            lease: &lease,
+            gone: &gone,
+        };
         let role: Role = spec.owner_role.parse().unwrap_or(Role::Guest);
+        let stored = match run.checkpoint_of(&claimed).await {
+            Ok(stored) => stored,
+            Err(e) => return run.settle(e).await,
+        };
         let mut history: Vec<Value> = Vec::new();
-        for stored in &claimed.rounds {
-            match serde_json::from_slice::<Vec<Value>>(&stored.messages_json) {
+        for (number, bytes) in &stored {
+            match serde_json::from_slice::<Vec<Value>>(bytes) {
                 Ok(messages) => history.extend(messages),
                 Err(e) => {
-                    let error = format!(
-                        "round {} of the checkpoint is unreadable: {e}",
-                        stored.number
-                    );
-                    return self.fail(&lease, &error).await;
+                    let error = format!("round {number} of the checkpoint is unreadable: {e}");
+                    return run.fail(&error).await;
                 }
             }
         }
-        let mut number = claimed.rounds.last().map_or(0, |r| r.number);
+        let mut number = stored.last().map_or(0, |(n, _)| *n);
         let mut pending: Vec<Value> = Vec::new();
         let mut consumed: Vec<String> = Vec::new();
         if history.is_empty() {
@@ -158,9 +170,9 @@ impl Runner {
                     self.max_rounds
                 );
                 let last = (!pending.is_empty()).then(|| round(number, &pending));
-                return match self.control.complete(&lease, last, &note).await {
+                return match self.control.complete(&lease, last, &note, &gone).await {
                     Ok(()) => Outcome::Completed,
-                    Err(e) => Outcome::Stopped(e.to_string()),
+                    Err(e) => run.settle(e).await,
                 };
             }
             let mut messages = history.clone();
@@ -171,14 +183,22 @@ impl Runner {
                 _ = cancel.cancelled() => return Outcome::Stopped("cancelled during an LLM call".into()),
                 reply = self.llm.complete(&messages, &offered, &call_prefix) => reply,
             };
-            let reply = match reply {
+            let mut reply = match reply {
                 Ok(reply) => reply,
-                Err(e) => {
-                    return self
-                        .fail(&lease, &format!("the LLM call failed: {e}"))
-                        .await;
-                }
+                Err(e) => return run.fail(&format!("the LLM call failed: {e}")).await,
             };
+            // A model output too large to keep is cut, and what the model reads says so.
+            let mut message = reply.message.clone();
+            if limits::shrink(&mut message, limits::MAX_MODEL_MESSAGE)
+                && let Some(shrunk) = llm::parse_message(message, &call_prefix)
+            {
+                tracing::warn!(
+                    task = spec.id,
+                    round = number,
+                    "the model's message was cut to fit"
+                );
+                reply = shrunk;
+            }
             pending.push(reply.message.clone());
             if reply.tool_calls.is_empty() {
                 let answer = reply.content.clone().unwrap_or_default();
@@ -189,16 +209,24 @@ impl Runner {
                 };
                 return match self
                     .control
-                    .complete(&lease, Some(round(number, &pending)), &answer)
+                    .complete(&lease, Some(round(number, &pending)), &answer, &gone)
                     .await
                 {
                     Ok(()) => Outcome::Completed,
-                    Err(e) => Outcome::Stopped(e.to_string()),
+                    Err(e) => run.settle(e).await,
                 };
             }
 
             let mut ask: Option<PendingAsk> = None;
-            for call in &reply.tool_calls {
+            for (index, call) in reply.tool_calls.iter().enumerate() {
+                if index >= limits::MAX_CALLS_PER_ROUND {
+                    let note = format!(
+                        "error: at most {} tool calls run in one round; call this one again in the next.",
+                        limits::MAX_CALLS_PER_ROUND
+                    );
+                    pending.push(tool_message(&call.id, &note));
+                    continue;
+                }
                 let key = format!("{}:{number}:{}", spec.id, call.id);
                 let result = match self.registry.check(call, role) {
                     Err(error) => error,
@@ -210,7 +238,10 @@ impl Runner {
                             "error: ask one question at a time; ask this one after the first is answered.".to_owned()
                         }
                         Kind::AskUser => {
-                            let text = |k: &str| checked.arguments.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                            let text = |k: &str| {
+                                let value = checked.arguments.get(k).and_then(Value::as_str).unwrap_or("");
+                                limits::cut(value, limits::MAX_QUESTION)
+                            };
                             ask = Some(PendingAsk {
                                 call_id: call.id.clone(),
                                 question: text("question"),
@@ -226,7 +257,7 @@ impl Runner {
                         }
                         Kind::SendMessage => {
                             let text = checked.arguments.get("text").and_then(Value::as_str).unwrap_or("");
-                            match self.control.send(&lease, text, &key).await {
+                            match self.control.send(&lease, text, &key, &gone).await {
                                 Ok(()) => "sent".to_owned(),
                                 Err(e) if e.is_final() => return Outcome::Stopped(e.to_string()),
                                 Err(e) => format!("error: the message could not be sent: {e}"),
@@ -245,7 +276,7 @@ impl Runner {
                             let name = checked.arguments.get("name").and_then(Value::as_str).unwrap_or("");
                             match self.registry.get(name) {
                                 Some(tool) if tool.min_role <= role => tool.declaration().to_string(),
-                                _ => format!("error: there is no tool `{name}` you can use."),
+                                _ => format!("error: there is no tool `{}` you can use.", limits::cut(name, 64)),
                             }
                         }
                         Kind::CurrentTime => time::OffsetDateTime::now_utc()
@@ -254,7 +285,10 @@ impl Runner {
                         Kind::WorkerInfo => json!({"worker_id": self.worker_id}).to_string(),
                     },
                 };
-                pending.push(tool_message(&call.id, &result));
+                pending.push(tool_message(
+                    &call.id,
+                    &limits::cut(&result, limits::MAX_TOOL_RESULT),
+                ));
             }
 
             let this_round = round(number, &pending);
@@ -269,7 +303,7 @@ impl Runner {
                     timeout_s: ask.timeout_s,
                     ..Default::default()
                 };
-                return match self.control.ask(request).await {
+                return match self.control.ask(request, &gone).await {
                     Ok(asked) => {
                         tracing::info!(
                             task = spec.id,
@@ -278,23 +312,85 @@ impl Runner {
                         );
                         Outcome::Suspended
                     }
-                    Err(e) => Outcome::Stopped(e.to_string()),
+                    Err(e) => run.settle(e).await,
                 };
             }
             if let Err(e) = self
                 .control
-                .checkpoint(&lease, this_round, std::mem::take(&mut consumed))
+                .checkpoint(&lease, this_round, std::mem::take(&mut consumed), &gone)
                 .await
             {
-                return Outcome::Stopped(e.to_string());
+                return run.settle(e).await;
             }
             history.append(&mut pending);
         }
     }
+}
 
-    async fn fail(&self, lease: &pb::Lease, error: &str) -> Outcome {
-        tracing::warn!(task = lease.task_id, error, "task failed");
-        match self.control.fail(lease, error).await {
+/// One claimed run: what its steps need to talk to task-control about it.
+struct Run<'a> {
+    runner: &'a Runner,
+    lease: &'a pb::Lease,
+    gone: &'a CancellationToken,
+}
+
+impl Run<'_> {
+    /// The whole checkpoint, as (round, its messages' JSON): the rounds the claim carried, and
+    /// the rest fetched piece by piece when it did not carry them all.
+    async fn checkpoint_of(
+        &self,
+        claimed: &pb::ClaimResponse,
+    ) -> Result<Vec<(u32, Vec<u8>)>, control::Error> {
+        let mut whole: Vec<(u32, Vec<u8>)> = Vec::new();
+        // The bytes of a round received so far, when the last piece was part of one.
+        let mut partial: Vec<u8> = Vec::new();
+        let take =
+            |rounds: Vec<pb::Round>, whole: &mut Vec<(u32, Vec<u8>)>, partial: &mut Vec<u8>| {
+                for piece in rounds {
+                    partial.extend(piece.messages_json);
+                    if !piece.partial {
+                        whole.push((piece.number, std::mem::take(partial)));
+                    }
+                }
+            };
+        take(claimed.rounds.clone(), &mut whole, &mut partial);
+        let mut more = claimed.more_rounds;
+        while more {
+            let after = whole.last().map_or(0, |(n, _)| *n);
+            let piece = self
+                .runner
+                .control
+                .history(self.lease, after, partial.len() as u64, self.gone)
+                .await?;
+            more = piece.more;
+            if piece.rounds.is_empty() && more {
+                return Err(control::Error::Refused {
+                    reason: pb::RefusalReason::Unspecified,
+                    message: "task-control sent an empty piece of the checkpoint".into(),
+                });
+            }
+            take(piece.rounds, &mut whole, &mut partial);
+        }
+        Ok(whole)
+    }
+
+    /// What a failed request means for the run: a refusal that will never pass (the request is
+    /// invalid) fails the task with its reason; anything else means the task is not ours any
+    /// more.
+    async fn settle(&self, error: control::Error) -> Outcome {
+        use hark_core::error::Classified as _;
+        match error.kind() {
+            hark_core::error::Kind::Invalid | hark_core::error::Kind::Internal => {
+                self.fail(&format!("task-control refused the run's step: {error}"))
+                    .await
+            }
+            _ => Outcome::Stopped(error.to_string()),
+        }
+    }
+
+    async fn fail(&self, error: &str) -> Outcome {
+        tracing::warn!(task = self.lease.task_id, error, "task failed");
+        match self.runner.control.fail(self.lease, error, self.gone).await {
             Ok(()) => Outcome::Failed,
             Err(e) => Outcome::Stopped(e.to_string()),
         }

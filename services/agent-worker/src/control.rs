@@ -1,13 +1,21 @@
 //! The worker's side of the control protocol: typed requests to task-control over NATS.
+//!
+//! A request that task-control cannot decide now — it does not answer, or it answers that its
+//! store is unavailable — is sent again with backoff for as long as the run holds its lease:
+//! a database blip costs the run a pause, not its work. The run gives up only when its lease is
+//! really gone (the heartbeat or a refusal says so), and a refusal that can never succeed is
+//! returned at once.
 
 use std::time::Duration;
 
 use hark_core::{
     bus::{ControlOp, Names},
     codec::{self, Versioned},
+    error::{Classified, Kind},
 };
 use hark_proto::v1 as pb;
 use prost::Message;
+use tokio_util::sync::CancellationToken;
 
 /// Why a control request did not go through.
 #[derive(Debug, thiserror::Error)]
@@ -20,29 +28,34 @@ pub enum Error {
     },
     #[error("no answer from task-control to {op}: {message}")]
     Unreachable { op: &'static str, message: String },
+    /// The run lost its lease (or its task was cancelled) while the request waited to be sent
+    /// again.
+    #[error("{op} was given up: the run no longer holds its task")]
+    GaveUp { op: &'static str },
+}
+
+impl Classified for Error {
+    fn kind(&self) -> Kind {
+        match self {
+            Error::Refused { reason, .. } => Kind::of_refusal(*reason),
+            Error::Unreachable { .. } => Kind::Unavailable,
+            Error::GaveUp { .. } => Kind::Gone,
+        }
+    }
 }
 
 impl Error {
-    fn from_refusal(refusal: pb::Refusal) -> Self {
+    fn from_refusal(refusal: &pb::Refusal) -> Self {
         Error::Refused {
             reason: pb::RefusalReason::try_from(refusal.reason)
                 .unwrap_or(pb::RefusalReason::Unspecified),
-            message: refusal.message,
+            message: refusal.message.clone(),
         }
     }
 
-    /// Whether the task is gone from this worker (cancelled, or its lease lost).
+    /// Whether the task is gone from this worker (cancelled, its lease lost, the job stale).
     pub fn is_final(&self) -> bool {
-        matches!(
-            self,
-            Error::Refused {
-                reason: pb::RefusalReason::Cancelled
-                    | pb::RefusalReason::LeaseLost
-                    | pb::RefusalReason::NotFound
-                    | pb::RefusalReason::StaleJob,
-                ..
-            }
-        )
+        matches!(self.kind(), Kind::Gone | Kind::NotFound | Kind::Conflict)
     }
 
     pub fn is_cancelled(&self) -> bool {
@@ -56,58 +69,148 @@ impl Error {
     }
 }
 
+/// A response that may carry a refusal.
+pub trait Refusable: Message + Default {
+    fn refusal(&self) -> Option<&pb::Refusal>;
+}
+
+macro_rules! refusable {
+    ($($ty:ident),*) => {$(
+        impl Refusable for pb::$ty {
+            fn refusal(&self) -> Option<&pb::Refusal> {
+                self.refusal.as_ref()
+            }
+        }
+    )*};
+}
+
+refusable!(
+    ClaimResponse,
+    HeartbeatResponse,
+    AskResponse,
+    HistoryResponse,
+    ControlAck
+);
+
+/// How long one attempt waits for task-control's answer.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first pause before a request is sent again; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Clone)]
 pub struct ControlClient {
     nats: async_nats::Client,
     names: Names,
-    timeout: Duration,
+}
+
+/// How long a request is sent again while task-control cannot decide it.
+#[derive(Debug, Clone, Copy)]
+enum Persist<'a> {
+    /// For as long as the run holds its lease: until `gone` is cancelled.
+    WhileHeld(&'a CancellationToken),
+    /// A few times within about a second (a claim, whose job comes back anyway).
+    Briefly,
+    /// Once (a heartbeat, which comes again anyway).
+    Once,
 }
 
 impl ControlClient {
     pub fn new(nats: async_nats::Client, names: Names) -> Self {
-        Self {
-            nats,
-            names,
-            timeout: Duration::from_secs(10),
+        Self { nats, names }
+    }
+
+    async fn attempt<Req: Versioned + Clone, Resp: Refusable>(
+        &self,
+        op: ControlOp,
+        request: &Req,
+    ) -> Result<Resp, Error> {
+        let mut headers = async_nats::HeaderMap::new();
+        hark_core::trace::inject(&mut headers);
+        let sent = tokio::time::timeout(
+            ATTEMPT_TIMEOUT,
+            self.nats.request_with_headers(
+                self.names.control(op),
+                headers,
+                codec::encode(request.clone()),
+            ),
+        )
+        .await;
+        let reply = match sent {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(e)) => {
+                return Err(Error::Unreachable {
+                    op: op.as_str(),
+                    message: e.to_string(),
+                });
+            }
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    op: op.as_str(),
+                    message: format!("no reply within {ATTEMPT_TIMEOUT:?}"),
+                });
+            }
+        };
+        let response = Resp::decode(reply.payload).map_err(|e| Error::Refused {
+            reason: pb::RefusalReason::Unspecified,
+            message: format!("undecodable response to {}: {e}", op.as_str()),
+        })?;
+        match response.refusal() {
+            Some(refusal) => Err(Error::from_refusal(refusal)),
+            None => Ok(response),
         }
     }
 
-    /// Sends a request, retrying while task-control does not answer (it may be restarting).
-    async fn call<Req: Versioned, Resp: Message + Default>(
+    /// Sends a request, and sends it again with backoff while task-control cannot decide it,
+    /// as `persist` allows.
+    async fn call<Req: Versioned + Clone, Resp: Refusable>(
         &self,
         op: ControlOp,
         request: Req,
+        persist: Persist<'_>,
     ) -> Result<Resp, Error> {
-        let payload = codec::encode(request);
-        let mut headers = async_nats::HeaderMap::new();
-        hark_core::trace::inject(&mut headers);
-        let mut last = String::new();
-        for attempt in 0..5u32 {
-            let sent = tokio::time::timeout(
-                self.timeout,
-                self.nats.request_with_headers(
-                    self.names.control(op),
-                    headers.clone(),
-                    payload.clone(),
-                ),
-            )
-            .await;
-            match sent {
-                Ok(Ok(reply)) => {
-                    return Resp::decode(reply.payload).map_err(|e| Error::Unreachable {
-                        op: op.as_str(),
-                        message: format!("undecodable response: {e}"),
-                    });
+        let mut backoff = FIRST_BACKOFF;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let error = match self.attempt(op, &request).await {
+                Err(e) if e.kind().is_retryable() => e,
+                done => {
+                    if tries > 1 {
+                        tracing::info!(
+                            op = op.as_str(),
+                            tries,
+                            "task-control decided it after all"
+                        );
+                    }
+                    return done;
                 }
-                Ok(Err(e)) => last = e.to_string(),
-                Err(_) => last = format!("no reply within {:?}", self.timeout),
+            };
+            match persist {
+                Persist::Once => return Err(error),
+                Persist::Briefly if tries >= 4 => return Err(error),
+                Persist::WhileHeld(gone) if gone.is_cancelled() => {
+                    return Err(Error::GaveUp { op: op.as_str() });
+                }
+                _ => {}
             }
-            tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
+            if tries == 1 || tries.is_power_of_two() {
+                tracing::warn!(
+                    op = op.as_str(),
+                    tries,
+                    error = %error,
+                    "task-control cannot decide this now; sending it again while the task is held"
+                );
+            }
+            match persist {
+                Persist::WhileHeld(gone) => tokio::select! {
+                    _ = gone.cancelled() => return Err(Error::GaveUp { op: op.as_str() }),
+                    _ = tokio::time::sleep(backoff) => {}
+                },
+                _ => tokio::time::sleep(backoff).await,
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
-        Err(Error::Unreachable {
-            op: op.as_str(),
-            message: last,
-        })
     }
 
     pub async fn claim(
@@ -115,37 +218,29 @@ impl ControlClient {
         job: &pb::RunJob,
         worker_id: &str,
     ) -> Result<pb::ClaimResponse, Error> {
-        let response: pb::ClaimResponse = self
-            .call(
-                ControlOp::Claim,
-                pb::ClaimRequest {
-                    task_id: job.task_id.clone(),
-                    generation: job.generation,
-                    worker_id: worker_id.to_owned(),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        match response.refusal.clone() {
-            Some(refusal) => Err(Error::from_refusal(refusal)),
-            None => Ok(response),
-        }
+        self.call(
+            ControlOp::Claim,
+            pb::ClaimRequest {
+                task_id: job.task_id.clone(),
+                generation: job.generation,
+                worker_id: worker_id.to_owned(),
+                ..Default::default()
+            },
+            Persist::Briefly,
+        )
+        .await
     }
 
     pub async fn heartbeat(&self, lease: &pb::Lease) -> Result<pb::HeartbeatResponse, Error> {
-        let response: pb::HeartbeatResponse = self
-            .call(
-                ControlOp::Heartbeat,
-                pb::HeartbeatRequest {
-                    lease: Some(lease.clone()),
-                    ..Default::default()
-                },
-            )
-            .await?;
-        match response.refusal.clone() {
-            Some(refusal) => Err(Error::from_refusal(refusal)),
-            None => Ok(response),
-        }
+        self.call(
+            ControlOp::Heartbeat,
+            pb::HeartbeatRequest {
+                lease: Some(lease.clone()),
+                ..Default::default()
+            },
+            Persist::Once,
+        )
+        .await
     }
 
     pub async fn checkpoint(
@@ -153,6 +248,7 @@ impl ControlClient {
         lease: &pb::Lease,
         round: pb::Round,
         consumed: Vec<String>,
+        gone: &CancellationToken,
     ) -> Result<(), Error> {
         self.ack(
             ControlOp::Checkpoint,
@@ -162,16 +258,18 @@ impl ControlClient {
                 consumed_instruction_ids: consumed,
                 ..Default::default()
             },
+            gone,
         )
         .await
     }
 
-    pub async fn ask(&self, request: pb::AskRequest) -> Result<pb::AskResponse, Error> {
-        let response: pb::AskResponse = self.call(ControlOp::Ask, request).await?;
-        match response.refusal.clone() {
-            Some(refusal) => Err(Error::from_refusal(refusal)),
-            None => Ok(response),
-        }
+    pub async fn ask(
+        &self,
+        request: pb::AskRequest,
+        gone: &CancellationToken,
+    ) -> Result<pb::AskResponse, Error> {
+        self.call(ControlOp::Ask, request, Persist::WhileHeld(gone))
+            .await
     }
 
     pub async fn complete(
@@ -179,6 +277,7 @@ impl ControlClient {
         lease: &pb::Lease,
         round: Option<pb::Round>,
         result: &str,
+        gone: &CancellationToken,
     ) -> Result<(), Error> {
         self.ack(
             ControlOp::Complete,
@@ -188,11 +287,17 @@ impl ControlClient {
                 result: result.to_owned(),
                 ..Default::default()
             },
+            gone,
         )
         .await
     }
 
-    pub async fn fail(&self, lease: &pb::Lease, error: &str) -> Result<(), Error> {
+    pub async fn fail(
+        &self,
+        lease: &pb::Lease,
+        error: &str,
+        gone: &CancellationToken,
+    ) -> Result<(), Error> {
         self.ack(
             ControlOp::Fail,
             pb::FailRequest {
@@ -200,6 +305,47 @@ impl ControlClient {
                 error: error.to_owned(),
                 ..Default::default()
             },
+            gone,
+        )
+        .await
+    }
+
+    /// Hands the task back (the worker stops). Sent again until it is decided or `gone`.
+    pub async fn release(
+        &self,
+        lease: &pb::Lease,
+        reason: &str,
+        gone: &CancellationToken,
+    ) -> Result<(), Error> {
+        self.ack(
+            ControlOp::Release,
+            pb::ReleaseRequest {
+                lease: Some(lease.clone()),
+                reason: reason.to_owned(),
+                ..Default::default()
+            },
+            gone,
+        )
+        .await
+    }
+
+    /// The next piece of the checkpoint of a claimed task (see `HistoryRequest`).
+    pub async fn history(
+        &self,
+        lease: &pb::Lease,
+        after_round: u32,
+        offset: u64,
+        gone: &CancellationToken,
+    ) -> Result<pb::HistoryResponse, Error> {
+        self.call(
+            ControlOp::History,
+            pb::HistoryRequest {
+                lease: Some(lease.clone()),
+                after_round,
+                offset,
+                ..Default::default()
+            },
+            Persist::WhileHeld(gone),
         )
         .await
     }
@@ -209,6 +355,7 @@ impl ControlClient {
         lease: &pb::Lease,
         text: &str,
         idempotency_key: &str,
+        gone: &CancellationToken,
     ) -> Result<(), Error> {
         self.ack(
             ControlOp::Send,
@@ -218,15 +365,19 @@ impl ControlClient {
                 idempotency_key: idempotency_key.to_owned(),
                 ..Default::default()
             },
+            gone,
         )
         .await
     }
 
-    async fn ack<Req: Versioned>(&self, op: ControlOp, request: Req) -> Result<(), Error> {
-        let response: pb::ControlAck = self.call(op, request).await?;
-        match response.refusal {
-            Some(refusal) => Err(Error::from_refusal(refusal)),
-            None => Ok(()),
-        }
+    async fn ack<Req: Versioned + Clone>(
+        &self,
+        op: ControlOp,
+        request: Req,
+        gone: &CancellationToken,
+    ) -> Result<(), Error> {
+        self.call::<_, pb::ControlAck>(op, request, Persist::WhileHeld(gone))
+            .await
+            .map(|_| ())
     }
 }

@@ -6,11 +6,13 @@
 //!   question (the task is handed back and forgotten), cancellation or the round limit.
 //! - [`tools`] is the tool registry: schemas, roles, visibility, argument checks.
 //! - [`control`] is the client of task-control's control requests.
-//! - [`llm`] is the OpenAI-compatible chat-completions client.
+//! - [`llm`] is the OpenAI-compatible chat-completions client; [`limits`] bounds what a round
+//!   keeps of it and of tools.
 //! - [`scripted`] is a scripted LLM server for tests and the demo model.
 
 pub mod agent;
 pub mod control;
+pub mod limits;
 pub mod llm;
 pub mod scripted;
 pub mod tools;

@@ -224,13 +224,19 @@ pub fn parse_reply(raw: &Value, url: &str, call_prefix: &str) -> Result<Reply, E
         url: url.to_owned(),
         body: raw.to_string().chars().take(500).collect(),
     };
-    let mut message = raw
+    let message = raw
         .get("choices")
         .and_then(|c| c.get(0))
         .and_then(|c| c.get("message"))
         .cloned()
         .ok_or_else(malformed)?;
-    let object = message.as_object_mut().ok_or_else(malformed)?;
+    parse_message(message, call_prefix).ok_or_else(malformed)
+}
+
+/// Reads an assistant message: its text and its tool calls, filling in missing call ids.
+/// `None` when it is not a JSON object.
+pub fn parse_message(mut message: Value, call_prefix: &str) -> Option<Reply> {
+    let object = message.as_object_mut()?;
     object.entry("role").or_insert_with(|| json!("assistant"));
     let content = object
         .get("content")
@@ -269,7 +275,7 @@ pub fn parse_reply(raw: &Value, url: &str, call_prefix: &str) -> Result<Reply, E
             });
         }
     }
-    Ok(Reply {
+    Some(Reply {
         message,
         content,
         tool_calls,

@@ -4,12 +4,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::StreamExt;
 use hark_core::{
     bus::{self, Names},
     codec,
     config::Config,
+    error::{Classified as _, Kind, Settle},
 };
 use hark_proto::v1 as pb;
 use tokio::sync::Semaphore;
@@ -17,7 +18,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     agent::{Inbox, Outcome, Runner},
-    control::{self, ControlClient},
+    control::ControlClient,
     llm,
     tools::Registry,
 };
@@ -40,9 +41,13 @@ pub struct Worker {
     js: jetstream::Context,
     names: Names,
     concurrency: usize,
-    /// The runs in flight, by task id, so a cancel hint can stop the right one.
-    running: Arc<std::sync::Mutex<std::collections::HashMap<String, CancellationToken>>>,
+    /// The runs in flight, by task id, so a cancel hint can stop the right one: its stop token
+    /// and its "no longer ours" token.
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, RunTokens>>>,
 }
+
+/// A run's stop token and its "the task is no longer ours" token.
+type RunTokens = (CancellationToken, CancellationToken);
 
 impl Worker {
     /// Connects to NATS and makes sure the streams exist. `worker_id` names this worker in
@@ -78,8 +83,8 @@ impl Worker {
         &self.runner.worker_id
     }
 
-    /// Runs jobs until `shutdown`. Runs in flight then stop at their next step and write nothing
-    /// more; their leases lapse and another worker continues them from their last checkpoint.
+    /// Runs jobs until `shutdown`. Runs in flight then stop at their next step and hand their
+    /// tasks back, so that another worker continues each from its last checkpoint at once.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
         let consumer: PullConsumer = self
             .js
@@ -157,7 +162,7 @@ impl Worker {
 
     fn lock_running(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CancellationToken>> {
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, RunTokens>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -184,8 +189,9 @@ impl Worker {
                 .next()
                 .unwrap_or_default()
                 .to_owned();
-            if let Some(cancel) = self.lock_running().get(&task) {
+            if let Some((cancel, gone)) = self.lock_running().get(&task) {
                 tracing::info!(task, "cancelled: stopping the run");
+                gone.cancel();
                 cancel.cancel();
             }
         }
@@ -196,7 +202,7 @@ impl Worker {
             Ok(job) => job,
             Err(e) => {
                 tracing::warn!(error = %e, "dropping an undecodable run job");
-                let _ = message.ack_with(AckKind::Term).await;
+                let _ = bus::settle(&message, Settle::Drop).await;
                 return;
             }
         };
@@ -212,16 +218,21 @@ impl Worker {
             .await
         {
             Ok(claimed) => claimed,
-            Err(e) if e.is_final() => {
-                tracing::debug!(task = job.task_id, error = %e, "run job no longer applies");
-                let _ = message.ack().await;
-                return;
-            }
             Err(e) => {
-                tracing::warn!(task = job.task_id, error = %e, "cannot claim; the job will come back");
-                let _ = message
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
+                // A job whose task moved on is done; one task-control could not decide now comes
+                // back later; one it can never take is dropped.
+                let settle = match e.kind() {
+                    Kind::Gone | Kind::NotFound | Kind::Conflict => {
+                        tracing::debug!(task = job.task_id, error = %e, "run job no longer applies");
+                        Settle::Done
+                    }
+                    kind => {
+                        let settle = kind.settle();
+                        tracing::warn!(task = job.task_id, error = %e, ?settle, "cannot claim");
+                        settle
+                    }
+                };
+                let _ = bus::settle(&message, settle).await;
                 return;
             }
         };
@@ -244,21 +255,26 @@ impl Worker {
         let Some(lease) = claimed.lease.clone() else {
             return Outcome::Stopped("no lease".into());
         };
+        // `cancel` stops the run at its next step (the worker stops, or the task is not ours);
+        // `gone` says the task is not ours any more, so nothing is written for it and it is not
+        // handed back.
         let cancel = shutdown.child_token();
+        let gone = CancellationToken::new();
         let inbox = Inbox::default();
         let helpers = CancellationToken::new();
 
         // Stop at once when the task is cancelled (see `watch_cancels`).
         self.lock_running()
-            .insert(lease.task_id.clone(), cancel.clone());
+            .insert(lease.task_id.clone(), (cancel.clone(), gone.clone()));
 
         // Keep the lease, and pick up told instructions.
         {
-            let (control, lease, inbox, cancel, helpers) = (
+            let (control, lease, inbox, cancel, gone, helpers) = (
                 self.runner.control.clone(),
                 lease.clone(),
                 inbox.clone(),
                 cancel.clone(),
+                gone.clone(),
                 helpers.clone(),
             );
             let every = Duration::from_millis(u64::from(claimed.lease_ms.max(1000)) / 3);
@@ -272,11 +288,14 @@ impl Worker {
                     }
                     match control.heartbeat(&lease).await {
                         Ok(response) => inbox.push(response.instructions),
-                        Err(e @ control::Error::Refused { .. }) if e.is_final() => {
+                        Err(e) if e.is_final() => {
                             tracing::info!(task = lease.task_id, error = %e, "stopping: the task is no longer ours");
+                            gone.cancel();
                             cancel.cancel();
                             return;
                         }
+                        // task-control cannot renew it now; the run goes on, and its requests
+                        // wait, while the lease may still hold.
                         Err(e) => {
                             tracing::warn!(task = lease.task_id, error = %e, "heartbeat failed")
                         }
@@ -285,10 +304,59 @@ impl Worker {
             });
         }
 
+        // Once the worker stops, waiting for task-control on this run's behalf ends when the
+        // lease would have lapsed anyway: a stop takes at most one lease.
+        {
+            let (shutdown, gone, helpers) = (shutdown.clone(), gone.clone(), helpers.clone());
+            let lease = Duration::from_millis(u64::from(claimed.lease_ms.max(1000)));
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = helpers.cancelled() => {}
+                    _ = shutdown.cancelled() => {
+                        tokio::select! {
+                            _ = helpers.cancelled() => {}
+                            _ = tokio::time::sleep(lease) => gone.cancel(),
+                        }
+                    }
+                }
+            });
+        }
+
         let task_id = lease.task_id.clone();
-        let outcome = self.runner.run(claimed, cancel, inbox).await;
-        helpers.cancel();
+        let outcome = self.runner.run(claimed, cancel, gone.clone(), inbox).await;
         self.lock_running().remove(&task_id);
+        let outcome = self.hand_back(outcome, &lease, &shutdown, &gone).await;
+        helpers.cancel();
+        outcome
+    }
+
+    /// A run stopped because this worker stops: its task is handed back at once, so another
+    /// worker continues it without waiting for the lease to lapse, and no attempt is lost.
+    async fn hand_back(
+        &self,
+        outcome: Outcome,
+        lease: &pb::Lease,
+        shutdown: &CancellationToken,
+        gone: &CancellationToken,
+    ) -> Outcome {
+        let task_id = &lease.task_id;
+        if matches!(outcome, Outcome::Stopped(_)) && shutdown.is_cancelled() && !gone.is_cancelled()
+        {
+            match self
+                .runner
+                .control
+                .release(lease, "the worker stopped", gone)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(task = task_id, "handed the task back");
+                    return Outcome::HandedBack;
+                }
+                Err(e) => {
+                    tracing::warn!(task = task_id, error = %e, "could not hand the task back; its lease will lapse")
+                }
+            }
+        }
         outcome
     }
 }

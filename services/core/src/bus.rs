@@ -101,17 +101,21 @@ pub enum ControlOp {
     Ask,
     Complete,
     Fail,
+    Release,
+    History,
     Send,
 }
 
 impl ControlOp {
-    pub const ALL: [ControlOp; 7] = [
+    pub const ALL: [ControlOp; 9] = [
         ControlOp::Claim,
         ControlOp::Heartbeat,
         ControlOp::Checkpoint,
         ControlOp::Ask,
         ControlOp::Complete,
         ControlOp::Fail,
+        ControlOp::Release,
+        ControlOp::History,
         ControlOp::Send,
     ];
 
@@ -123,6 +127,8 @@ impl ControlOp {
             ControlOp::Ask => "ask",
             ControlOp::Complete => "complete",
             ControlOp::Fail => "fail",
+            ControlOp::Release => "release",
+            ControlOp::History => "history",
             ControlOp::Send => "send",
         }
     }

@@ -50,6 +50,8 @@ versioned!(
     AskRequest,
     CompleteRequest,
     FailRequest,
+    ReleaseRequest,
+    HistoryRequest,
     SendRequest,
 );
 

@@ -156,6 +156,8 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
         Some(ControlOp::Checkpoint) => ack(checkpoint(shared, payload).await),
         Some(ControlOp::Complete) => ack(complete(shared, payload).await),
         Some(ControlOp::Fail) => ack(fail(shared, payload).await),
+        Some(ControlOp::Release) => ack(release(shared, payload).await),
+        Some(ControlOp::History) => history(shared, payload).await.encode_to_vec(),
         Some(ControlOp::Send) => ack(send(shared, payload).await),
         None => ack(Err(invalid("unknown control operation"))),
     }
@@ -200,7 +202,14 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
         Ok(claimed) => {
             tracing::debug!(task = %claimed.task.id, "claim won");
             let role = shared.role_of(&claimed.task.owner);
+            let (rounds, more_rounds) = pieces(&claimed.rounds, 0, HISTORY_BUDGET);
+            let instructions = within_budget(
+                claimed.instructions.into_iter().map(convert::instruction),
+                INSTRUCTION_BUDGET,
+            );
             pb::ClaimResponse {
+                rounds,
+                more_rounds,
                 refusal: None,
                 lease: Some(pb::Lease {
                     task_id: claimed.lease.task.to_string(),
@@ -219,25 +228,13 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
                     can_ask: role >= Role::User,
                     attempt: claimed.task.attempt as u32,
                 }),
-                rounds: claimed
-                    .rounds
-                    .iter()
-                    .map(|r| pb::Round {
-                        number: r.round as u32,
-                        messages_json: serde_json::to_vec(&r.messages.0).unwrap_or_default(),
-                    })
-                    .collect(),
                 resume: claimed.resume.map(|r| pb::Resume {
                     question_id: r.question_id.to_string(),
                     tool_call_id: r.tool_call_id,
                     expired: r.expired,
                     text: r.text,
                 }),
-                instructions: claimed
-                    .instructions
-                    .into_iter()
-                    .map(convert::instruction)
-                    .collect(),
+                instructions,
             }
         }
     }
@@ -258,7 +255,11 @@ async fn heartbeat(shared: &Shared, payload: &[u8], lease: Duration) -> pb::Hear
         Ok(instructions) => pb::HeartbeatResponse {
             refusal: None,
             lease_ms: lease.as_millis() as u32,
-            instructions: instructions.into_iter().map(convert::instruction).collect(),
+            // What does not fit comes with a later heartbeat, once these were consumed.
+            instructions: within_budget(
+                instructions.into_iter().map(convert::instruction),
+                INSTRUCTION_BUDGET,
+            ),
         },
         Err(refusal) => pb::HeartbeatResponse {
             refusal,
@@ -361,6 +362,107 @@ async fn fail(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
         .map_err(|e| refusal_of(&e))
 }
 
+async fn release(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+    let request: pb::ReleaseRequest = decode(payload)?;
+    let lease = lease_of(request.lease.as_ref())?;
+    let reason = if request.reason.trim().is_empty() {
+        "the worker stopped".to_owned()
+    } else {
+        strip_nul(request.reason)
+    };
+    let released = shared
+        .store
+        .release(&lease, hark_core::domain::ids::shown(&reason).as_str())
+        .await
+        .map_err(|e| refusal_of(&e))?;
+    tracing::info!(task = %released.id, worker = lease.worker_id, "a stopping worker handed its task back");
+    Ok(())
+}
+
+/// The most bytes of checkpoint one response carries, well below NATS's payload limit (1 MiB by
+/// default), whatever else it carries.
+pub const HISTORY_BUDGET: usize = 512 * 1024;
+/// The most bytes of told instructions one response carries; more come with later heartbeats.
+pub const INSTRUCTION_BUDGET: usize = 192 * 1024;
+
+/// The next piece of a checkpoint: the rounds of `rounds` (each after the last one received
+/// whole) from `offset` bytes into the first, whole rounds while they fit in `budget` bytes,
+/// and a part of one when even that does not fit. At least some bytes are always sent. Returns
+/// the pieces and whether more follow.
+pub fn pieces(rounds: &[store::RoundRow], offset: usize, budget: usize) -> (Vec<pb::Round>, bool) {
+    let mut out = Vec::new();
+    let mut used = 0;
+    let mut offset = offset;
+    for round in rounds {
+        let bytes = serde_json::to_vec(&round.messages.0).unwrap_or_else(|_| b"[]".to_vec());
+        let rest = bytes.get(offset..).unwrap_or_default();
+        let room = budget.saturating_sub(used);
+        if rest.len() <= room {
+            used += rest.len();
+            out.push(pb::Round {
+                number: round.round as u32,
+                messages_json: rest.to_vec(),
+                partial: false,
+            });
+            offset = 0;
+            continue;
+        }
+        // It does not fit: a piece of it if nothing else was sent, else it waits for the next.
+        if out.is_empty() {
+            out.push(pb::Round {
+                number: round.round as u32,
+                messages_json: rest[..room.max(1).min(rest.len())].to_vec(),
+                partial: true,
+            });
+        }
+        return (out, true);
+    }
+    (out, false)
+}
+
+/// As many of `items` as fit in `budget` bytes, at least one.
+fn within_budget<M: Message>(items: impl Iterator<Item = M>, budget: usize) -> Vec<M> {
+    let mut used = 0;
+    let mut out = Vec::new();
+    for item in items {
+        let size = item.encoded_len();
+        if !out.is_empty() && used + size > budget {
+            break;
+        }
+        used += size;
+        out.push(item);
+    }
+    out
+}
+
+async fn history(shared: &Shared, payload: &[u8]) -> pb::HistoryResponse {
+    let result = async {
+        let request: pb::HistoryRequest = decode(payload)?;
+        let lease = lease_of(request.lease.as_ref())?;
+        let after =
+            i32::try_from(request.after_round).map_err(|_| invalid("after_round out of range"))?;
+        let rounds = shared
+            .store
+            .rounds_after(&lease, after)
+            .await
+            .map_err(|e| refusal_of(&e))?;
+        let offset = usize::try_from(request.offset).map_err(|_| invalid("offset out of range"))?;
+        Ok(pieces(&rounds, offset, HISTORY_BUDGET))
+    }
+    .await;
+    match result {
+        Ok((rounds, more)) => pb::HistoryResponse {
+            refusal: None,
+            rounds,
+            more,
+        },
+        Err(refusal) => pb::HistoryResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
 async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
     let request: pb::SendRequest = decode(payload)?;
     let lease = lease_of(request.lease.as_ref())?;
@@ -377,4 +479,74 @@ async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(number: i32, bytes: usize) -> store::RoundRow {
+        // A JSON array holding one string: two brackets and two quotes around the text.
+        store::RoundRow {
+            round: number,
+            messages: sqlx::types::Json(serde_json::json!(["x".repeat(bytes - 4)])),
+        }
+    }
+
+    /// Reassembles what the pieces carry, as a worker does, asking again while more follow.
+    fn fetch_all(rounds: &[store::RoundRow], budget: usize) -> (Vec<(u32, Vec<u8>)>, usize) {
+        let mut whole: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut partial: Vec<u8> = Vec::new();
+        let mut requests = 0;
+        loop {
+            let after = whole.last().map_or(0, |(n, _)| *n);
+            let remaining: Vec<store::RoundRow> = rounds
+                .iter()
+                .filter(|r| r.round as u32 > after)
+                .cloned()
+                .collect();
+            let (pieces, more) = pieces(&remaining, partial.len(), budget);
+            requests += 1;
+            let size: usize = pieces.iter().map(|p| p.messages_json.len()).sum();
+            assert!(size <= budget.max(1), "{size} bytes in one response");
+            for piece in pieces {
+                partial.extend(piece.messages_json);
+                if !piece.partial {
+                    whole.push((piece.number, std::mem::take(&mut partial)));
+                }
+            }
+            if !more {
+                return (whole, requests);
+            }
+            assert!(requests < 1000, "no progress");
+        }
+    }
+
+    #[test]
+    fn any_history_arrives_whole_in_pieces_that_each_fit() {
+        let rounds = vec![
+            round(1, 100),
+            round(2, 3000),
+            round(3, 10),
+            round(4, 999),
+            round(5, 1000),
+        ];
+        for budget in [7, 100, 999, 1000, 2500, 10_000] {
+            let (got, requests) = fetch_all(&rounds, budget);
+            let expected: Vec<(u32, Vec<u8>)> = rounds
+                .iter()
+                .map(|r| {
+                    (
+                        r.round as u32,
+                        serde_json::to_vec(&r.messages.0).expect("json"),
+                    )
+                })
+                .collect();
+            assert_eq!(got, expected, "budget {budget}");
+            if budget >= 10_000 {
+                assert_eq!(requests, 1);
+            }
+        }
+        assert_eq!(pieces(&[], 0, 10), (vec![], false));
+    }
 }

@@ -4,6 +4,7 @@
 //! pending ──claim──▶ running ──ask──▶ waiting_input ──answer / expiry(resume)──▶ pending
 //! running ──finish──▶ completed      running ──fail──▶ failed
 //! running ──lease expired──▶ pending (attempt + 1, resumes from the last checkpoint)
+//! running ──released by a stopping worker──▶ pending (same attempt, from the last checkpoint)
 //! any non-terminal ──cancel──▶ cancelled          waiting_input ──expiry(fail)──▶ failed
 //! ```
 //!
@@ -198,11 +199,14 @@ pub enum Event {
     Fail,
     /// The worker's lease ran out; another worker continues from the last checkpoint.
     LeaseExpired,
+    /// The worker holding the task stopped and handed it back; another continues from the last
+    /// checkpoint, and no attempt is counted.
+    Release,
     Cancel,
 }
 
 impl Event {
-    pub const ALL: [Event; 10] = [
+    pub const ALL: [Event; 11] = [
         Event::Claim,
         Event::Ask,
         Event::Answer,
@@ -212,6 +216,7 @@ impl Event {
         Event::Finish,
         Event::Fail,
         Event::LeaseExpired,
+        Event::Release,
         Event::Cancel,
     ];
 
@@ -227,6 +232,7 @@ impl Event {
             Event::Finish => "finish",
             Event::Fail => "fail",
             Event::LeaseExpired => "lease_expired",
+            Event::Release => "release",
             Event::Cancel => "cancel",
         }
     }
@@ -257,7 +263,7 @@ pub fn transition(from: TaskState, event: Event) -> Result<TaskState, Transition
         (S::WaitingInput, E::Expire(TimeoutPolicy::Fail)) => S::Failed,
         (S::Running, E::Finish) => S::Completed,
         (S::Running, E::Fail) => S::Failed,
-        (S::Running, E::LeaseExpired) => S::Pending,
+        (S::Running, E::LeaseExpired | E::Release) => S::Pending,
         (S::Pending | S::Running | S::WaitingInput, E::Cancel) => S::Cancelled,
         _ => return Err(TransitionError { from, event }),
     };
@@ -365,6 +371,7 @@ mod tests {
         (S::Running, E::Finish, S::Completed),
         (S::Running, E::Fail, S::Failed),
         (S::Running, E::LeaseExpired, S::Pending),
+        (S::Running, E::Release, S::Pending),
         (S::Running, E::Cancel, S::Cancelled),
         (S::WaitingInput, E::Answer, S::Pending),
         (

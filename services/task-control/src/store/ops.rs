@@ -631,6 +631,34 @@ impl Store {
         }
     }
 
+    /// The checkpointed rounds after `after`, for the worker that holds the task under `lease`.
+    pub async fn rounds_after(&self, lease: &Lease, after: i32) -> Result<Vec<RoundRow>, Error> {
+        let rows: Vec<(Option<i32>, Option<Json<serde_json::Value>>)> = sqlx::query_as(
+            "SELECT c.round, c.messages
+             FROM tasks t LEFT JOIN checkpoints c ON c.task_id = t.id AND c.round > $4
+             WHERE t.id = $1 AND t.state = 'running' AND t.generation = $2 AND t.worker_id = $3
+             ORDER BY c.round",
+        )
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
+        if rows.is_empty() {
+            return Err(self.refusal(lease).await);
+        }
+        Ok(rows
+            .into_iter()
+            .filter_map(|(round, messages)| {
+                Some(RoundRow {
+                    round: round?,
+                    messages: messages?,
+                })
+            })
+            .collect())
+    }
+
     /// Renews the lease; returns the instructions not yet consumed.
     pub async fn heartbeat(
         &self,
@@ -987,6 +1015,30 @@ impl Store {
                 None,
             ));
         }
+        let Some(row) = self.cas(&mut conn, change, &mut sent).await? else {
+            return Err(self.refusal(lease).await);
+        };
+        self.published(sent);
+        Ok(row)
+    }
+
+    /// Hands a running task back from a worker that stops: it is queued again at once to
+    /// continue from its last checkpoint, and its attempts are not counted up.
+    pub async fn release(&self, lease: &Lease, reason: &str) -> Result<TaskRow, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut sent = Vec::new();
+        let mut change = Cas::new(
+            lease.task,
+            TaskState::Running,
+            lease.generation,
+            Event::Release,
+            &lease.worker_id,
+        );
+        change.worker_guard = Some(&lease.worker_id);
+        change.detail = reason;
+        change
+            .outbox
+            .push(self.run_msg(lease.task, lease.generation + 1, pb::RunReason::Handover));
         let Some(row) = self.cas(&mut conn, change, &mut sent).await? else {
             return Err(self.refusal(lease).await);
         };

@@ -322,6 +322,7 @@ impl TestControl {
                 round: Some(pb::Round {
                     number: round,
                     messages_json: serde_json::to_vec(&messages).expect("json"),
+                    ..Default::default()
                 }),
                 tool_call_id: call.into(),
                 question: question.into(),
@@ -343,6 +344,7 @@ impl TestControl {
                 round: Some(pb::Round {
                     number: round,
                     messages_json: serde_json::to_vec(&messages).expect("json"),
+                    ..Default::default()
                 }),
                 ..Default::default()
             }),

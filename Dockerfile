@@ -10,8 +10,11 @@ FROM debian:bookworm-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --system --uid 10001 --no-create-home hark
+    && useradd --system --uid 10001 --no-create-home hark \
+    && mkdir -p /var/lib/hark/spool && chown -R hark /var/lib/hark
 COPY --from=build /hark /usr/local/bin/hark
 USER hark
+# The gateway's inbound spool; mount a volume here so that it survives the container.
+ENV HARK_GATEWAY__SPOOL_DIR=/var/lib/hark/spool
 ENTRYPOINT ["hark"]
 CMD ["--help"]

@@ -136,6 +136,14 @@ impl Env {
         self.vars.insert(key.to_owned(), value.to_owned());
     }
 
+    /// The inbound spool of this installation's gateway.
+    pub fn spool_dir(&self) -> PathBuf {
+        std::env::temp_dir()
+            .join("hark-e2e")
+            .join(&self.namespace)
+            .join("spool")
+    }
+
     pub fn grpc_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.grpc_port)
     }
@@ -158,6 +166,10 @@ impl Env {
                 format!("127.0.0.1:{}", self.gateway_port),
             ),
             ("HARK_LOG__FILTER".to_owned(), "info".to_owned()),
+            (
+                "HARK_GATEWAY__SPOOL_DIR".to_owned(),
+                self.spool_dir().display().to_string(),
+            ),
         ]);
         vars.extend(self.vars.clone());
         vars
@@ -206,16 +218,35 @@ impl Env {
         }
     }
 
-    /// A gRPC client, once task-control answers.
+    /// A gRPC client, once task-control serves (its health says so; while it starts, it
+    /// answers health only).
     pub async fn client(&self) -> TaskServiceClient<tonic::transport::Channel> {
-        for _ in 0..300 {
-            if let Ok(client) = TaskServiceClient::connect(self.grpc_url()).await {
-                return client;
+        for _ in 0..600 {
+            if let Ok(channel) = tonic::transport::Endpoint::from_shared(self.grpc_url())
+                .expect("endpoint")
+                .connect()
+                .await
+            {
+                let mut health =
+                    tonic_health::pb::health_client::HealthClient::new(channel.clone());
+                let serving = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: "hark.v1.TaskService".into(),
+                    })
+                    .await
+                    .is_ok_and(|r| {
+                        r.into_inner().status
+                            == tonic_health::pb::health_check_response::ServingStatus::Serving
+                                as i32
+                    });
+                if serving {
+                    return TaskServiceClient::new(channel);
+                }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!(
-            "task-control did not answer on {} within 30s",
+            "task-control did not serve on {} within 60s",
             self.grpc_url()
         );
     }

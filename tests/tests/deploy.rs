@@ -245,7 +245,7 @@ fn the_kubernetes_manifests_run_hark_commands_with_hark_config_keys() {
                     );
                 }
             }
-            Some("Deployment") => {
+            Some("Deployment" | "StatefulSet") => {
                 for c in doc["spec"]["template"]["spec"]["containers"]
                     .as_vec()
                     .expect("containers")

@@ -195,9 +195,11 @@ impl ScriptedLlm {
             feed: tokio::sync::broadcast::channel(16_384).0,
             keep: Arc::new(true.into()),
         };
+        // Real providers take conversations of many megabytes; so does this one.
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
             .route("/chat/completions", post(complete))
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .with_state(shared.clone());
         let stop = CancellationToken::new();
         let token = stop.clone();

@@ -57,11 +57,43 @@ impl Worker {
         llm: llm::Settings,
         worker_id: String,
     ) -> Result<Self, Error> {
+        let connection = bus::connect(&config.nats, &format!("hark worker {worker_id}")).await?;
+        Self::assemble(config, llm, worker_id, connection)
+    }
+
+    /// Like [`Worker::build`], waiting with capped backoff (and saying so) while NATS does not
+    /// answer; `None` when `shutdown` fires first.
+    pub async fn build_waiting(
+        config: &Config,
+        llm: llm::Settings,
+        worker_id: String,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, Error> {
+        let what = format!(
+            "NATS with JetStream at nats.url = {}",
+            hark_core::secret::redact_url(config.nats.url.expose())
+        );
+        let name = format!("hark worker {worker_id}");
+        let Some(connection) =
+            hark_core::startup::wait_for(&what, shutdown, || bus::connect(&config.nats, &name))
+                .await
+        else {
+            return Ok(None);
+        };
+        Self::assemble(config, llm, worker_id, connection).map(Some)
+    }
+
+    fn assemble(
+        config: &Config,
+        llm: llm::Settings,
+        worker_id: String,
+        connection: bus::Connection,
+    ) -> Result<Self, Error> {
         let bus::Connection {
             client: nats,
             js,
             names,
-        } = bus::connect(&config.nats, &format!("hark worker {worker_id}")).await?;
+        } = connection;
         let runner = Runner {
             control: ControlClient::new(nats.clone(), names.clone()),
             llm: llm::Client::new(llm)?,

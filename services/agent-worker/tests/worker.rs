@@ -470,3 +470,41 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
     );
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn a_task_whose_history_passes_five_megabytes_still_resumes_and_completes() {
+    // Each round keeps a 60 KB tool call (its arguments are refused, the call stays in the
+    // history), so 90 rounds make a history of about 5.4 MB — five times what one NATS message
+    // may carry.
+    let padding = "x".repeat(60_000);
+    let mut steps: Vec<Step> = (0..90)
+        .map(|_| Step::call("current_time", json!({"padding": padding})))
+        .collect();
+    steps.push(Step::ask("Still there?"));
+    steps.push(Step::say("Yes: {answer}"));
+    let llm = llm(steps).await;
+    llm.keep_requests(false);
+    let mut bed = Bed::start(llm, |c| c.task.max_rounds = 100).await;
+    bed.add_worker("w1").await;
+    bed.add_worker("w2").await;
+    let id = bed.create("api:hilda", "grow a long history", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, Duration::from_secs(120))
+        .await;
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT sum(octet_length(messages::text))::bigint FROM checkpoints WHERE task_id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(bed.store.pool())
+    .await
+    .expect("checkpoint size");
+    assert!(stored > 5_000_000, "the history is {stored} bytes");
+    // Resuming hands the whole history to a worker again.
+    bed.answer(&id, "still here").await;
+    let done = bed
+        .wait_state(&id, pb::TaskState::Completed, Duration::from_secs(120))
+        .await;
+    let task = done.task.expect("task");
+    assert_eq!(task.result, "Yes: still here");
+    assert_eq!(task.attempt, 1);
+    bed.stop().await;
+}

@@ -416,6 +416,31 @@ pub async fn connect(
     Ok(Connection { client, js, names })
 }
 
+/// A client of the configured NATS that connects in the background, now or whenever the server
+/// answers, and reconnects for ever: for a role that works while NATS is away.
+pub async fn connect_in_background(
+    config: &crate::config::NatsConfig,
+    client_name: &str,
+) -> Result<async_nats::Client, Error> {
+    let (url, credentials) = split_credentials(config.url.expose());
+    let mut options = async_nats::ConnectOptions::new()
+        .name(client_name)
+        .retry_on_initial_connect()
+        .max_reconnects(None);
+    options = match credentials {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    };
+    options
+        .connect(url.as_str())
+        .await
+        .map_err(|source| Error::Connect {
+            url: crate::secret::redact_url(config.url.expose()),
+            source,
+        })
+}
+
 /// Connects as `client_name` to the configured NATS, and nothing more.
 pub async fn connect_client(
     config: &crate::config::NatsConfig,

@@ -126,6 +126,13 @@ pub struct GatewayConfig {
     pub rate_limit: u32,
     /// How long a platform has to confirm a sent message.
     pub send_timeout: HumanDuration,
+    /// Where chat messages read from bots are kept, synced to disk, until JetStream has them.
+    /// Empty: `$XDG_STATE_HOME/hark/spool-<port>` (or under `~/.local/state`). Each gateway needs
+    /// a directory of its own that survives a restart (a volume in a container).
+    pub spool_dir: String,
+    /// The most bytes of messages the spool keeps while NATS is away; beyond it, messages are
+    /// refused and the chat is told.
+    pub spool_max_bytes: u64,
     pub onebot: OneBotConfig,
     pub http: HttpAdapterConfig,
 }
@@ -137,6 +144,8 @@ impl Default for GatewayConfig {
             max_frame_bytes: 1 << 20,
             rate_limit: 50,
             send_timeout: HumanDuration::from_secs(10),
+            spool_dir: String::new(),
+            spool_max_bytes: 64 << 20,
             onebot: OneBotConfig::default(),
             http: HttpAdapterConfig::default(),
         }
@@ -521,6 +530,12 @@ impl Config {
         if self.gateway.rate_limit == 0 {
             return bad("gateway.rate_limit", "must be at least 1".into());
         }
+        if self.gateway.spool_max_bytes < 2 * self.gateway.max_frame_bytes {
+            return bad(
+                "gateway.spool_max_bytes",
+                "must hold at least two of the largest frames (2 × gateway.max_frame_bytes)".into(),
+            );
+        }
         if self.gateway.max_frame_bytes < 1024 {
             return bad("gateway.max_frame_bytes", "must be at least 1024".into());
         }
@@ -544,6 +559,28 @@ impl Config {
             );
         }
         Ok(())
+    }
+}
+
+impl GatewayConfig {
+    /// The spool directory: `spool_dir`, or the default under the user's state directory, one
+    /// per listening port so that gateways on one host do not share it.
+    pub fn spool_path(&self) -> std::path::PathBuf {
+        if !self.spool_dir.is_empty() {
+            return self.spool_dir.clone().into();
+        }
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|d| !d.is_empty())
+                    .map(|home| std::path::PathBuf::from(home).join(".local/state"))
+            })
+            .unwrap_or_else(|| ".".into());
+        state
+            .join("hark")
+            .join(format!("spool-{}", self.listen.port()))
     }
 }
 

@@ -1,5 +1,7 @@
-//! The gateway as a whole: [`App::build`] connects to NATS, makes sure the streams exist and
-//! binds the listener; [`App::run_until_stopped`] serves bots and HTTP clients until shutdown.
+//! The gateway as a whole: [`App::build`] opens the inbound spool and binds the listener;
+//! [`App::run_until_stopped`] serves bots and HTTP clients until shutdown. Neither waits for
+//! NATS: bots are served from the start, their messages wait in the spool until NATS answers and
+//! the streams exist, and `/readyz` says which it is.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -21,6 +23,8 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] hark_core::config::Error),
     #[error(transparent)]
+    Spool(#[from] crate::spool::Error),
+    #[error(transparent)]
     Bus(#[from] bus::Error),
     #[error("cannot listen on gateway.listen = {addr}: {source}")]
     Listen {
@@ -34,8 +38,11 @@ pub enum Error {
 #[derive(Debug)]
 pub struct App {
     hub: Arc<Hub>,
+    /// The spool's messages for the publisher, those a previous run left first.
+    queue: tokio::sync::mpsc::UnboundedReceiver<crate::spool::Spooled>,
     listener: TcpListener,
     forward: Vec<String>,
+    nats: hark_core::config::NatsConfig,
     shutdown: CancellationToken,
 }
 
@@ -43,24 +50,46 @@ impl App {
     pub async fn build(config: &Config) -> Result<Self, Error> {
         hark_core::install_crypto();
         config.check_gateway_exposure()?;
-        let bus::Connection { js, names, .. } = bus::connect(&config.nats, "hark gateway").await?;
+        let names = bus::Names::new(config.nats.namespace.parse()?);
         let addr = config.gateway.listen;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Listen { addr, source })?;
+        let spool_dir = config.gateway.spool_path();
+        let (spool, left) = crate::spool::Spool::open(&spool_dir, config.gateway.spool_max_bytes)?;
+        if !left.is_empty() {
+            tracing::info!(
+                messages = left.len(),
+                spool = %spool_dir.display(),
+                "the spool holds messages a previous run did not send; they go first"
+            );
+        }
+        let nats = bus::connect_in_background(&config.nats, "hark gateway").await?;
         let shutdown = CancellationToken::new();
-        let hub = Hub::new(
-            js,
+        let (hub, queue) = Hub::new(crate::onebot::conn::Parts {
+            nats,
             names,
-            Settings::from_config(&config.gateway),
-            shutdown.clone(),
-        );
+            settings: Settings::from_config(&config.gateway),
+            spool,
+            spool_dir,
+            shutdown: shutdown.clone(),
+        });
+        for message in left {
+            hub.to_publish(message);
+        }
         Ok(Self {
             hub,
+            queue,
             listener,
             forward: config.gateway.onebot.forward.clone(),
+            nats: config.nats.clone(),
             shutdown,
         })
+    }
+
+    /// Cancelled once NATS answered and the streams exist.
+    pub fn ready(&self) -> CancellationToken {
+        self.hub.ready.clone()
     }
 
     /// The address the gateway listens on (the real port when the config said 0).
@@ -77,10 +106,29 @@ impl App {
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
         let Self {
             hub,
+            queue,
             listener,
             forward,
+            nats,
             shutdown: own,
         } = self;
+        // The streams, once NATS answers; then the spooled messages go out.
+        {
+            let (hub, stop) = (hub.clone(), own.clone());
+            tokio::spawn(async move {
+                let what = format!(
+                    "NATS with JetStream at nats.url = {}",
+                    hark_core::secret::redact_url(nats.url.expose())
+                );
+                let ensured =
+                    hark_core::startup::wait_for(&what, &stop, || bus::ensure(&hub.js, &hub.names))
+                        .await;
+                if ensured.is_some() {
+                    hub.ready.cancel();
+                    crate::inbound::publish(hub, queue, stop).await;
+                }
+            });
+        }
         for url in forward {
             tokio::spawn(forward::keep_connected(hub.clone(), url));
         }
@@ -95,7 +143,8 @@ impl App {
             .route("/onebot/v11/ws/", any(ws::upgrade))
             .route("/onebot/v11/", any(ws::upgrade))
             .route("/onebot/v11", any(ws::upgrade))
-            .route("/healthz", get(health));
+            .route("/healthz", get(health))
+            .route("/readyz", get(ready));
         // The HTTP adapter exists only when it was given platforms to speak for.
         if hub.settings.http_enabled() {
             router = router
@@ -121,6 +170,22 @@ impl App {
     }
 }
 
+/// `GET /readyz`: 200 once NATS answers and the streams exist, 503 before and while NATS is away
+/// (bots are still served then: their messages wait in the spool).
+async fn ready(State(hub): State<Arc<Hub>>) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let connected = hub.nats.connection_state() == async_nats::connection::State::Connected;
+    if hub.ready.is_cancelled() && connected {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "waiting for NATS", "spooled": hub.spool.pending()})),
+        )
+            .into_response()
+    }
+}
+
 /// `GET /healthz`: liveness for anyone. Which bots are online is shown only to a caller with one
 /// of the gateway's tokens (`gateway.onebot.access_token` or `gateway.http.token`), or to anyone
 /// when the gateway has none (it then listens on loopback only).
@@ -141,5 +206,10 @@ async fn health(
         .into_iter()
         .map(|(p, b)| format!("{p}:{b}"))
         .collect();
-    Json(json!({"status": "ok", "bots": bots}))
+    Json(json!({
+        "status": "ok",
+        "bots": bots,
+        "nats": hub.nats.connection_state() == async_nats::connection::State::Connected,
+        "spooled": hub.spool.pending(),
+    }))
 }

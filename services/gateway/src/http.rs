@@ -48,6 +48,11 @@ pub struct InboundJson {
     pub message_id: String,
     #[serde(default)]
     pub quoted_message_id: String,
+    /// The text and the author (user id) of the quoted message, when the app knows them.
+    #[serde(default)]
+    pub quoted_text: String,
+    #[serde(default)]
+    pub quoted_sender: String,
     #[serde(default)]
     pub mentions: Vec<String>,
     #[serde(default)]
@@ -162,30 +167,47 @@ pub async fn post_message(
         .get(hark_core::trace::HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(hark_core::trace::TraceContext::parse);
-    hub.publish(
-        pb::ChatMessage {
-            version: hark_proto::WIRE_VERSION,
-            platform: inbound.platform,
-            bot_id: inbound.bot_id,
-            stream: inbound.stream,
-            sender: Some(pb::Sender {
-                user_id: inbound.sender.user_id,
-                nickname: inbound.sender.nickname,
-            }),
-            text: inbound.text,
-            quoted_message_id: inbound.quoted_message_id,
-            mentions: inbound.mentions,
-            mentions_bot: inbound.mentions_bot,
-            time: Some(prost_types::Timestamp {
-                seconds: now,
-                nanos: 0,
-            }),
-            message_id: inbound.message_id,
-        },
-        trace,
-    )
-    .await;
-    (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response()
+    let published = hub
+        .publish_now(
+            pb::ChatMessage {
+                version: hark_proto::WIRE_VERSION,
+                platform: inbound.platform,
+                bot_id: inbound.bot_id,
+                stream: inbound.stream,
+                sender: Some(pb::Sender {
+                    user_id: inbound.sender.user_id,
+                    nickname: inbound.sender.nickname,
+                }),
+                text: inbound.text,
+                quoted_message_id: inbound.quoted_message_id,
+                quoted_text: inbound.quoted_text,
+                quoted_sender: inbound.quoted_sender,
+                mentions: inbound.mentions,
+                mentions_bot: inbound.mentions_bot,
+                time: Some(prost_types::Timestamp {
+                    seconds: now,
+                    nanos: 0,
+                }),
+                message_id: inbound.message_id,
+            },
+            trace,
+        )
+        .await;
+    match published {
+        // Accepted only once JetStream has it: a 202 is a promise.
+        Ok(()) => (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "an HTTP adapter message was not taken: NATS does not answer");
+            let mut response = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "hark cannot take messages right now (its message bus does not answer); send it again with the same message_id",
+            );
+            response
+                .headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("5"));
+            response
+        }
+    }
 }
 
 /// Stream subscribers per HTTP bot, and the delivery loop that runs while there are any.

@@ -1,6 +1,7 @@
 //! gateway: the only place that knows a chat platform's wire format.
 //!
 //! - [`onebot`] parses OneBot v11 frames and manages bot connections ([`onebot::conn::Hub`]).
+//! - [`inbound`] takes messages from bots to JetStream through the [`spool`] on disk.
 //! - [`ws`] is the reverse WebSocket server bots dial into; [`forward`] dials bots' own servers.
 //! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
 //! - [`http`] is the generic HTTP adapter for other apps.
@@ -9,8 +10,10 @@
 pub mod app;
 pub mod forward;
 pub mod http;
+pub mod inbound;
 pub mod onebot;
 pub mod outbound;
+pub mod spool;
 pub mod ws;
 
 use std::time::Duration;

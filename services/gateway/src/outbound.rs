@@ -165,7 +165,7 @@ where
 }
 
 /// A OneBot id as the protocol expects it: a number when it is one.
-fn onebot_id(id: &str) -> Value {
+pub fn onebot_id(id: &str) -> Value {
     id.parse::<i64>().map_or_else(|_| json!(id), |n| json!(n))
 }
 

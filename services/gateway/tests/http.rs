@@ -36,6 +36,10 @@ impl Gw {
         config.nats.url = nats_url().into();
         config.nats.namespace = format!("h{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
+        config.gateway.spool_dir = std::env::temp_dir()
+            .join(format!("hark-gw-test-{}", uuid::Uuid::new_v4().simple()))
+            .display()
+            .to_string();
         config.gateway.http.platforms = vec!["myapp".into()];
         config.gateway.http.token = "app-secret".into();
         config.gateway.http.bots = vec!["myapp:main".into()];
@@ -44,7 +48,9 @@ impl Gw {
         let base = format!("http://{}", app.addr());
         let stop = CancellationToken::new();
         let token = stop.clone();
+        let ready = app.ready();
         tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
+        ready.cancelled().await;
         let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
         Self {
             base,

@@ -45,6 +45,10 @@ impl Gw {
         config.nats.url = nats_url().into();
         config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
         config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
+        config.gateway.spool_dir = std::env::temp_dir()
+            .join(format!("hark-gw-test-{}", uuid::Uuid::new_v4().simple()))
+            .display()
+            .to_string();
         config.gateway.onebot.access_token = "tok".into();
         config.gateway.send_timeout = "2s".parse().expect("duration");
         tweak(&mut config);
@@ -53,7 +57,9 @@ impl Gw {
         let names = Names::new(config.nats.namespace.parse().expect("ns"));
         let stop = CancellationToken::new();
         let token = stop.clone();
+        let ready = app.ready();
         tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
+        ready.cancelled().await;
         let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
         let inbound = js
             .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_in_stream())

@@ -7,9 +7,12 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> anyhow::Result<()> {
     anyhow::ensure!(workers >= 1, "--workers must be at least 1");
-    let control = hark_control::app::App::build(config.clone())
+    let Some(control) = hark_control::app::App::build_waiting(config.clone(), &shutdown)
         .await
-        .context("task-control did not start")?;
+        .context("task-control did not start")?
+    else {
+        return Ok(());
+    };
     let gateway = hark_gateway::app::App::build(&config)
         .await
         .context("the gateway did not start")?;
@@ -17,7 +20,10 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
     let mut built = Vec::new();
     for n in 1..=workers {
         let id = format!("{}-dev{n}", crate::default_worker_id());
-        built.push(Worker::build(&config, settings.clone(), id).await?);
+        match Worker::build_waiting(&config, settings.clone(), id, &shutdown).await? {
+            Some(worker) => built.push(worker),
+            None => return Ok(()),
+        }
     }
 
     let onebot = format!("ws://{}/onebot/v11/ws", gateway.addr());

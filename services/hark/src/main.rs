@@ -107,14 +107,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Worker { id } => {
             let (settings, _demo) = llm_settings(&config).await?;
             let id = id.unwrap_or_else(default_worker_id);
-            let worker = Worker::build(&config, settings, id).await?;
-            worker.run_until_stopped(shutdown_on_signal()).await?;
+            let shutdown = shutdown_on_signal();
+            let Some(worker) = Worker::build_waiting(&config, settings, id, &shutdown).await?
+            else {
+                return Ok(());
+            };
+            worker.run_until_stopped(shutdown).await?;
             Ok(())
         }
         Command::Control => {
-            let app = hark_control::app::App::build(config).await?;
+            let shutdown = shutdown_on_signal();
+            let Some(app) = hark_control::app::App::build_waiting(config, &shutdown).await? else {
+                return Ok(());
+            };
             tracing::info!(grpc = %app.grpc_addr(), "task-control started");
-            app.run_until_stopped(shutdown_on_signal()).await?;
+            app.run_until_stopped(shutdown).await?;
             Ok(())
         }
         Command::Config { show_secrets } => {

@@ -571,3 +571,74 @@ impl tonic::service::Interceptor for Auth {
         }
     }
 }
+
+/// The API while task-control starts: every call is `UNAVAILABLE`, to be tried again.
+#[derive(Debug, Clone, Copy)]
+pub struct Starting;
+
+fn starting() -> Status {
+    Status::unavailable(
+        "task-control is starting and waits for Postgres or NATS; try again in a moment",
+    )
+}
+
+#[tonic::async_trait]
+impl TaskService for Starting {
+    async fn create_task(
+        &self,
+        _: Request<pb::CreateTaskRequest>,
+    ) -> Result<Response<pb::CreateTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn get_task(
+        &self,
+        _: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn list_tasks(
+        &self,
+        _: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn cancel_task(
+        &self,
+        _: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn answer_question(
+        &self,
+        _: Request<pb::AnswerQuestionRequest>,
+    ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn tell_task(
+        &self,
+        _: Request<pb::TellTaskRequest>,
+    ) -> Result<Response<pb::TellTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    type WatchTaskStream = EventStream;
+
+    async fn watch_task(
+        &self,
+        _: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        Err(starting())
+    }
+
+    async fn list_questions(
+        &self,
+        _: Request<pb::ListQuestionsRequest>,
+    ) -> Result<Response<pb::ListQuestionsResponse>, Status> {
+        Err(starting())
+    }
+}

@@ -18,6 +18,7 @@ use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{api, chat, control, shared::Shared, store, store::OutboxMessage, timers};
+use hark_core::startup;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -46,23 +47,61 @@ pub struct App {
 }
 
 impl App {
+    /// Builds task-control when Postgres and NATS answer now; fails at once when they do not.
     pub async fn build(config: Config) -> Result<Self, Error> {
-        config.check_control_exposure()?;
-        let pool = store::connect(
-            config.database.url.expose(),
-            config.database.max_connections,
-        )
-        .await?;
-        store::migrate(&pool).await?;
+        let listener = bind(&config)?;
+        let pool = connect_store(&config).await?;
+        let connection = bus::connect(&config.nats, "hark task-control").await?;
+        Self::assemble(config, listener, pool, connection)
+    }
+
+    /// Builds task-control, waiting (with capped backoff, saying what it waits for) for
+    /// Postgres and NATS to answer. Meanwhile the gRPC listener serves health only, as
+    /// `NOT_SERVING`, so that probes see the role is up and not ready. `None` when `shutdown`
+    /// fires first. A configuration that can never work fails at once.
+    pub async fn build_waiting(
+        config: Config,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, Error> {
+        let listener = bind(&config)?;
+        let interim = NotReady::serve(&listener)?;
+        let database = format!(
+            "Postgres at database.url = {}",
+            hark_core::secret::redact_url(config.database.url.expose())
+        );
+        let Some(pool) = startup::wait_for(&database, shutdown, || connect_store(&config)).await
+        else {
+            return Ok(None);
+        };
+        let nats = format!(
+            "NATS with JetStream at nats.url = {}",
+            hark_core::secret::redact_url(config.nats.url.expose())
+        );
+        let Some(connection) = startup::wait_for(&nats, shutdown, || {
+            bus::connect(&config.nats, "hark task-control")
+        })
+        .await
+        else {
+            return Ok(None);
+        };
+        interim.stop().await;
+        Self::assemble(config, listener, pool, connection).map(Some)
+    }
+
+    fn assemble(
+        config: Config,
+        listener: std::net::TcpListener,
+        pool: sqlx::PgPool,
+        connection: bus::Connection,
+    ) -> Result<Self, Error> {
+        let addr = config.control.grpc_listen;
+        let listener =
+            TcpListener::from_std(listener).map_err(|source| Error::Listen { addr, source })?;
         let bus::Connection {
             client: nats,
             js,
             names,
-        } = bus::connect(&config.nats, "hark task-control").await?;
-        let addr = config.control.grpc_listen;
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| Error::Listen { addr, source })?;
+        } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
         let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
             .with_relay(relay);
@@ -153,6 +192,74 @@ impl App {
         tracker.close();
         tracker.wait().await;
         served.map_err(|e| Error::Serve(format!("gRPC server failed: {e}")))
+    }
+}
+
+/// Checks the configuration that can be checked without a dependency, and binds the gRPC
+/// listener.
+fn bind(config: &Config) -> Result<std::net::TcpListener, Error> {
+    config.check_control_exposure()?;
+    let addr = config.control.grpc_listen;
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| Error::Listen { addr, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| Error::Listen { addr, source })?;
+    Ok(listener)
+}
+
+/// Connects to Postgres and migrates.
+async fn connect_store(config: &Config) -> Result<sqlx::PgPool, store::Error> {
+    let pool = store::connect(
+        config.database.url.expose(),
+        config.database.max_connections,
+    )
+    .await?;
+    store::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// The gRPC health service answering `NOT_SERVING`, and the API answering `UNAVAILABLE`, while
+/// task-control waits for its dependencies, on a second handle of the listener the real API
+/// takes over afterwards.
+struct NotReady {
+    stop: CancellationToken,
+    served: tokio::task::JoinHandle<()>,
+}
+
+impl NotReady {
+    fn serve(listener: &std::net::TcpListener) -> Result<Self, Error> {
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let listen = |source| Error::Listen { addr, source };
+        let interim =
+            TcpListener::from_std(listener.try_clone().map_err(listen)?).map_err(listen)?;
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let served = tokio::spawn(async move {
+            let (health, service) = tonic_health::server::health_reporter();
+            health
+                .set_not_serving::<pb::task_service_server::TaskServiceServer<api::Api>>()
+                .await;
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            let incoming = tonic::transport::server::TcpIncoming::from(interim);
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .add_service(pb::task_service_server::TaskServiceServer::new(
+                    api::Starting,
+                ))
+                .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                .await;
+        });
+        Ok(Self { stop, served })
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.served.await;
     }
 }
 

@@ -11,13 +11,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hark_core::{bus, codec};
+use hark_core::bus;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::event::{self, Frame};
-use crate::{Settings, outbound};
+use crate::{
+    Settings, inbound, outbound,
+    spool::{Spool, Spooled},
+};
 
 /// A frame from a bot, whatever the WebSocket library.
 #[derive(Debug)]
@@ -220,6 +223,7 @@ impl Limiter {
 /// The gateway's bots and its link to the bus.
 #[derive(Debug)]
 pub struct Hub {
+    pub nats: async_nats::Client,
     pub js: async_nats::jetstream::Context,
     pub names: bus::Names,
     pub settings: Settings,
@@ -227,26 +231,78 @@ pub struct Hub {
     connections: AtomicU64,
     /// Subscribers of the HTTP adapter's outbound stream.
     pub streams: crate::http::Streams,
+    /// Where inbound messages wait until JetStream has them.
+    pub spool: Arc<Spool>,
+    pub spool_dir: std::path::PathBuf,
+    /// Spooled messages, in order, for the publisher.
+    publisher: mpsc::UnboundedSender<Spooled>,
+    /// Chats told lately that a message was not taken.
+    notices: inbound::Notices,
+    /// Cancelled once NATS answered and the streams exist.
+    pub ready: CancellationToken,
     /// Stops everything at shutdown.
     pub shutdown: CancellationToken,
 }
 
+/// What a [`Hub`] is made of.
+#[derive(Debug)]
+pub struct Parts {
+    pub nats: async_nats::Client,
+    pub names: bus::Names,
+    pub settings: Settings,
+    pub spool: Arc<Spool>,
+    pub spool_dir: std::path::PathBuf,
+    pub shutdown: CancellationToken,
+}
+
 impl Hub {
-    pub fn new(
-        js: async_nats::jetstream::Context,
-        names: bus::Names,
-        settings: Settings,
-        shutdown: CancellationToken,
-    ) -> Arc<Self> {
-        Arc::new(Self {
-            js,
-            names,
-            settings,
+    /// The hub, and the queue its publisher sends from.
+    pub fn new(parts: Parts) -> (Arc<Self>, mpsc::UnboundedReceiver<Spooled>) {
+        let (publisher, queue) = mpsc::unbounded_channel();
+        let hub = Arc::new(Self {
+            js: async_nats::jetstream::new(parts.nats.clone()),
+            nats: parts.nats,
+            names: parts.names,
+            settings: parts.settings,
             bots: Mutex::default(),
             connections: AtomicU64::new(1),
             streams: Default::default(),
-            shutdown,
-        })
+            spool: parts.spool,
+            spool_dir: parts.spool_dir,
+            publisher,
+            notices: Default::default(),
+            ready: CancellationToken::new(),
+            shutdown: parts.shutdown,
+        });
+        (hub, queue)
+    }
+
+    /// Queues a spooled message for JetStream.
+    pub fn to_publish(&self, message: Spooled) {
+        let _ = self.publisher.send(message);
+    }
+
+    /// Tells a chat, through its bot, that its last message was not taken (at most once a
+    /// minute per chat).
+    pub async fn tell_not_taken(&self, bot: &Bot, stream: &str) {
+        if !self.notices.due(&bot.self_id, stream) {
+            return;
+        }
+        let notice = hark_proto::v1::OutboundMessage {
+            route: Some(hark_proto::v1::ChatRoute {
+                platform: bot.platform.clone(),
+                bot_id: bot.self_id.clone(),
+                stream: stream.to_owned(),
+                origin_message_id: String::new(),
+            }),
+            text: inbound::NOT_TAKEN.into(),
+            ..Default::default()
+        };
+        if let Ok((action, params)) = outbound::onebot_action(&notice)
+            && let Err(e) = bot.call(action, params, self.settings.send_timeout).await
+        {
+            tracing::warn!(error = %e, "cannot tell the chat its message was not taken");
+        }
     }
 
     fn lock_bots(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Bot>>> {
@@ -317,8 +373,11 @@ impl Hub {
     }
 
     /// Handles a connection's inbound frames until it closes or is replaced. Bad frames are
-    /// logged and dropped; the connection stays up.
+    /// logged and dropped; the connection stays up. Messages go, in order, to the connection's
+    /// ingest task, which spools them.
     pub async fn serve(self: Arc<Self>, bot: Arc<Bot>, mut incoming: mpsc::Receiver<Incoming>) {
+        let (messages, ingesting) = mpsc::channel(256);
+        let ingest = tokio::spawn(inbound::ingest(self.clone(), bot.clone(), ingesting));
         let mut limiter = Limiter::new(self.settings.rate_limit);
         let mut dropped = 0u64;
         let idle_timeout = self.settings.idle_timeout;
@@ -403,7 +462,11 @@ impl Hub {
                         "dropping a message whose self_id is not the bot of its connection"
                     );
                 }
-                Ok(Frame::Message(message)) => self.publish(*message, None).await,
+                Ok(Frame::Message(message)) => {
+                    if messages.send(*message).await.is_err() {
+                        break;
+                    }
+                }
                 Ok(Frame::Meta { kind }) => tracing::trace!(bot = bot.self_id, kind, "meta event"),
                 Ok(Frame::Own) => {}
                 Ok(Frame::Ignored { post_type }) => {
@@ -416,40 +479,23 @@ impl Hub {
             }
         }
         self.detach(&bot);
+        // What was read is spooled before the connection's task ends.
+        drop(messages);
+        let _ = ingest.await;
     }
 
-    /// Publishes an inbound message to `CHAT_IN`, deduplicated by its platform message id, in the
-    /// trace `trace` (a new one when the sender gave none).
-    pub async fn publish(
+    /// Publishes an inbound message of the HTTP adapter to `CHAT_IN`, deduplicated by its
+    /// platform message id, in the trace `trace` (a new one when the sender gave none), and
+    /// returns once JetStream acknowledged it.
+    pub async fn publish_now(
         &self,
         message: hark_proto::v1::ChatMessage,
         trace: Option<hark_core::trace::TraceContext>,
-    ) {
-        hark_core::trace::scope(trace, self.publish_traced(message)).await
-    }
-
-    async fn publish_traced(&self, message: hark_proto::v1::ChatMessage) {
-        let subject = match self.names.chat_in(&message.platform) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "dropping a message whose platform cannot form a subject");
-                return;
-            }
-        };
-        let dedup =
-            bus::Names::chat_in_msg_id(&message.platform, &message.bot_id, &message.message_id);
-        let payload = codec::encode(message);
-        for attempt in 0..4u32 {
-            match bus::publish(&self.js, subject.clone(), &dedup, payload.clone()).await {
-                Ok(_) => return,
-                Err(e) if attempt < 3 => {
-                    tracing::warn!(error = %e, "cannot publish an inbound message; retrying");
-                    tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, dedup, "inbound message lost: NATS did not take it")
-                }
-            }
-        }
+    ) -> Result<(), String> {
+        hark_core::trace::scope(trace, async {
+            let spooled = inbound::spooled(&self.names, message).map_err(|e| e.to_string())?;
+            inbound::send(&self.js, &spooled).await
+        })
+        .await
     }
 }

@@ -166,6 +166,9 @@ fn message(value: &Value, platform: &str) -> Result<Frame, Error> {
         mentions_bot: content.mentions_bot,
         time,
         message_id,
+        // Filled in by the gateway, which asks the bot (see `inbound`).
+        quoted_text: String::new(),
+        quoted_sender: String::new(),
     })))
 }
 

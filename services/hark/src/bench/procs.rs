@@ -54,6 +54,13 @@ impl Processes {
             ("HARK_GATEWAY__RATE_LIMIT", "1000000".to_owned()),
             // One bench owner has every W2 task, and its bot sends every W1 answer.
             ("HARK_TASK__MAX_ACTIVE_PER_OWNER", "0".to_owned()),
+            (
+                "HARK_GATEWAY__SPOOL_DIR",
+                std::env::temp_dir()
+                    .join(format!("hark-bench-spool-{}", config.nats.namespace))
+                    .display()
+                    .to_string(),
+            ),
             ("HARK_CHAT__COMMANDS_PER_MINUTE", "0".to_owned()),
             (
                 "HARK_LOG__FILTER",
@@ -180,13 +187,28 @@ pub async fn connect_api(config: &Config) -> anyhow::Result<TaskServiceClient<Ch
         addr.set_ip([127, 0, 0, 1].into());
     }
     let url = format!("http://{addr}");
-    for _ in 0..300 {
-        if let Ok(client) = TaskServiceClient::connect(url.clone()).await {
-            return Ok(client);
+    // While it starts, task-control answers health only: wait until it serves.
+    for _ in 0..600 {
+        if let Ok(channel) = tonic::transport::Endpoint::from_shared(url.clone())?
+            .connect()
+            .await
+        {
+            let serving = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "hark.v1.TaskService".into(),
+                })
+                .await
+                .is_ok_and(|r| {
+                    r.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                });
+            if serving {
+                return Ok(TaskServiceClient::new(channel));
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("task-control did not answer at {url} within 30s")
+    anyhow::bail!("task-control did not serve at {url} within 60s")
 }
 
 pub async fn drop_database(config: &Config) {

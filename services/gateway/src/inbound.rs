@@ -1,0 +1,219 @@
+//! Inbound chat messages, from the moment a bot's frame is parsed to JetStream's
+//! acknowledgement.
+//!
+//! Each bot connection hands its messages, in order, to its own ingest task: a message that
+//! quotes another is completed with the quoted message's text and author (asked of the bot),
+//! then written to the [`Spool`] and synced. Only then does it count as received; if the spool
+//! is full, the chat is told instead. One publisher per gateway sends spooled messages to
+//! JetStream in order, with `Nats-Msg-Id = platform:bot:message_id`, and forgets each once
+//! acknowledged; while NATS is away it tries again, and what it has not sent waits on disk.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use hark_core::{bus, codec, trace};
+use hark_proto::v1 as pb;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    onebot::{
+        conn::{Bot, Hub},
+        cq,
+    },
+    outbound,
+    spool::Spooled,
+};
+
+/// How long the bot has to answer `get_msg` for a quoted message.
+const QUOTE_LOOKUP: Duration = Duration::from_secs(2);
+/// How long one publish waits for JetStream's acknowledgement.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one "could not take your message" notice per chat in this long.
+const NOTICE_EVERY: Duration = Duration::from_secs(60);
+
+/// The spooled message for `message`, in the current trace.
+pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, bus::Error> {
+    let subject = names.chat_in(&message.platform)?;
+    let msg_id =
+        bus::Names::chat_in_msg_id(&message.platform, &message.bot_id, &message.message_id);
+    Ok(Spooled {
+        seq: 0,
+        subject,
+        msg_id,
+        trace: trace::outgoing(),
+        payload: codec::encode(message),
+    })
+}
+
+/// Receives one connection's messages in order and spools each; returns when the connection's
+/// sender closes.
+pub async fn ingest(hub: Arc<Hub>, bot: Arc<Bot>, mut messages: mpsc::Receiver<pb::ChatMessage>) {
+    while let Some(message) = messages.recv().await {
+        // Each message starts a trace of its own, which its spooled copy carries on.
+        trace::scope(None, ingest_one(&hub, &bot, message)).await;
+    }
+}
+
+async fn ingest_one(hub: &Arc<Hub>, bot: &Arc<Bot>, mut message: pb::ChatMessage) {
+    if !message.quoted_message_id.is_empty() {
+        complete_quote(bot, &mut message).await;
+    }
+    let stream = message.stream.clone();
+    let spooled = match spooled(&hub.names, message) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "dropping a message whose platform cannot form a subject");
+            return;
+        }
+    };
+    match hub.spool.append(spooled).await {
+        Ok(spooled) => {
+            hark_core::failpoint::hit("inbound.after_spool");
+            hub.to_publish(spooled)
+        }
+        Err(e) => {
+            // Not taken: the message is refused to its sender, who is told in the chat.
+            tracing::error!(
+                bot = bot.self_id,
+                stream,
+                error = %e,
+                "refused an inbound message: the spool cannot take it"
+            );
+            hub.tell_not_taken(bot, &stream).await;
+        }
+    }
+}
+
+/// Asks the bot for the quoted message and notes its text and author in `message`.
+async fn complete_quote(bot: &Bot, message: &mut pb::ChatMessage) {
+    let params = serde_json::json!({"message_id": outbound::onebot_id(&message.quoted_message_id)});
+    match bot.call("get_msg", params, QUOTE_LOOKUP).await {
+        Ok(data) => {
+            let segments = match data.get("message") {
+                Some(m) if !m.is_null() => cq::parse_message(m),
+                _ => cq::parse_cq(data["raw_message"].as_str().unwrap_or_default()),
+            };
+            message.quoted_text = segments
+                .iter()
+                .filter(|s| s.kind == "text")
+                .filter_map(|s| s.get("text"))
+                .collect::<String>()
+                .chars()
+                .take(2000)
+                .collect();
+            message.quoted_sender = match data.pointer("/sender/user_id") {
+                Some(Value::Number(n)) => n.to_string(),
+                Some(Value::String(s)) => s.clone(),
+                _ => String::new(),
+            };
+        }
+        Err(e) => tracing::debug!(error = %e, "the bot did not say what the quoted message was"),
+    }
+}
+
+/// Sends spooled messages to JetStream in order, trying again while NATS is away, until
+/// `shutdown`.
+pub async fn publish(
+    hub: Arc<Hub>,
+    mut queue: mpsc::UnboundedReceiver<Spooled>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            message = queue.recv() => match message {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        let mut pause = Duration::from_millis(100);
+        let mut failing = false;
+        loop {
+            match send(&hub.js, &message).await {
+                Ok(()) => {
+                    hark_core::failpoint::hit("inbound.after_publish");
+                    if let Err(e) = hub.spool.ack(message.seq) {
+                        tracing::warn!(error = %e, "cannot note a sent message in the spool; it may be sent again");
+                    }
+                    if failing {
+                        tracing::info!(
+                            waiting = hub.spool.pending(),
+                            "NATS takes inbound messages again; the spooled ones are being sent"
+                        );
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(
+                            error = %e,
+                            waiting = hub.spool.pending(),
+                            spool = %hub.spool_dir.display(),
+                            "NATS does not take inbound messages now; they are kept in the spool \
+                             (gateway.spool_dir) and sent when it is back"
+                        );
+                        failing = true;
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// One publish, acknowledged by JetStream.
+pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
+    if let Some(trace) = &message.trace {
+        headers.insert(trace::HEADER, trace.as_str());
+    }
+    let published = tokio::time::timeout(PUBLISH_TIMEOUT, async {
+        let ack = js
+            .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        ack.await.map_err(|e| e.to_string())
+    })
+    .await;
+    match published {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("no acknowledgement within {PUBLISH_TIMEOUT:?}")),
+    }
+}
+
+/// When each chat was last told a message was not taken.
+#[derive(Debug, Default)]
+pub struct Notices(Mutex<HashMap<(String, String), Instant>>);
+
+impl Notices {
+    /// Whether the chat `(bot, stream)` may be told now.
+    pub fn due(&self, bot: &str, stream: &str) -> bool {
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if told.len() > 10_000 {
+            told.retain(|_, at| now.duration_since(*at) < NOTICE_EVERY);
+        }
+        let key = (bot.to_owned(), stream.to_owned());
+        match told.get(&key) {
+            Some(at) if now.duration_since(*at) < NOTICE_EVERY => false,
+            _ => {
+                told.insert(key, now);
+                true
+            }
+        }
+    }
+}
+
+/// The text a chat is told when the gateway cannot take a message.
+pub const NOT_TAKEN: &str = "hark could not take your last message (it is overloaded); please send it again in a little while.";

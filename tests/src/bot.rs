@@ -63,8 +63,11 @@ impl Bot {
                 }
             }
         });
+        let own_id = self_id;
         tokio::spawn(async move {
             let mut next_message_id = 9000i64;
+            // What the bot posted, by message id, to answer get_msg as a real bot does.
+            let mut posted: std::collections::HashMap<i64, String> = Default::default();
             while let Some(Ok(frame)) = stream.next().await {
                 let Message::Text(text) = frame else { continue };
                 let Ok(action) = serde_json::from_str::<Value>(&text) else {
@@ -73,6 +76,18 @@ impl Bot {
                 let Some(name) = action["action"].as_str() else {
                     continue;
                 };
+                if name == "get_msg" {
+                    let id = action["params"]["message_id"].as_i64().unwrap_or_default();
+                    let response = match posted.get(&id) {
+                        Some(text) => json!({"status": "ok", "retcode": 0, "echo": action["echo"],
+                            "data": {"message_id": id, "sender": {"user_id": own_id},
+                                     "message": [{"type": "text", "data": {"text": text}}]}}),
+                        None => json!({"status": "failed", "retcode": 100, "echo": action["echo"],
+                            "message": "no such message"}),
+                    };
+                    let _ = replies.send(response.to_string()).await;
+                    continue;
+                }
                 next_message_id += 1;
                 let params = &action["params"];
                 let stream_id = match name {
@@ -96,6 +111,7 @@ impl Bot {
                         _ => {}
                     }
                 }
+                posted.insert(next_message_id, body.clone());
                 let response = json!({"status": "ok", "retcode": 0, "data": {"message_id": next_message_id}, "echo": action["echo"]});
                 let _ = replies.send(response.to_string()).await;
                 let _ = sent_tx

@@ -760,3 +760,54 @@ async fn a_gateway_reachable_from_other_hosts_does_not_start_without_its_tokens(
     let err = App::build(&config).await.expect_err("refused").to_string();
     assert!(err.contains("gateway.http.token"), "{err}");
 }
+
+#[tokio::test]
+async fn a_quote_reply_carries_the_quoted_messages_text_and_author_as_the_bot_tells_them() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    ws.send(Message::text(group_event(
+        json!([{"type": "reply", "data": {"id": "555"}}, {"type": "text", "data": {"text": "green"}}]),
+        71,
+        100,
+    )))
+    .await
+    .expect("send");
+    // The gateway asks the bot what message 555 was, and the bot says.
+    let action = next_action(&mut ws).await;
+    assert_eq!(action["action"], "get_msg");
+    assert_eq!(action["params"]["message_id"], json!(555));
+    let answer = json!({"status": "ok", "retcode": 0, "echo": action["echo"], "data": {
+        "message_id": 555, "sender": {"user_id": 42, "nickname": "hark"},
+        "message": [{"type": "text", "data": {"text": "[task 1a2b3c4d · #beef] Which colour?"}}]}});
+    ws.send(Message::text(answer.to_string()))
+        .await
+        .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(10))
+        .await
+        .expect("the reply reaches CHAT_IN");
+    assert_eq!(m.text, "green");
+    assert_eq!(m.quoted_message_id, "555");
+    assert_eq!(m.quoted_text, "[task 1a2b3c4d · #beef] Which colour?");
+    assert_eq!(m.quoted_sender, "42");
+
+    // A bot that does not answer get_msg still gets its message through, without the text.
+    ws.send(Message::text(group_event(
+        json!([{"type": "reply", "data": {"id": "556"}}, {"type": "text", "data": {"text": "red"}}]),
+        72,
+        100,
+    )))
+    .await
+    .expect("send");
+    let action = next_action(&mut ws).await;
+    let refused = json!({"status": "failed", "retcode": 100, "echo": action["echo"], "message": "no such message"});
+    ws.send(Message::text(refused.to_string()))
+        .await
+        .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(10))
+        .await
+        .expect("the reply reaches CHAT_IN");
+    assert_eq!((m.text.as_str(), m.quoted_text.as_str()), ("red", ""));
+    gw.stop().await;
+}

@@ -565,3 +565,87 @@ async fn nul_characters_from_a_model_or_a_chat_are_dropped_not_refused() {
     assert_eq!(questions[0].answer.as_deref(), Some("seven"));
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_quote_hark_cannot_match_asks_which_question_and_any_copy_of_a_question_routes_to_it() {
+    let tc = TestControl::start().await;
+    let mut shown = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, q) in [
+        "Colour of the fence?",
+        "Colour of the door?",
+        "Colour of the gate?",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = tc
+            .new_task_in_chat(GROUP, "100", &format!("paint {i}"))
+            .await;
+        tc.claim_and_ask(q, 0).await;
+        shown.push(tc.out_containing(q).await);
+        tasks.push(task_id(&id));
+    }
+    let mut questions = Vec::new();
+    for task in &tasks {
+        questions.push(
+            tc.store
+                .open_question_of(*task)
+                .await
+                .expect("q")
+                .expect("open"),
+        );
+    }
+
+    // A quote of a message hark does not know, with nothing else to go by: three questions are
+    // open, so hark asks which, and none takes it.
+    tc.say_quoting(GROUP, "100", "green", "never-seen-1").await;
+    let asked = tc.out_containing("cannot tell which question").await;
+    for q in &questions {
+        assert!(
+            asked.text.contains(&format!("#{}", q.handle)),
+            "{}",
+            asked.text
+        );
+    }
+    for task in &tasks {
+        assert_eq!(
+            tc.store.get_task(*task).await.expect("task").state,
+            TaskState::WaitingInput,
+            "no task took the unmatched quote"
+        );
+    }
+
+    // The door's question was delivered twice; quoting the first copy answers the door, not
+    // the older fence.
+    tc.receipt(&shown[1], "copy-1").await;
+    tc.receipt(&shown[1], "copy-2").await;
+    tc.eventually("both copies are known", || async {
+        tc.store
+            .question_by_chat_message("qq", GROUP, "copy-2")
+            .await
+            .expect("lookup")
+            .is_some()
+    })
+    .await;
+    tc.say_quoting(GROUP, "100", "white", "copy-1").await;
+    tc.out_containing("continues").await;
+    let door = tc.store.get_question(questions[1].id).await.expect("q");
+    assert_eq!(door.answer.as_deref(), Some("white"));
+    assert_eq!(
+        door.chat_message_id.as_deref(),
+        Some("copy-1"),
+        "the first copy is shown"
+    );
+
+    // The gate's question was shown but its id never reached hark: the quoted text the bot
+    // reports names it, and the gate is answered, not the older fence.
+    tc.say_quoting_text(GROUP, "100", "black", "never-seen-2", &shown[2].text)
+        .await;
+    tc.out_containing("continues").await;
+    let gate = tc.store.get_question(questions[2].id).await.expect("q");
+    assert_eq!(gate.answer.as_deref(), Some("black"));
+    let fence = tc.store.get_question(questions[0].id).await.expect("q");
+    assert!(fence.outcome.is_open(), "the fence still waits");
+    tc.stop().await;
+}

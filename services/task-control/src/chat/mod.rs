@@ -1,13 +1,14 @@
 //! Inbound chat messages: commands, and answers to open questions.
 //!
 //! A message that starts with the command word is a command and never an answer. Any other
-//! message is a candidate answer, routed in this order: (a) it quotes the chat message that
-//! carried a question; (b) it starts with the `#handle` of one of the sender's open questions in
-//! that stream; (c) the sender's oldest open question in that stream. Only the task's owner may
-//! answer; nobody else's message ever does.
+//! message is a candidate answer, routed by [`route`] from what the store loads: (a) it quotes a
+//! chat message that carried a question; (b) it starts with the `#handle` of one of the sender's
+//! open questions in that stream; (c) the sender's oldest open question in that stream. Only the
+//! task's owner may answer; nobody else's message ever does.
 
 pub mod command;
 pub mod limit;
+pub mod route;
 
 use hark_core::{
     bus::Names,
@@ -37,6 +38,8 @@ struct Inbound {
     user_id: String,
     text: String,
     quoted: String,
+    quoted_text: String,
+    quoted_sender: String,
     message_id: String,
 }
 
@@ -58,6 +61,8 @@ impl Inbound {
             // Postgres stores no NUL character in a text; in a chat message it carries nothing.
             text: msg.text.replace('\0', ""),
             quoted: msg.quoted_message_id,
+            quoted_text: msg.quoted_text,
+            quoted_sender: msg.quoted_sender,
             message_id: msg.message_id,
         })
     }
@@ -80,11 +85,6 @@ impl Inbound {
             stream: self.stream.to_string(),
             origin_message_id: (!self.message_id.is_empty()).then(|| self.message_id.clone()),
         }
-    }
-
-    fn may_answer(&self, question: &QuestionRow) -> bool {
-        question.owner.is_sender(&self.platform, &self.user_id)
-            && question.stream.as_deref() == Some(self.stream.as_str())
     }
 }
 
@@ -147,7 +147,7 @@ async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
 async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
     let store = &shared.store;
     // Read with their tasks, so that the answer starts from them without reading again.
-    let open = store
+    let targets = store
         .open_questions_for_sender(
             &inbound.platform,
             inbound.stream.as_str(),
@@ -155,52 +155,70 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             inbound.key().as_deref(),
         )
         .await?;
-
-    // (a) A quote of the message that carried a question.
-    if !inbound.quoted.is_empty()
-        && let Some(question) = store
-            .question_by_chat_message(&inbound.platform, &inbound.quoted)
-            .await?
-    {
-        if !inbound.may_answer(&question) {
-            return Ok(());
+    let open: Vec<QuestionRow> = targets.iter().map(|t| t.question.clone()).collect();
+    let quoted = match inbound.quoted.as_str() {
+        "" => None,
+        id => {
+            store
+                .question_by_chat_message(&inbound.platform, inbound.stream.as_str(), id)
+                .await?
         }
-        if !question.outcome.is_open() {
-            say(shared, inbound, &closed_text(&question)).await;
-            return Ok(());
-        }
-        return apply(shared, inbound, &question, inbound.text.trim(), &open).await;
-    }
-
-    // (b) A `#handle` prefix.
-    if let Some((handle, rest)) = Handle::strip_prefix(&inbound.text) {
-        if let Some(target) = open.iter().find(|t| t.question.handle == handle.as_str()) {
-            return apply(shared, inbound, &target.question, rest, &open).await;
-        }
-        if let Some(question) = store
-            .question_by_handle(&inbound.platform, inbound.stream.as_str(), handle.as_str())
-            .await?
-            && inbound.may_answer(&question)
-            && open.is_empty()
+    };
+    let by_handle = match Handle::strip_prefix(&inbound.text) {
+        Some((handle, _))
+            if inbound.quoted.is_empty() && !open.iter().any(|q| q.handle == handle.as_str()) =>
         {
-            say(shared, inbound, &closed_text(&question)).await;
-            return Ok(());
+            store
+                .question_by_handle(&inbound.platform, inbound.stream.as_str(), handle.as_str())
+                .await?
         }
-    }
-
-    // (c) The sender's oldest open question here.
-    match open.first() {
-        Some(target) => {
-            apply(
-                shared,
-                inbound,
-                &target.question,
-                inbound.text.trim(),
-                &open,
-            )
-            .await
+        _ => None,
+    };
+    let message = route::Message {
+        platform: &inbound.platform,
+        stream: inbound.stream.as_str(),
+        user_id: &inbound.user_id,
+        bot_id: &inbound.bot_id,
+        text: &inbound.text,
+        quoted: &inbound.quoted,
+        quoted_text: &inbound.quoted_text,
+        quoted_sender: &inbound.quoted_sender,
+    };
+    let found = route::Found {
+        open: &open,
+        quoted: quoted.as_ref(),
+        by_handle: by_handle.as_ref(),
+    };
+    match route::route(&message, &found) {
+        route::Route::Answer { question, text } => {
+            let question = open
+                .iter()
+                .chain(quoted.as_ref())
+                .find(|q| q.id == question)
+                .cloned()
+                .ok_or_else(|| store::Error::Internal("routed to a question not loaded".into()))?;
+            apply(shared, inbound, &question, &text, &targets).await
         }
-        None => Ok(()),
+        route::Route::Closed(id) => {
+            if let Some(question) = quoted.iter().chain(by_handle.iter()).find(|q| q.id == id) {
+                say(shared, inbound, &closed_text(question)).await;
+            }
+            Ok(())
+        }
+        route::Route::AskWhich => {
+            let handles: Vec<String> = open
+                .iter()
+                .map(|q| format!("#{} ({})", q.handle, render::clip(&q.text, 30)))
+                .collect();
+            let text = format!(
+                "I cannot tell which question your reply is for, so it was not passed on. Quote the \
+                 question itself, or start your reply with its handle: {}.",
+                handles.join(", ")
+            );
+            say(shared, inbound, &text).await;
+            Ok(())
+        }
+        route::Route::Ignore => Ok(()),
     }
 }
 

@@ -1368,20 +1368,23 @@ impl Store {
             .await?)
     }
 
-    /// The question carried by a chat message, whatever its outcome.
+    /// The question carried by a chat message in a stream, whatever its outcome: any delivered
+    /// copy of it.
     pub async fn question_by_chat_message(
         &self,
         platform: &str,
+        stream: &str,
         message_id: &str,
     ) -> Result<Option<QuestionRow>, Error> {
         Ok(sqlx::query_as::<_, QuestionRow>(concat!(
             "SELECT ",
             question_columns!(),
             " FROM questions
-             WHERE ($1 = '' OR platform = $1) AND chat_message_id = $2
-             ORDER BY asked_at DESC LIMIT 1"
+             WHERE id = (SELECT question_id FROM question_messages
+                         WHERE platform = $1 AND stream = $2 AND message_id = $3)"
         ))
         .bind(platform)
+        .bind(stream)
         .bind(message_id)
         .fetch_optional(&self.pool)
         .await?)
@@ -1408,22 +1411,30 @@ impl Store {
         .await?)
     }
 
-    /// Records the platform message id of the chat message that carried a question, so quote
-    /// replies can be routed to it.
+    /// Records the platform message id of a chat message that carried a question, so that quote
+    /// replies to it are routed to the question. Every delivered copy is kept; the question
+    /// shows the first.
     pub async fn set_chat_message_id(
         &self,
         question: QuestionId,
         message_id: &str,
     ) -> Result<bool, Error> {
-        Ok(
-            sqlx::query("UPDATE questions SET chat_message_id = $2 WHERE id = $1")
-                .bind(question.as_uuid())
-                .bind(message_id)
-                .execute(&self.pool)
-                .await?
-                .rows_affected()
-                > 0,
+        Ok(sqlx::query(
+            "WITH q AS (
+                UPDATE questions SET chat_message_id = coalesce(chat_message_id, $2)
+                WHERE id = $1 RETURNING id, platform, stream
+            )
+            INSERT INTO question_messages (platform, stream, message_id, question_id)
+            SELECT platform, stream, $2, id FROM q
+            WHERE platform IS NOT NULL AND stream IS NOT NULL
+            ON CONFLICT DO NOTHING",
         )
+        .bind(question.as_uuid())
+        .bind(message_id)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
     }
 
     /// Records that an inbound message was handled; `false` when it had been before.

@@ -169,6 +169,62 @@ impl TestControl {
         id
     }
 
+    /// A quote-reply as a OneBot gateway publishes it, with the quoted message's text and author
+    /// as the bot told them.
+    pub async fn say_quoting_text(
+        &self,
+        stream: &str,
+        user: &str,
+        text: &str,
+        quoted: &str,
+        quoted_text: &str,
+    ) -> String {
+        let id = self.message_id();
+        let message = pb::ChatMessage {
+            platform: PLATFORM.into(),
+            bot_id: BOT.into(),
+            stream: stream.into(),
+            sender: Some(pb::Sender {
+                user_id: user.into(),
+                nickname: format!("user {user}"),
+            }),
+            text: text.into(),
+            quoted_message_id: quoted.into(),
+            quoted_text: quoted_text.into(),
+            quoted_sender: BOT.into(),
+            message_id: id.clone(),
+            ..Default::default()
+        };
+        bus::publish(
+            &self.js,
+            self.names.chat_in(PLATFORM).expect("subject"),
+            &Names::chat_in_msg_id(PLATFORM, BOT, &id),
+            codec::encode(message),
+        )
+        .await
+        .expect("chat message published");
+        id
+    }
+
+    /// Reports, as the gateway would, that the question in `shown` was delivered as the platform
+    /// message `platform_id`.
+    pub async fn receipt(&self, shown: &pb::OutboundMessage, platform_id: &str) {
+        let receipt = pb::DeliveryReceipt {
+            outbound_id: format!("{}-{platform_id}", shown.id),
+            question_id: shown.question_id.clone(),
+            platform_message_id: platform_id.into(),
+            ..Default::default()
+        };
+        bus::publish(
+            &self.js,
+            self.names.chat_receipt(),
+            &receipt.outbound_id,
+            codec::encode(receipt.clone()),
+        )
+        .await
+        .expect("receipt published");
+    }
+
     pub async fn publish_chat(
         &self,
         stream: &str,

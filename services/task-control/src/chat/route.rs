@@ -1,0 +1,302 @@
+//! Which question a chat message answers, decided without I/O from what the store loaded.
+//!
+//! In order: (a) a quote of a chat message that carried a question — any delivered copy of it,
+//! or, when hark never learnt that copy's id, the question the quoted text names (`#a3f9`);
+//! (b) a `#handle` the message starts with; (c) the sender's oldest open question in the chat.
+//! A quote hark cannot match is never sent to the oldest question while several are open: the
+//! sender is asked which one they mean. Only the question's owner answers it.
+
+use hark_core::domain::{Handle, QuestionId, TaskId};
+
+use crate::store::QuestionRow;
+
+/// A chat message that may be an answer.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub platform: &'a str,
+    pub stream: &'a str,
+    pub user_id: &'a str,
+    pub bot_id: &'a str,
+    pub text: &'a str,
+    /// The platform id of the message it quotes; empty when it quotes none.
+    pub quoted: &'a str,
+    /// The quoted message's text and author, when the platform told.
+    pub quoted_text: &'a str,
+    pub quoted_sender: &'a str,
+}
+
+/// What the store found for a message.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Found<'a> {
+    /// The sender's open questions in the chat, oldest first.
+    pub open: &'a [QuestionRow],
+    /// The question the quoted message carried, if hark knows that message.
+    pub quoted: Option<&'a QuestionRow>,
+    /// The latest question of the chat with the message's `#handle`, whatever its outcome.
+    pub by_handle: Option<&'a QuestionRow>,
+}
+
+/// Where a message goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// It answers this question with this text.
+    Answer { question: QuestionId, text: String },
+    /// It is meant for a question that is closed: say so.
+    Closed(QuestionId),
+    /// It quotes something that matches no question while several are open: ask which.
+    AskWhich,
+    /// It is not an answer.
+    Ignore,
+}
+
+impl Message<'_> {
+    fn may_answer(&self, question: &QuestionRow) -> bool {
+        question.owner.is_sender(self.platform, self.user_id)
+            && question.stream.as_deref() == Some(self.stream)
+    }
+}
+
+/// Decides where `message` goes.
+pub fn route(message: &Message<'_>, found: &Found<'_>) -> Route {
+    let answer = |question: &QuestionRow, text: &str| Route::Answer {
+        question: question.id,
+        text: text.trim().to_owned(),
+    };
+    // (a) A quote.
+    if !message.quoted.is_empty() {
+        if let Some(question) = found.quoted {
+            return match () {
+                _ if !message.may_answer(question) => Route::Ignore,
+                _ if !question.outcome.is_open() => Route::Closed(question.id),
+                _ => answer(question, message.text),
+            };
+        }
+        // A copy of a question whose id hark never learnt still names its handle and task.
+        let from_the_bot =
+            message.quoted_sender.is_empty() || message.quoted_sender == message.bot_id;
+        if from_the_bot && let Some(question) = named_in(message.quoted_text, found.open) {
+            return answer(question, message.text);
+        }
+        return match found.open {
+            [] => Route::Ignore,
+            [only] => answer(only, message.text),
+            _ => Route::AskWhich,
+        };
+    }
+    // (b) A `#handle`.
+    if let Some((handle, rest)) = Handle::strip_prefix(message.text) {
+        if let Some(question) = found.open.iter().find(|q| q.handle == handle.as_str()) {
+            return answer(question, rest);
+        }
+        if let Some(question) = found.by_handle
+            && message.may_answer(question)
+            && found.open.is_empty()
+        {
+            return Route::Closed(question.id);
+        }
+    }
+    // (c) The oldest open question.
+    match found.open.first() {
+        Some(question) => answer(question, message.text),
+        None => Route::Ignore,
+    }
+}
+
+/// The open question a quoted question text names: by its `#handle`, else by its task.
+fn named_in<'a>(text: &str, open: &'a [QuestionRow]) -> Option<&'a QuestionRow> {
+    if text.is_empty() {
+        return None;
+    }
+    let lower = text.to_ascii_lowercase();
+    open.iter()
+        .find(|q| {
+            lower
+                .match_indices(&format!("#{}", q.handle))
+                .any(|(at, m)| {
+                    // The handle ends there: the next character is not a letter or digit.
+                    !lower[at + m.len()..]
+                        .chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphanumeric())
+                })
+        })
+        .or_else(|| {
+            let mut named = open
+                .iter()
+                .filter(|q| lower.contains(&format!("task {}", short(q.task_id))));
+            // A task named once; several questions of it cannot be open together.
+            named.next().filter(|_| named.next().is_none())
+        })
+}
+
+fn short(task: TaskId) -> String {
+    task.short()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hark_core::domain::{Owner, QuestionOutcome};
+    use time::OffsetDateTime;
+
+    fn question(handle: &str, owner: &str, outcome: QuestionOutcome) -> QuestionRow {
+        QuestionRow {
+            id: QuestionId::new(),
+            task_id: TaskId::new(),
+            handle: handle.into(),
+            text: format!("question {handle}?"),
+            context: String::new(),
+            tool_call_id: "call".into(),
+            round: 1,
+            owner: owner.parse::<Owner>().expect("owner"),
+            platform: Some("qq".into()),
+            bot_id: Some("42".into()),
+            stream: Some("group:7".into()),
+            outcome,
+            asked_at: OffsetDateTime::now_utc(),
+            deadline: None,
+            reminded_at: None,
+            closed_at: None,
+            answerer: None,
+            answer: None,
+            inbound_message_id: None,
+            chat_message_id: None,
+        }
+    }
+
+    fn message<'a>(text: &'a str, quoted: &'a str, quoted_text: &'a str) -> Message<'a> {
+        Message {
+            platform: "qq",
+            stream: "group:7",
+            user_id: "100",
+            bot_id: "42",
+            text,
+            quoted,
+            quoted_text,
+            quoted_sender: "",
+        }
+    }
+
+    fn answered(route: &Route) -> Option<(QuestionId, &str)> {
+        match route {
+            Route::Answer { question, text } => Some((*question, text.as_str())),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_quote_of_a_known_copy_answers_that_question_even_when_it_is_not_the_oldest() {
+        let open = [
+            question("aaaa", "qq:100", QuestionOutcome::Open),
+            question("bbbb", "qq:100", QuestionOutcome::Open),
+        ];
+        let found = Found {
+            open: &open,
+            quoted: Some(&open[1]),
+            by_handle: None,
+        };
+        let route = route(&message(" blue ", "m-9", ""), &found);
+        assert_eq!(answered(&route), Some((open[1].id, "blue")));
+    }
+
+    #[test]
+    fn an_unknown_quote_with_several_open_asks_which_and_never_falls_back_to_the_oldest() {
+        let open = [
+            question("aaaa", "qq:100", QuestionOutcome::Open),
+            question("bbbb", "qq:100", QuestionOutcome::Open),
+        ];
+        let found = Found {
+            open: &open,
+            ..Default::default()
+        };
+        assert_eq!(route(&message("blue", "m-9", ""), &found), Route::AskWhich);
+        // Unless the quoted text says which: the question's handle, or its task.
+        let text = format!("[task {} · #bbbb] question bbbb?", open[1].task_id.short());
+        let by_handle = route(&message("blue", "m-9", &text), &found);
+        assert_eq!(answered(&by_handle), Some((open[1].id, "blue")));
+        let text = format!("[task {} · #zzzz] old copy", open[0].task_id.short());
+        let by_task = route(&message("red", "m-8", &text), &found);
+        assert_eq!(answered(&by_task), Some((open[0].id, "red")));
+        // A handle that merely starts like another one does not match.
+        assert_eq!(
+            route(&message("blue", "m-9", "#bbbbb and more"), &found),
+            Route::AskWhich
+        );
+        // Text quoted from someone else's message names nothing.
+        let mut from_someone = message("blue", "m-9", "#bbbb");
+        from_someone.quoted_sender = "555";
+        assert_eq!(route(&from_someone, &found), Route::AskWhich);
+    }
+
+    #[test]
+    fn an_unknown_quote_with_one_open_question_answers_it() {
+        let open = [question("aaaa", "qq:100", QuestionOutcome::Open)];
+        let found = Found {
+            open: &open,
+            ..Default::default()
+        };
+        assert_eq!(
+            answered(&route(&message("yes", "m-1", ""), &found)),
+            Some((open[0].id, "yes"))
+        );
+        assert_eq!(
+            route(&message("yes", "m-1", ""), &Found::default()),
+            Route::Ignore
+        );
+    }
+
+    #[test]
+    fn a_quote_of_someone_elses_question_or_a_closed_one_does_not_answer() {
+        let theirs = question("cccc", "qq:200", QuestionOutcome::Open);
+        let closed = question("dddd", "qq:100", QuestionOutcome::Expired);
+        let open = [question("aaaa", "qq:100", QuestionOutcome::Open)];
+        let quoting = |q| Found {
+            open: &open,
+            quoted: Some(q),
+            by_handle: None,
+        };
+        assert_eq!(
+            route(&message("mine!", "m-1", ""), &quoting(&theirs)),
+            Route::Ignore
+        );
+        assert_eq!(
+            route(&message("late", "m-2", ""), &quoting(&closed)),
+            Route::Closed(closed.id)
+        );
+    }
+
+    #[test]
+    fn a_handle_picks_its_question_and_otherwise_the_oldest_answers() {
+        let open = [
+            question("aaaa", "qq:100", QuestionOutcome::Open),
+            question("bbbb", "qq:100", QuestionOutcome::Open),
+        ];
+        let found = Found {
+            open: &open,
+            ..Default::default()
+        };
+        assert_eq!(
+            answered(&route(&message("#BBBB: two", "", ""), &found)),
+            Some((open[1].id, "two"))
+        );
+        assert_eq!(
+            answered(&route(&message("one", "", ""), &found)),
+            Some((open[0].id, "one"))
+        );
+        // A handle of a closed question, with nothing open, is told it is closed.
+        let closed = question("eeee", "qq:100", QuestionOutcome::Answered);
+        let found = Found {
+            open: &[],
+            quoted: None,
+            by_handle: Some(&closed),
+        };
+        assert_eq!(
+            route(&message("#eeee again", "", ""), &found),
+            Route::Closed(closed.id)
+        );
+        assert_eq!(
+            route(&message("hello", "", ""), &Found::default()),
+            Route::Ignore
+        );
+    }
+}

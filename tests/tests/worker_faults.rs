@@ -42,10 +42,11 @@ async fn a_database_blip_while_a_worker_runs_costs_the_task_nothing() {
     let llm = ScriptedLlm::with_default(Script::new(vec![
         Step::call("current_time", serde_json::json!({})),
         // The final answer comes while the database is away.
-        Step::say("done in one go").after(Duration::from_millis(500)),
+        Step::say("done in one go"),
     ]))
     .await
     .expect("scripted LLM");
+    llm.hold_step("default", 1);
     let mut env = Env::on(
         nats_url(),
         format!("postgres://postgres@127.0.0.1:{}", postgres.port),
@@ -75,6 +76,7 @@ async fn a_database_blip_while_a_worker_runs_costs_the_task_nothing() {
     .await
     .expect("the second round starts");
     postgres.crash();
+    llm.release("default");
     worker
         .wait_for_output("task-control cannot decide this now", WAIT)
         .await;
@@ -106,10 +108,12 @@ async fn a_database_blip_while_a_worker_runs_costs_the_task_nothing() {
 async fn a_worker_stopped_in_a_round_hands_its_task_back_and_no_attempt_is_lost() {
     let llm = ScriptedLlm::with_default(Script::new(vec![
         Step::call("current_time", serde_json::json!({})),
-        Step::say("finished by the other worker {answer}").after(Duration::from_secs(3)),
+        Step::say("finished by the other worker {answer}"),
     ]))
     .await
     .expect("scripted LLM");
+    // Round 2's answer waits until the first worker was stopped.
+    llm.hold_step("default", 1);
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     let mut control = env.spawn(&["control"], &[]);
@@ -144,6 +148,7 @@ async fn a_worker_stopped_in_a_round_hands_its_task_back_and_no_attempt_is_lost(
         "the task is not left running under a dead lease"
     );
 
+    llm.release("default");
     let mut second = env.spawn(&["worker", "--id", "w2"], &[]);
     let done = until_state(&env, &task.id, pb::TaskState::Completed).await;
     assert_eq!(done.attempt, 1, "a hand-back is no lost attempt");

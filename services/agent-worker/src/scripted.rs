@@ -150,12 +150,18 @@ struct Inner {
     requests: std::collections::VecDeque<Recorded>,
     /// Attempts seen per (conversation, step), for scripted failures.
     attempts: HashMap<(String, usize), usize>,
+    /// Scripts whose answers wait until released, so that a test acts while a call is in
+    /// flight, whatever the machine's pace.
+    /// By script, and by step (`None`: every step).
+    held: std::collections::HashSet<(String, Option<usize>)>,
 }
 
 #[derive(Debug, Clone)]
 struct Shared {
     inner: Arc<Mutex<Inner>>,
     arrived: Arc<tokio::sync::Notify>,
+    /// Woken when a held script is released.
+    released: Arc<tokio::sync::Notify>,
     /// Every request as it arrives, for benchmarks that time arrivals.
     feed: tokio::sync::broadcast::Sender<Recorded>,
     /// Whether to keep requests for [`ScriptedLlm::requests`]: on for tests, off for the demo
@@ -192,6 +198,7 @@ impl ScriptedLlm {
                 ..Default::default()
             })),
             arrived: Default::default(),
+            released: Default::default(),
             feed: tokio::sync::broadcast::channel(16_384).0,
             keep: Arc::new(true.into()),
         };
@@ -251,6 +258,24 @@ impl ScriptedLlm {
         self.shared
             .keep
             .store(keep, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Holds the answers to calls of script `name` (`default` for goals that name none): they
+    /// are received and recorded, and answered once [`ScriptedLlm::release`] is called.
+    pub fn hold(&self, name: &str) {
+        self.lock().held.insert((name.to_owned(), None));
+    }
+
+    /// Holds the answers to calls of script `name` at step `step` (the number of assistant
+    /// messages the conversation has) only.
+    pub fn hold_step(&self, name: &str, step: usize) {
+        self.lock().held.insert((name.to_owned(), Some(step)));
+    }
+
+    /// Answers the held calls of script `name`, and those that come later at once.
+    pub fn release(&self, name: &str) {
+        self.lock().held.retain(|(held, _)| held != name);
+        self.shared.released.notify_waiters();
     }
 
     pub fn set_script(&self, name: &str, script: Script) {
@@ -320,6 +345,7 @@ async fn complete(
     let step_index = body["messages"].as_array().map_or(0, |ms| {
         ms.iter().filter(|m| m["role"] == "assistant").count()
     });
+    let name = script_name(&goal);
     let (step, quirks, failure) = {
         let recorded = Recorded {
             at: Instant::now(),
@@ -339,7 +365,7 @@ async fn complete(
         }
         let script = inner
             .scripts
-            .get(&script_name(&goal))
+            .get(&name)
             .or_else(|| inner.scripts.get("default"))
             .cloned()
             .unwrap_or_default();
@@ -365,6 +391,23 @@ async fn complete(
         (step, script.quirks, failure)
     };
     shared.arrived.notify_waiters();
+    loop {
+        let released = shared.released.notified();
+        let held = {
+            let inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let script = if inner.scripts.contains_key(&name) {
+                name.clone()
+            } else {
+                "default".to_owned()
+            };
+            inner.held.contains(&(script.clone(), None))
+                || inner.held.contains(&(script, Some(step_index)))
+        };
+        if !held {
+            break;
+        }
+        released.await;
+    }
     if !step.delay.is_zero() {
         tokio::time::sleep(step.delay).await;
     }

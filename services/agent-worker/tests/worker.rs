@@ -147,14 +147,19 @@ async fn an_invalid_tool_call_becomes_an_error_result_and_the_task_goes_on() {
 #[tokio::test]
 async fn a_told_instruction_reaches_a_running_task_at_its_next_round() {
     let llm = llm(vec![
-        Step::call("current_time", json!({})).after(Duration::from_millis(1500)),
+        Step::call("current_time", json!({})),
         Step::say("done"),
     ])
     .await;
+    // The first round's answer waits until the instruction has reached the worker.
+    llm.hold("default");
     let mut bed = Bed::start(llm, |c| c.task.lease = "3s".parse().expect("duration")).await;
     bed.add_worker("w1").await;
     let id = bed.create("api:alice", "research slowly", |_| {}).await;
-    bed.wait_state(&id, pb::TaskState::Running, WAIT).await;
+    bed.llm
+        .wait_for(WAIT, |_| true)
+        .await
+        .expect("round 1 is in flight");
     let told = bed
         .client()
         .await
@@ -170,6 +175,29 @@ async fn a_told_instruction_reaches_a_running_task_at_its_next_round() {
         told.delivery,
         pb::tell_task_response::Delivery::NextRound as i32
     );
+    // Heartbeats hand instructions over; one after another renews the lease, and the second
+    // of two renewals after the tell is sent only once the first one's instructions were taken.
+    let lease_of = || async {
+        sqlx::query_scalar::<_, Option<time::OffsetDateTime>>(
+            "SELECT lease_until FROM tasks WHERE id = $1::uuid",
+        )
+        .bind(&id)
+        .fetch_one(bed.store.pool())
+        .await
+        .expect("lease")
+    };
+    let mut seen = lease_of().await;
+    for _ in 0..2 {
+        loop {
+            let now = lease_of().await;
+            if now > seen {
+                seen = now;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    bed.llm.release("default");
     bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
     let last = bed.llm.requests().last().expect("requests").body.clone();
     let said = last["messages"].to_string();
@@ -182,7 +210,9 @@ async fn a_told_instruction_reaches_a_running_task_at_its_next_round() {
 
 #[tokio::test]
 async fn cancelling_during_an_llm_call_stops_the_worker_at_once_and_writes_nothing_more() {
-    let llm = llm(vec![Step::say("too late").after(Duration::from_secs(30))]).await;
+    let llm = llm(vec![Step::say("too late")]).await;
+    // The slow task's call never returns.
+    llm.hold("default");
     let mut bed = Bed::start(llm, |c| c.worker.concurrency = 1).await;
     bed.add_worker("w1").await;
     let slow = bed.create("api:alice", "think forever", |_| {}).await;
@@ -205,15 +235,13 @@ async fn cancelling_during_an_llm_call_stops_the_worker_at_once_and_writes_nothi
         .expect("audit")
         .len();
 
-    // The only slot is free again well before the slow call would have returned: a new task
-    // reaches the LLM within seconds.
+    // The only slot is free again though the slow call never returned: a new task runs.
     bed.llm
         .set_script("quick", Script::new(vec![Step::say("quick")]));
     let quick = bed
         .create("api:alice", "[script:quick] be quick", |_| {})
         .await;
-    bed.wait_state(&quick, pb::TaskState::Completed, Duration::from_secs(5))
-        .await;
+    bed.wait_state(&quick, pb::TaskState::Completed, WAIT).await;
     let after = bed
         .store
         .transitions_of(slow.parse().expect("id"))
@@ -232,9 +260,10 @@ async fn cancelling_during_an_llm_call_stops_the_worker_at_once_and_writes_nothi
 async fn a_worker_killed_mid_round_leaves_the_task_to_another_worker_from_its_checkpoint() {
     let llm = llm(vec![
         Step::call("current_time", json!({})),
-        Step::say("finished by someone").after(Duration::from_secs(2)),
+        Step::say("finished by someone"),
     ])
     .await;
+    llm.hold_step("default", 1);
     let mut bed = Bed::start(llm, |c| {
         c.task.lease = "1s".parse().expect("duration");
         c.worker.concurrency = 1;
@@ -242,7 +271,7 @@ async fn a_worker_killed_mid_round_leaves_the_task_to_another_worker_from_its_ch
     .await;
     let first = bed.add_worker("w1").await;
     let id = bed.create("api:alice", "survive a crash", |_| {}).await;
-    // Round 1 is checkpointed; round 2's slow LLM call is in flight when w1 dies.
+    // Round 1 is checkpointed; round 2's LLM call is in flight, held, when w1 dies.
     bed.llm
         .wait_for(WAIT, |b| {
             b["messages"].as_array().is_some_and(|m| m.len() > 3)
@@ -250,6 +279,7 @@ async fn a_worker_killed_mid_round_leaves_the_task_to_another_worker_from_its_ch
         .await
         .expect("round 2 started");
     bed.kill_worker(first).await;
+    bed.llm.release("default");
     bed.add_worker("w2").await;
     let done = bed
         .wait_state(&id, pb::TaskState::Completed, Duration::from_secs(30))

@@ -31,7 +31,8 @@ async fn a_reply_from_another_member_does_not_wake_the_task_but_the_owners_does(
     assert!(!shown.question_id.is_empty());
 
     tc.say(GROUP, "200", "Berlin!").await;
-    tc.no_out(Duration::from_millis(800)).await;
+    let meanwhile = tc.settle(GROUP, "200").await;
+    assert!(meanwhile.is_empty(), "{meanwhile:?}");
     let task = tc.store.get_task(task_id(&id)).await.expect("task");
     assert_eq!(
         task.state,
@@ -179,7 +180,11 @@ async fn a_duplicate_inbound_message_is_applied_once() {
     tc.publish_chat(GROUP, "100", "seven", "", &msg, "dup-2")
         .await;
     tc.out_containing("continues").await;
-    tc.no_out(Duration::from_millis(800)).await;
+    let meanwhile = tc.settle(GROUP, "100").await;
+    assert!(
+        meanwhile.iter().all(|m| !m.text.contains("continues")),
+        "the duplicate was not applied again: {meanwhile:?}"
+    );
     let job = tc.next_job().await;
     assert_eq!(job.reason, pb::RunReason::ResumeReply as i32);
     assert!(
@@ -274,8 +279,8 @@ async fn a_question_under_the_never_policy_has_no_deadline_and_stays_open() {
         .nth(1)
         .expect("id")
         .to_owned();
+    // The model asks to wait 1 s; the task's policy says never.
     tc.claim_and_ask("Ready?", 1).await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
     let task = tc
         .store
         .resolve_task(&short.parse().expect("ref"), None)
@@ -289,6 +294,15 @@ async fn a_question_under_the_never_policy_has_no_deadline_and_stays_open() {
         .expect("q")
         .expect("still open");
     assert!(q.deadline.is_none());
+    // A sweep of the timers finds nothing to expire, however late it runs.
+    assert_eq!(tc.store.expire_due(100).await.expect("sweep"), 0);
+    assert!(
+        tc.store
+            .open_question_of(task.id)
+            .await
+            .expect("q")
+            .is_some()
+    );
     tc.stop().await;
 }
 
@@ -333,7 +347,7 @@ async fn a_lost_lease_resumes_from_the_checkpoint_and_the_stale_worker_is_refuse
 
 #[tokio::test]
 async fn heartbeats_keep_the_lease_and_hand_over_told_instructions() {
-    let tc = TestControl::start_with(|c| c.task.lease = "1s".parse().expect("duration")).await;
+    let tc = TestControl::start().await;
     let id = tc.new_task_in_chat(GROUP, "100", "slow research").await;
     let job = tc.next_job().await;
     let lease = tc.claim(&job, "w1").await.lease.expect("lease");
@@ -345,16 +359,28 @@ async fn heartbeats_keep_the_lease_and_hand_over_told_instructions() {
     .await;
     let told = tc.out_containing("Told task").await;
     assert!(told.text.contains("next round"), "{}", told.text);
+    // Each heartbeat moves the lease's end on, and hands over what was told.
+    let lease_until = || async {
+        tc.store
+            .get_task(task_id(&id))
+            .await
+            .expect("task")
+            .lease_until
+            .expect("a running task has a lease")
+    };
+    let mut until = lease_until().await;
     let mut handed = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..3 {
         let hb = tc.heartbeat(&lease).await;
         assert!(
             hb.refusal.is_none(),
             "heartbeats keep the lease: {:?}",
             hb.refusal
         );
+        let renewed = lease_until().await;
+        assert!(renewed > until, "the lease was renewed");
+        until = renewed;
         handed = hb.instructions;
-        tokio::time::sleep(Duration::from_millis(400)).await;
     }
     assert_eq!(handed.len(), 1);
     assert_eq!(handed[0].text, "use metric units");

@@ -279,11 +279,20 @@ impl TestControl {
         panic!("no outbound message contained {needle:?}");
     }
 
-    /// Asserts no outbound message arrives within `wait`.
-    pub async fn no_out(&self, wait: Duration) {
-        if let Some(out) = self.try_next_out(wait).await {
-            panic!("unexpected outbound message: {:?}", out.text);
+    /// Sends a command from `user` that is answered at once, and returns every outbound message
+    /// before its answer. Chat messages are handled in order, so whatever the messages sent
+    /// before it caused is among them: a check that nothing happened needs no waiting.
+    pub async fn settle(&self, stream: &str, user: &str) -> Vec<pb::OutboundMessage> {
+        self.say(stream, user, "/task help").await;
+        let mut before = Vec::new();
+        for _ in 0..500 {
+            let out = self.next_out().await;
+            if out.text.contains("just reply here") {
+                return before;
+            }
+            before.push(out);
         }
+        panic!("the help command was not answered");
     }
 
     /// The next run job, acknowledged as a worker would.

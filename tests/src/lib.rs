@@ -177,10 +177,15 @@ impl Env {
 
     /// Starts `hark <args…>` with this installation's environment plus `extra`.
     pub fn spawn(&self, args: &[&str], extra: &[(&str, &str)]) -> Process {
+        self.spawn_named(&args.join("-"), args, extra)
+    }
+
+    /// Like [`Env::spawn`], logging to `<name>.log` (appended to across restarts).
+    pub fn spawn_named(&self, name: &str, args: &[&str], extra: &[(&str, &str)]) -> Process {
         // Each process logs to a file of its own; HARK_E2E_LOGS=inherit shows them inline.
         let log_dir = std::env::temp_dir().join("hark-e2e").join(&self.namespace);
         std::fs::create_dir_all(&log_dir).expect("log directory");
-        let log_path = log_dir.join(format!("{}.log", args.join("-")));
+        let log_path = log_dir.join(format!("{name}.log"));
         let (stdout, stderr) = if std::env::var("HARK_E2E_LOGS").as_deref() == Ok("inherit") {
             (Stdio::inherit(), Stdio::inherit())
         } else {
@@ -212,7 +217,7 @@ impl Env {
             log_path.display()
         );
         Process {
-            name: args.join(" "),
+            name: name.to_owned(),
             child,
             log: log_path,
         }
@@ -418,6 +423,11 @@ impl Process {
             .await
             .ok()
             .and_then(Result::ok)
+    }
+
+    /// Whether it is still running (it did not exit by itself or by a kill).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Sends SIGTERM and waits for a clean exit.

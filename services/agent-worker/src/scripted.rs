@@ -30,7 +30,8 @@ pub enum Action {
     /// Call any tool with these arguments.
     Call { name: String, arguments: Value },
     /// Give the final answer. `{answer}` is replaced by the content of the last tool result in
-    /// the conversation, `{goal}` by the goal.
+    /// the conversation, `{answers}` by every tool result in order, joined by `|`, and `{goal}`
+    /// by the goal.
     Say(String),
 }
 
@@ -461,7 +462,17 @@ async fn complete(
         }
         Action::Say(text) => {
             let answer = last_tool_result(&body).unwrap_or_default();
-            let text = text.replace("{answer}", &answer).replace("{goal}", &goal);
+            let answers: Vec<&str> = body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["role"] == "tool")
+                .filter_map(|m| m["content"].as_str())
+                .collect();
+            let text = text
+                .replace("{answers}", &answers.join("|"))
+                .replace("{answer}", &answer)
+                .replace("{goal}", &goal);
             json!({"role": "assistant", "content": text})
         }
     };

@@ -371,7 +371,10 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
             }
         }
     }
-    let ack_wait = Duration::from_secs(30);
+    // A message whose consumer died while it handled one comes back after this long: long
+    // enough for a handler that waits for a database, short enough that a person whose answer
+    // it was hardly notices.
+    let ack_wait = Duration::from_secs(15);
     ensure_consumer(
         js,
         &names.chat_in_stream(),
@@ -522,11 +525,11 @@ pub async fn ensure_consumer(
 }
 
 /// How long a message whose handling failed retryably waits before its `delivered`-th
-/// redelivery: 1 s, 2 s, 4 s, … up to a minute, so a consumer does not hammer a dependency that
-/// is down.
+/// redelivery: 1 s, 2 s, 4 s, … up to 10 s, so that a consumer does not hammer a dependency that
+/// is down, and a message is handled within seconds of it coming back.
 pub fn retry_delay(delivered: i64) -> Duration {
-    let exponent = u32::try_from(delivered.clamp(1, 7) - 1).unwrap_or(0);
-    (Duration::from_secs(1) * 2u32.pow(exponent)).min(Duration::from_secs(60))
+    let exponent = u32::try_from(delivered.clamp(1, 5) - 1).unwrap_or(0);
+    (Duration::from_secs(1) * 2u32.pow(exponent)).min(Duration::from_secs(10))
 }
 
 /// Acknowledges, redelivers later, or terminates a JetStream message, as its handling settled.

@@ -189,6 +189,7 @@ pub async fn post_message(
                     nanos: 0,
                 }),
                 message_id: inbound.message_id,
+                received_at: Some(crate::onebot::event::now()),
             },
             trace,
         )

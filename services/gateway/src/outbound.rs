@@ -43,7 +43,9 @@ pub async fn run<F, Fut>(
             Ok::<_, bus::Error>(bus::durable(
                 &hub.names.gateway_consumer(&platform, &bot_id)?,
                 hub.names.chat_out(&platform, &bot_id)?,
-                Duration::from_secs(60),
+                // A bot has `gateway.send_timeout` to confirm; a message pulled by a gateway
+                // that died meanwhile goes to the next one soon after.
+                hub.settings.send_timeout + Duration::from_secs(5),
                 -1,
             ))
         })();
@@ -150,7 +152,7 @@ where
         }
         Err(SendError::Retry(reason)) => {
             let delay =
-                Duration::from_secs(2u64.pow(attempt.min(6) as u32)).min(Duration::from_secs(60));
+                Duration::from_secs(2u64.pow(attempt.min(6) as u32)).min(Duration::from_secs(30));
             tracing::warn!(
                 id = outbound.id,
                 attempt,

@@ -283,6 +283,22 @@ async fn group_and_private_messages_are_normalised_the_same_from_cq_strings_and_
         .expect("third");
     assert_eq!(a.message_id, "1");
     assert_eq!(b.message_id, "2");
+    // Each was read at its own moment; the rest must be the same.
+    let read = |m: &pb::ChatMessage| m.received_at.is_some();
+    assert!(
+        read(&a) && read(&b) && read(&c),
+        "the gateway notes when it read each"
+    );
+    let (a, b) = (
+        pb::ChatMessage {
+            received_at: None,
+            ..a.clone()
+        },
+        pb::ChatMessage {
+            received_at: None,
+            ..b.clone()
+        },
+    );
     assert_eq!(
         pb::ChatMessage {
             message_id: String::new(),

@@ -169,7 +169,17 @@ fn message(value: &Value, platform: &str) -> Result<Frame, Error> {
         // Filled in by the gateway, which asks the bot (see `inbound`).
         quoted_text: String::new(),
         quoted_sender: String::new(),
+        received_at: Some(now()),
     })))
+}
+
+/// The time now, as the message's `received_at`.
+pub fn now() -> prost_types::Timestamp {
+    let now = time::OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: now.nanosecond() as i32,
+    }
 }
 
 /// What hark reads from a message's segments.
@@ -270,6 +280,9 @@ mod tests {
             )
             .expect("array"),
         );
+        let (mut cq, mut array) = (cq, array);
+        cq.received_at = None;
+        array.received_at = None;
         assert_eq!(cq, array);
         assert_eq!(cq.quoted_message_id, "555");
         assert!(cq.mentions_bot);

@@ -41,6 +41,8 @@ struct Inbound {
     quoted_text: String,
     quoted_sender: String,
     message_id: String,
+    /// When the gateway read it.
+    received_at: Option<time::OffsetDateTime>,
 }
 
 impl Inbound {
@@ -64,6 +66,12 @@ impl Inbound {
             quoted_text: msg.quoted_text,
             quoted_sender: msg.quoted_sender,
             message_id: msg.message_id,
+            received_at: msg.received_at.and_then(|t| {
+                time::OffsetDateTime::from_unix_timestamp_nanos(
+                    i128::from(t.seconds) * 1_000_000_000 + i128::from(t.nanos),
+                )
+                .ok()
+            }),
         })
     }
 
@@ -183,6 +191,7 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
         quoted: &inbound.quoted,
         quoted_text: &inbound.quoted_text,
         quoted_sender: &inbound.quoted_sender,
+        received_at: inbound.received_at,
     };
     let found = route::Found {
         open: &open,
@@ -203,6 +212,33 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             if let Some(question) = quoted.iter().chain(by_handle.iter()).find(|q| q.id == id) {
                 say(shared, inbound, &closed_text(question)).await;
             }
+            Ok(())
+        }
+        route::Route::QuotedClosed(handle) => {
+            let text = match store
+                .question_by_handle(&inbound.platform, inbound.stream.as_str(), &handle)
+                .await?
+            {
+                Some(question)
+                    if question
+                        .owner
+                        .is_sender(&inbound.platform, &inbound.user_id) =>
+                {
+                    closed_text(&question)
+                }
+                _ => return Ok(()),
+            };
+            say(shared, inbound, &text).await;
+            Ok(())
+        }
+        route::Route::TooLate => {
+            let handles: Vec<String> = open.iter().map(|q| format!("#{}", q.handle)).collect();
+            let text = format!(
+                "Your message reached me after the question it answered had closed, so it was not \
+                 passed on. To answer what is open now ({}), reply again.",
+                handles.join(", ")
+            );
+            say(shared, inbound, &text).await;
             Ok(())
         }
         route::Route::AskWhich => {

@@ -4,9 +4,13 @@
 //! or, when hark never learnt that copy's id, the question the quoted text names (`#a3f9`);
 //! (b) a `#handle` the message starts with; (c) the sender's oldest open question in the chat.
 //! A quote hark cannot match is never sent to the oldest question while several are open: the
-//! sender is asked which one they mean. Only the question's owner answers it.
+//! sender is asked which one they mean. A `#handle` of the sender's question that is closed is
+//! told so, never passed to another question. A reply the gateway read before a question was
+//! asked never answers that question without naming it, however late it reaches task-control
+//! (after an outage, say): it was written for an earlier one. Only the question's owner answers.
 
-use hark_core::domain::{Handle, QuestionId, TaskId};
+use hark_core::domain::{Handle, QuestionId};
+use time::OffsetDateTime;
 
 use crate::store::QuestionRow;
 
@@ -23,6 +27,8 @@ pub struct Message<'a> {
     /// The quoted message's text and author, when the platform told.
     pub quoted_text: &'a str,
     pub quoted_sender: &'a str,
+    /// When the gateway read it, if it said.
+    pub received_at: Option<OffsetDateTime>,
 }
 
 /// What the store found for a message.
@@ -43,6 +49,10 @@ pub enum Route {
     Answer { question: QuestionId, text: String },
     /// It is meant for a question that is closed: say so.
     Closed(QuestionId),
+    /// It quotes a copy of the question with this handle, which is not open any more.
+    QuotedClosed(String),
+    /// It was read before every open question was asked: it answered an earlier one.
+    TooLate,
     /// It quotes something that matches no question while several are open: ask which.
     AskWhich,
     /// It is not an answer.
@@ -62,6 +72,13 @@ pub fn route(message: &Message<'_>, found: &Found<'_>) -> Route {
         question: question.id,
         text: text.trim().to_owned(),
     };
+    // Only questions asked by the time the gateway read the message can be what it answers
+    // without naming one.
+    let candidates: Vec<&QuestionRow> = found
+        .open
+        .iter()
+        .filter(|q| message.asked_in_time(q))
+        .collect();
     // (a) A quote.
     if !message.quoted.is_empty() {
         if let Some(question) = found.quoted {
@@ -71,15 +88,19 @@ pub fn route(message: &Message<'_>, found: &Found<'_>) -> Route {
                 _ => answer(question, message.text),
             };
         }
-        // A copy of a question whose id hark never learnt still names its handle and task.
+        // A copy of a question whose id hark never learnt still names its handle.
         let from_the_bot =
             message.quoted_sender.is_empty() || message.quoted_sender == message.bot_id;
-        if from_the_bot && let Some(question) = named_in(message.quoted_text, found.open) {
-            return answer(question, message.text);
+        if from_the_bot && let Some(handle) = handle_in(message.quoted_text) {
+            return match found.open.iter().find(|q| q.handle == handle) {
+                Some(question) => answer(question, message.text),
+                None => Route::QuotedClosed(handle),
+            };
         }
-        return match found.open {
-            [] => Route::Ignore,
-            [only] => answer(only, message.text),
+        return match (found.open, candidates.as_slice()) {
+            ([], _) => Route::Ignore,
+            (_, []) => Route::TooLate,
+            ([_], [only]) => answer(only, message.text),
             _ => Route::AskWhich,
         };
     }
@@ -88,56 +109,44 @@ pub fn route(message: &Message<'_>, found: &Found<'_>) -> Route {
         if let Some(question) = found.open.iter().find(|q| q.handle == handle.as_str()) {
             return answer(question, rest);
         }
+        // It names a question of theirs that is closed: never another one instead.
         if let Some(question) = found.by_handle
             && message.may_answer(question)
-            && found.open.is_empty()
         {
             return Route::Closed(question.id);
         }
     }
-    // (c) The oldest open question.
-    match found.open.first() {
-        Some(question) => answer(question, message.text),
-        None => Route::Ignore,
+    // (c) The oldest open question asked by the time the message was read.
+    match (found.open.first(), candidates.first()) {
+        (None, _) => Route::Ignore,
+        (Some(_), None) => Route::TooLate,
+        (Some(_), Some(question)) => answer(question, message.text),
     }
 }
 
-/// The open question a quoted question text names: by its `#handle`, else by its task.
-fn named_in<'a>(text: &str, open: &'a [QuestionRow]) -> Option<&'a QuestionRow> {
-    if text.is_empty() {
-        return None;
+impl Message<'_> {
+    /// Whether `question` was asked by the time the gateway read this message. A question is
+    /// asked before its chat message is sent, and a person needs far longer to reply than
+    /// clocks kept by NTP disagree, so a reply to it is always read after it was asked.
+    fn asked_in_time(&self, question: &QuestionRow) -> bool {
+        self.received_at
+            .is_none_or(|read| question.asked_at <= read)
     }
-    let lower = text.to_ascii_lowercase();
-    open.iter()
-        .find(|q| {
-            lower
-                .match_indices(&format!("#{}", q.handle))
-                .any(|(at, m)| {
-                    // The handle ends there: the next character is not a letter or digit.
-                    !lower[at + m.len()..]
-                        .chars()
-                        .next()
-                        .is_some_and(|c| c.is_ascii_alphanumeric())
-                })
-        })
-        .or_else(|| {
-            let mut named = open
-                .iter()
-                .filter(|q| lower.contains(&format!("task {}", short(q.task_id))));
-            // A task named once; several questions of it cannot be open together.
-            named.next().filter(|_| named.next().is_none())
-        })
 }
 
-fn short(task: TaskId) -> String {
-    task.short()
+/// The handle a question message shows (`[task 1a2b3c4d · #a3f9] …`), if the text is one.
+fn handle_in(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once(" · #")?;
+    let (handle, _) = rest.split_once(']')?;
+    handle.parse::<Handle>().ok().map(|h| h.as_str().to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hark_core::domain::{Owner, QuestionOutcome};
-    use time::OffsetDateTime;
+    use std::time::Duration;
+
+    use hark_core::domain::{Owner, QuestionOutcome, TaskId};
 
     fn question(handle: &str, owner: &str, outcome: QuestionOutcome) -> QuestionRow {
         QuestionRow {
@@ -174,6 +183,7 @@ mod tests {
             quoted,
             quoted_text,
             quoted_sender: "",
+            received_at: Some(OffsetDateTime::now_utc() + Duration::from_secs(5)),
         }
     }
 
@@ -210,20 +220,27 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(route(&message("blue", "m-9", ""), &found), Route::AskWhich);
-        // Unless the quoted text says which: the question's handle, or its task.
+        // Unless the quoted text says which: the question's handle.
         let text = format!("[task {} · #bbbb] question bbbb?", open[1].task_id.short());
         let by_handle = route(&message("blue", "m-9", &text), &found);
         assert_eq!(answered(&by_handle), Some((open[1].id, "blue")));
-        let text = format!("[task {} · #zzzz] old copy", open[0].task_id.short());
-        let by_task = route(&message("red", "m-8", &text), &found);
-        assert_eq!(answered(&by_task), Some((open[0].id, "red")));
-        // A handle that merely starts like another one does not match.
+        // A copy of a question of the same task that is closed names that one, never the task's
+        // open question.
+        let text = format!(
+            "[task {} · #cccc] an earlier question",
+            open[0].task_id.short()
+        );
         assert_eq!(
-            route(&message("blue", "m-9", "#bbbbb and more"), &found),
+            route(&message("red", "m-8", &text), &found),
+            Route::QuotedClosed("cccc".into())
+        );
+        // Text that is not a question message names nothing.
+        assert_eq!(
+            route(&message("blue", "m-9", "#bbbb and more"), &found),
             Route::AskWhich
         );
         // Text quoted from someone else's message names nothing.
-        let mut from_someone = message("blue", "m-9", "#bbbb");
+        let mut from_someone = message("blue", "m-9", &text);
         from_someone.quoted_sender = "555";
         assert_eq!(route(&from_someone, &found), Route::AskWhich);
     }
@@ -266,6 +283,38 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_read_before_a_question_was_asked_never_answers_it() {
+        let open = [question("bbbb", "qq:100", QuestionOutcome::Open)];
+        let found = Found {
+            open: &open,
+            ..Default::default()
+        };
+        // Read ten seconds before the question existed (it waited out an outage since).
+        let mut late = message("meant for the first question", "", "");
+        late.received_at = Some(open[0].asked_at - Duration::from_secs(10));
+        assert_eq!(route(&late, &found), Route::TooLate);
+        let mut late_quote = late;
+        late_quote.quoted = "unknown";
+        assert_eq!(route(&late_quote, &found), Route::TooLate);
+        // Naming the question explicitly still answers it.
+        let mut named = message("#bbbb yes", "", "");
+        named.received_at = late.received_at;
+        assert_eq!(answered(&route(&named, &found)), Some((open[0].id, "yes")));
+        // Two replies read in a row, the second just before the next question was asked (the
+        // first answered the one before): the second was not written for this one.
+        let mut second = message("the first answer again", "", "");
+        second.received_at = Some(open[0].asked_at - Duration::from_millis(20));
+        assert_eq!(route(&second, &found), Route::TooLate);
+        // Read just after it was asked, it answers it.
+        let mut after = message("just in time", "", "");
+        after.received_at = Some(open[0].asked_at + Duration::from_millis(1));
+        assert_eq!(
+            answered(&route(&after, &found)),
+            Some((open[0].id, "just in time"))
+        );
+    }
+
+    #[test]
     fn a_handle_picks_its_question_and_otherwise_the_oldest_answers() {
         let open = [
             question("aaaa", "qq:100", QuestionOutcome::Open),
@@ -283,16 +332,28 @@ mod tests {
             answered(&route(&message("one", "", ""), &found)),
             Some((open[0].id, "one"))
         );
-        // A handle of a closed question, with nothing open, is told it is closed.
+        // A handle of a closed question is told it is closed, even while others are open: the
+        // sender named that one.
         let closed = question("eeee", "qq:100", QuestionOutcome::Answered);
+        for open in [&[][..], &open[..]] {
+            let found = Found {
+                open,
+                quoted: None,
+                by_handle: Some(&closed),
+            };
+            assert_eq!(
+                route(&message("#eeee again", "", ""), &found),
+                Route::Closed(closed.id)
+            );
+        }
+        // Text that merely starts like a handle, naming nothing known, is a plain answer.
         let found = Found {
-            open: &[],
-            quoted: None,
-            by_handle: Some(&closed),
+            open: &open,
+            ..Default::default()
         };
         assert_eq!(
-            route(&message("#eeee again", "", ""), &found),
-            Route::Closed(closed.id)
+            answered(&route(&message("#1 priority: fix it", "", ""), &found)),
+            Some((open[0].id, "#1 priority: fix it"))
         );
         assert_eq!(
             route(&message("hello", "", ""), &Found::default()),

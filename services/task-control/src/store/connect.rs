@@ -1,6 +1,13 @@
 //! Connecting to Postgres, creating the database when it does not exist, and migrating it.
 
-use std::str::FromStr;
+use std::{
+    str::FromStr,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use sqlx::{
     AssertSqlSafe, ConnectOptions, Connection, PgPool,
@@ -21,6 +28,16 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         // A ping before every use would add a round trip to every query on the resume path; a
         // connection that died is noticed by the query itself, which fails as retryable.
         .test_before_acquire(false)
+        // After a connection was found dead, the ones that were made before are pinged before
+        // use for a while, so a database restart costs one failed call, not one per connection.
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if !made_before_a_loss(meta.age) {
+                    return Ok(true);
+                }
+                Ok(conn.ping().await.is_ok())
+            })
+        })
         .connect_with(
             options
                 // Each statement is planned once per connection (and again when its tables'
@@ -31,6 +48,45 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         )
         .await?;
     Ok(pool)
+}
+
+/// How long after a lost connection the older ones are pinged before use.
+const SUSPECT_FOR: Duration = Duration::from_secs(30);
+
+/// When a call last failed because its connection or the server was away, in milliseconds since
+/// [`process_clock`] started (0: never).
+static LAST_LOSS: AtomicU64 = AtomicU64::new(0);
+
+fn process_clock() -> Duration {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
+}
+
+/// Remembers that `error` lost a connection, if it did.
+pub(super) fn note(error: &sqlx::Error) {
+    if matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::WorkerCrashed
+    ) {
+        // Never 0, which means "no loss yet".
+        let now = process_clock().as_millis() as u64 + 1;
+        LAST_LOSS.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+/// Whether a connection of this age was made before the last loss, and that loss is recent.
+fn made_before_a_loss(age: Duration) -> bool {
+    let lost = LAST_LOSS.load(Ordering::Relaxed);
+    if lost == 0 {
+        return false;
+    }
+    let now = process_clock();
+    let lost = Duration::from_millis(lost);
+    now.saturating_sub(lost) < SUSPECT_FOR && now.saturating_sub(age) <= lost
 }
 
 /// Runs the embedded migrations, then analyzes the tables that never had statistics. Safe to run

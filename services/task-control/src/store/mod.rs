@@ -68,7 +68,7 @@ use hark_core::{
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error("cannot migrate the database: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(
@@ -151,6 +151,13 @@ impl hark_core::error::Classified for Error {
             Error::Busy(_) => Kind::Unavailable,
             Error::Internal(_) => Kind::Internal,
         }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        connect::note(&error);
+        Error::Database(error)
     }
 }
 

@@ -14,9 +14,10 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use super::{Error, Store};
 
 /// hark's tables.
-const TABLES: [&str; 7] = [
+const TABLES: [&str; 8] = [
     "tasks",
     "questions",
+    "question_messages",
     "checkpoints",
     "transitions",
     "instructions",

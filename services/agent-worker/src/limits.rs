@@ -23,16 +23,8 @@ pub fn cut(text: &str, max: usize) -> String {
         "\n[hark cut this: it was {} bytes, more than the {max} kept]",
         text.len()
     );
-    let keep = floor_char_boundary(text, max.saturating_sub(note.len()));
+    let keep = hark_core::domain::text::floor_char_boundary(text, max.saturating_sub(note.len()));
     format!("{}{note}", &text[..keep])
-}
-
-fn floor_char_boundary(text: &str, at: usize) -> usize {
-    let mut at = at.min(text.len());
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
 }
 
 /// Cuts the longest strings of `value` until its JSON takes at most `budget` bytes; returns

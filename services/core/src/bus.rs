@@ -316,6 +316,7 @@ impl Names {
             // memory, for an hour.
             stream::Config {
                 max_messages_per_subject: 100,
+                max_bytes: 256 * 1024 * 1024,
                 storage: StorageType::Memory,
                 ..base(
                     self.task_events_stream(),

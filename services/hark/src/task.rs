@@ -95,6 +95,12 @@ enum TaskCommand {
         /// Idempotency key: the same key applies the answer once.
         #[arg(long)]
         request_id: Option<String>,
+        /// Then wait until the task asks its next question or ends, and show that.
+        #[arg(long)]
+        wait: bool,
+        /// The longest wait, in seconds (at most 300).
+        #[arg(long, default_value_t = 30)]
+        wait_timeout: u32,
     },
     /// Tell a task something: a running task sees it at its next round, a waiting one on resume.
     Tell {
@@ -434,6 +440,8 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             question,
             answerer,
             request_id,
+            wait,
+            wait_timeout,
         } => {
             let (question_id, task_id) = if question {
                 (id, String::new())
@@ -447,15 +455,35 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     answer: joined(&text),
                     answerer: answerer.unwrap_or_default(),
                     request_id: request_id.unwrap_or_default(),
+                    wait: if wait {
+                        pb::AnswerWait::NextQuestionOrEnd as i32
+                    } else {
+                        pb::AnswerWait::None as i32
+                    },
+                    wait_timeout_ms: wait_timeout.saturating_mul(1000),
                 })
                 .await
                 .map_err(explain)?
                 .into_inner();
             let task = answered.task.context("the server returned no task")?;
             if json_out {
-                println!("{}", task_json(&task));
+                let mut value = task_json(&task);
+                if let Some(event) = &answered.event {
+                    value["next"] = event_json(event);
+                }
+                if answered.wait_timed_out {
+                    value["wait_timed_out"] = json!(true);
+                }
+                println!("{value}");
             } else {
                 println!("answered; task {} is {}", task.id, state_name(task.state));
+                match &answered.event {
+                    Some(event) => print_event(event),
+                    None if answered.wait_timed_out => {
+                        println!("the task neither asked again nor ended within {wait_timeout} s")
+                    }
+                    None => {}
+                }
             }
         }
         TaskCommand::Tell { id, text, author } => {
@@ -489,19 +517,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner();
             while let Some(event) = events.message().await.map_err(explain)? {
                 if json_out {
-                    println!(
-                        "{}",
-                        json!({"task_id": event.task_id, "state": state_name(event.state), "generation": event.generation,
-                               "cause": event.cause, "at": time_of(&event.at)})
-                    );
+                    println!("{}", event_json(&event));
                 } else {
-                    println!(
-                        "{}  {:<13}  generation {:<3}  ({})",
-                        time_of(&event.at),
-                        state_name(event.state),
-                        event.generation,
-                        event.cause
-                    );
+                    print_event(&event);
                 }
             }
         }
@@ -538,4 +556,38 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn event_json(event: &pb::TaskEvent) -> serde_json::Value {
+    let mut value = json!({"task_id": event.task_id, "state": state_name(event.state),
+        "generation": event.generation, "cause": event.cause, "at": time_of(&event.at)});
+    if !event.result.is_empty() {
+        value["result"] = json!(event.result);
+    }
+    if !event.error.is_empty() {
+        value["error"] = json!(event.error);
+    }
+    if let Some(q) = &event.question {
+        value["question"] = question_json(q);
+    }
+    value
+}
+
+fn print_event(event: &pb::TaskEvent) {
+    println!(
+        "{}  {:<13}  generation {:<3}  ({})",
+        time_of(&event.at),
+        state_name(event.state),
+        event.generation,
+        event.cause
+    );
+    if let Some(q) = &event.question {
+        println!("  asks #{}: {}", q.handle, q.text);
+    }
+    if !event.result.is_empty() {
+        println!("  result: {}", event.result);
+    }
+    if !event.error.is_empty() {
+        println!("  error: {}", event.error);
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::{pin::Pin, time::Duration};
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt as _};
 use hark_core::{
     bus,
     domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, text},
@@ -166,19 +166,15 @@ fn page_size(size: u32) -> i64 {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TaskEvent, Status>> + Send + 'static>>;
 
-/// How long a watch waits for an event before it looks at the task row itself.
-const WATCH_RECHECK: Duration = Duration::from_secs(15);
+/// The longest an answer waits for what the task does next, and the wait when none is given.
+const MAX_ANSWER_WAIT: Duration = Duration::from_secs(300);
+const DEFAULT_ANSWER_WAIT: Duration = Duration::from_secs(30);
 
-/// The event that says where a task stands now.
-fn row_event(row: &store::TaskRow) -> pb::TaskEvent {
-    pb::TaskEvent {
-        version: hark_proto::WIRE_VERSION,
-        task_id: row.id.to_string(),
-        state: row.state.to_proto() as i32,
-        generation: row.generation as u64,
-        cause: "current".into(),
-        at: Some(convert::timestamp(row.updated_at)),
-    }
+/// The most tasks one `WatchTasks` names.
+const MAX_WATCHED_IDS: usize = 1000;
+
+fn too_many(e: crate::watchers::TooMany) -> Status {
+    status(Kind::Exhausted, e.to_string())
 }
 
 #[tonic::async_trait]
@@ -373,6 +369,23 @@ impl TaskService for Api {
                 answerer.to_string()
             }
         };
+        let wait = match pb::AnswerWait::try_from(request.wait) {
+            Ok(pb::AnswerWait::None) => None,
+            Ok(pb::AnswerWait::NextQuestionOrEnd) => Some(match request.wait_timeout_ms {
+                0 => DEFAULT_ANSWER_WAIT,
+                ms => Duration::from_millis(ms.into()).min(MAX_ANSWER_WAIT),
+            }),
+            Err(_) => return Err(invalid("wait", format!("{} is not a wait", request.wait))),
+        };
+        // Watched before the answer is applied when the task is known, so that nothing it does
+        // next can come before the watch; a question named by id is watched once its task is
+        // known, and its row is looked at then.
+        let early_watch = match (wait, target) {
+            (Some(_), Target::OpenOf(task)) => {
+                Some(self.shared.watchers.watch(task).map_err(too_many)?)
+            }
+            _ => None,
+        };
         let answer = Answer {
             answerer,
             text,
@@ -399,10 +412,24 @@ impl TaskService for Api {
             }
             Err(e) => return Err(status_of(e)),
         };
-        Ok(Response::new(pb::AnswerQuestionResponse {
+        let mut response = pb::AnswerQuestionResponse {
             task: Some(convert::task(&task, None)),
             question: Some(convert::question(&question)),
-        }))
+            ..Default::default()
+        };
+        if let Some(timeout) = wait {
+            let watch = match early_watch {
+                Some(watch) => watch,
+                None => self.shared.watchers.watch(task.id).map_err(too_many)?,
+            };
+            let event =
+                crate::events::next_question_or_end(store, watch, &task, question.id, timeout)
+                    .await
+                    .map_err(status_of)?;
+            response.wait_timed_out = event.is_none();
+            response.event = event;
+        }
+        Ok(Response::new(response))
     }
 
     #[tracing::instrument(skip_all)]
@@ -445,7 +472,6 @@ impl TaskService for Api {
         let reference = task_ref("task_id", &request.get_ref().task_id)?;
         let watchers = &self.shared.watchers;
         let store = self.shared.store.clone();
-        let too_many = |e: crate::watchers::TooMany| status(Kind::Exhausted, e.to_string());
         // One read of the task. A full id is watched before that read, so that no change falls
         // between the two; a prefix must be read to be known, and a change in the moment before
         // its watch starts is caught by the periodic look at the row.
@@ -459,10 +485,13 @@ impl TaskService for Api {
                 (watchers.watch(row.id).map_err(too_many)?, row)
             }
         };
+        let first = crate::events::current(&store, &current)
+            .await
+            .map_err(status_of)?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         tokio::spawn(async move {
             let mut last = current.generation as u64;
-            if tx.send(Ok(row_event(&current))).await.is_err() || current.state.is_terminal() {
+            if tx.send(Ok(first)).await.is_err() || current.state.is_terminal() {
                 return;
             }
             loop {
@@ -475,8 +504,13 @@ impl TaskService for Api {
                         Some(event) => event,
                         None => return,
                     },
-                    _ = tokio::time::sleep(WATCH_RECHECK) => match store.get_task(current.id).await {
-                        Ok(row) if row.generation as u64 > last => row_event(&row),
+                    _ = tokio::time::sleep(crate::events::RECHECK) => match store.get_task(current.id).await {
+                        Ok(row) if row.generation as u64 > last => {
+                            match crate::events::current(&store, &row).await {
+                                Ok(event) => event,
+                                Err(_) => continue,
+                            }
+                        }
                         _ => continue,
                     },
                 };
@@ -495,6 +529,56 @@ impl TaskService for Api {
         });
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    type WatchTasksStream =
+        Pin<Box<dyn Stream<Item = Result<pb::WatchTasksResponse, Status>> + Send + 'static>>;
+
+    #[tracing::instrument(skip_all)]
+    async fn watch_tasks(
+        &self,
+        request: Request<pb::WatchTasksRequest>,
+    ) -> Result<Response<Self::WatchTasksStream>, Status> {
+        let request = request.into_inner();
+        if request.task_ids.len() > MAX_WATCHED_IDS {
+            return Err(invalid(
+                "task_ids",
+                format!(
+                    "{} ids, more than the {MAX_WATCHED_IDS} one stream may watch",
+                    request.task_ids.len()
+                ),
+            ));
+        }
+        let filter = crate::events::Filter {
+            owner: owner_field("owner", &request.owner)?,
+            states: request
+                .states
+                .iter()
+                .map(|s| {
+                    pb::TaskState::try_from(*s)
+                        .ok()
+                        .and_then(TaskState::from_proto)
+                        .ok_or_else(|| invalid("states", format!("{s} is not a task state")))
+                })
+                .collect::<Result<_, _>>()?,
+            tasks: request
+                .task_ids
+                .iter()
+                .map(|id| id.parse::<TaskId>().map_err(|e| invalid("task_ids", e)))
+                .collect::<Result<_, _>>()?,
+        };
+        let resume = key_field("resume_token", &request.resume_token)?;
+        let slot = self.shared.watchers.slot().map_err(too_many)?;
+        let events = crate::events::watch_many(&self.shared, filter, resume.as_deref(), slot)
+            .await
+            .map_err(|e| match e {
+                crate::events::WatchError::BadToken => Status::invalid_argument(e.to_string()),
+                crate::events::WatchError::Gone => Status::out_of_range(e.to_string()),
+                crate::events::WatchError::Unavailable(_) => Status::unavailable(e.to_string()),
+            })?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(events).map(Ok),
         )))
     }
 
@@ -639,6 +723,16 @@ impl TaskService for Starting {
         &self,
         _: Request<pb::ListQuestionsRequest>,
     ) -> Result<Response<pb::ListQuestionsResponse>, Status> {
+        Err(starting())
+    }
+
+    type WatchTasksStream =
+        Pin<Box<dyn Stream<Item = Result<pb::WatchTasksResponse, Status>> + Send + 'static>>;
+
+    async fn watch_tasks(
+        &self,
+        _: Request<pb::WatchTasksRequest>,
+    ) -> Result<Response<Self::WatchTasksStream>, Status> {
         Err(starting())
     }
 }

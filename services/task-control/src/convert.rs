@@ -3,7 +3,40 @@
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
+use hark_core::domain::TaskState;
+
 use crate::store::{ChatRoute, Instruction, QuestionRow, TaskRow};
+
+/// The most of a task's output an event carries; beyond it the event says it was cut.
+pub const EVENT_RESULT_MAX: usize = 64 * 1024;
+
+/// The event that says where `row` stands, caused by `cause`, with what changed: the output
+/// when it completed, the error when it failed or was cancelled, and `question` when it waits.
+pub fn event(row: &TaskRow, cause: &str, question: Option<pb::Question>) -> pb::TaskEvent {
+    let (result, result_truncated) = match (&row.result, row.state) {
+        (Some(result), TaskState::Completed) => {
+            let cut = hark_core::domain::text::floor_char_boundary(result, EVENT_RESULT_MAX);
+            (result[..cut].to_owned(), cut < result.len())
+        }
+        _ => (String::new(), false),
+    };
+    pb::TaskEvent {
+        version: hark_proto::WIRE_VERSION,
+        task_id: row.id.to_string(),
+        state: row.state.to_proto() as i32,
+        generation: row.generation as u64,
+        cause: cause.to_owned(),
+        at: Some(timestamp(row.updated_at)),
+        owner: row.owner.to_string(),
+        result,
+        result_truncated,
+        error: match row.state {
+            TaskState::Failed | TaskState::Cancelled => row.error.clone().unwrap_or_default(),
+            _ => String::new(),
+        },
+        question: question.filter(|_| row.state == TaskState::WaitingInput),
+    }
+}
 
 pub fn timestamp(t: OffsetDateTime) -> prost_types::Timestamp {
     prost_types::Timestamp {

@@ -8,13 +8,15 @@
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
 //! - [`render`] writes the short texts hark puts into chats.
-//! - [`watchers`] hands task events to the `WatchTask` streams of this process.
+//! - [`watchers`] hands task events to the `WatchTask` streams of this process; [`events`] says
+//!   what a task's event carries, waits for the next one after an answer, and streams many tasks'.
 
 pub mod api;
 pub mod app;
 pub mod chat;
 pub mod control;
 pub mod convert;
+pub mod events;
 pub mod render;
 pub mod shared;
 pub mod store;

@@ -62,7 +62,32 @@ impl Drop for Watch {
     }
 }
 
+/// A place among the watchers taken by a stream of many tasks' events, given back when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    watchers: Arc<Watchers>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.watchers.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl Watchers {
+    /// Takes a place for a stream of many tasks, unless the limit is reached.
+    pub fn slot(self: &Arc<Self>) -> Result<Slot, TooMany> {
+        let _by_task = self.lock();
+        let count = self.count.load(Ordering::Relaxed);
+        if count >= self.max {
+            return Err(TooMany(count));
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        Ok(Slot {
+            watchers: self.clone(),
+        })
+    }
+
     pub fn new(max: u64) -> Arc<Self> {
         Arc::new(Self {
             by_task: Mutex::default(),

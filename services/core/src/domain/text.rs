@@ -21,6 +21,15 @@ pub enum TextError {
     Control,
 }
 
+/// The largest index at most `at` that starts a character of `text`: where to cut it.
+pub fn floor_char_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
 /// A text, trimmed, that is not empty, not longer than `max` bytes and has no NUL.
 pub fn text(value: &str, max: usize) -> Result<&str, TextError> {
     let trimmed = value.trim();

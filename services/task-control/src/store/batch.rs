@@ -8,7 +8,8 @@
 use std::{sync::Mutex, time::Duration};
 
 use futures_util::future::BoxFuture;
-use hark_core::domain::{Event, QuestionId, TaskId, TaskState};
+use hark_core::domain::{Event, QuestionId, TaskId};
+use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
 
@@ -169,13 +170,12 @@ pub(super) enum Created {
     NotInserted,
 }
 
-/// A task to create, with its id and the run job and event that announce it.
+/// A task to create, with its id and the run job that starts it.
 #[derive(Debug)]
 pub(super) struct CreateRequest {
     pub(super) id: TaskId,
     pub(super) new: NewTask,
     pub(super) job: OutboxMessage,
-    pub(super) event: OutboxMessage,
 }
 
 /// An answer to apply: the task moves from `waiting_input` at `generation` back to `pending`,
@@ -208,6 +208,25 @@ pub(super) struct AskRequest {
     pub(super) question: QuestionId,
     pub(super) handle: String,
     pub(super) outbox: Vec<OutboxMessage>,
+}
+
+impl AskRequest {
+    /// The question this ask created, as the task that won it holds it.
+    fn asked(&self, task: &TaskRow, deadline: Option<time::OffsetDateTime>) -> pb::Question {
+        pb::Question {
+            id: self.question.to_string(),
+            task_id: task.id.to_string(),
+            handle: self.handle.clone(),
+            text: self.input.question.clone(),
+            context: self.input.context.clone(),
+            owner: task.owner.to_string(),
+            chat: task.chat().map(|c| crate::convert::route(&c)),
+            outcome: pb::QuestionOutcome::Open as i32,
+            asked_at: Some(crate::convert::timestamp(task.updated_at)),
+            deadline: deadline.map(crate::convert::timestamp),
+            ..Default::default()
+        }
+    }
 }
 
 /// How an ask was decided.
@@ -374,15 +393,7 @@ impl Store {
             .await?;
         let events = rows
             .iter()
-            .map(|r| {
-                let task = &r.row.task;
-                self.event_msg(
-                    task.id,
-                    TaskState::Running,
-                    task.generation,
-                    Event::Claim.as_str(),
-                )
-            })
+            .map(|r| self.event_msg(&r.row.task, Event::Claim.as_str(), None))
             .collect();
         self.published(events);
         Ok(in_order(batch.len(), cas_rows(rows)))
@@ -455,12 +466,7 @@ impl Store {
             if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
                 sent.extend(request.outbox.iter().cloned());
             }
-            sent.push(self.event_msg(
-                task.id,
-                TaskState::Completed,
-                task.generation,
-                Event::Finish.as_str(),
-            ));
+            sent.push(self.event_msg(task, Event::Finish.as_str(), None));
         }
         self.published(sent);
         Ok(in_order(batch.len(), cas_rows(rows)))
@@ -548,7 +554,7 @@ impl Store {
         for row in rows {
             if let Some(i) = batch.iter().position(|r| r.id == row.id) {
                 sent.push(batch[i].job.clone());
-                sent.push(batch[i].event.clone());
+                sent.push(self.event_msg(&row, "create", None));
                 created[i] = Created::New(Box::new(row));
             }
         }
@@ -664,12 +670,7 @@ impl Store {
         for (request, task) in batch.iter().zip(&won) {
             if let Some(task) = task {
                 sent.push(request.job.clone());
-                sent.push(self.event_msg(
-                    task.id,
-                    TaskState::Pending,
-                    task.generation,
-                    Event::Answer.as_str(),
-                ));
+                sent.push(self.event_msg(task, Event::Answer.as_str(), None));
             }
         }
         self.published(sent);
@@ -782,15 +783,12 @@ impl Store {
         let mut sent = Vec::new();
         for r in &rows {
             let task = &r.row.task;
-            if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
-                sent.extend(request.outbox.iter().cloned());
-            }
-            sent.push(self.event_msg(
-                task.id,
-                TaskState::WaitingInput,
-                task.generation,
-                Event::Ask.as_str(),
-            ));
+            let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) else {
+                continue;
+            };
+            sent.extend(request.outbox.iter().cloned());
+            let question = request.asked(task, r.row.asked_deadline);
+            sent.push(self.event_msg(task, Event::Ask.as_str(), Some(question)));
         }
         self.published(sent);
         Ok(in_order(batch.len(), cas_rows(rows))

@@ -188,34 +188,18 @@ impl<'a> Cas<'a> {
     }
 }
 
-fn now_ts() -> prost_types::Timestamp {
-    let now = OffsetDateTime::now_utc();
-    prost_types::Timestamp {
-        seconds: now.unix_timestamp(),
-        nanos: now.nanosecond() as i32,
-    }
-}
-
 impl Store {
+    /// The event of a move that won: `row` as it is now, `cause`, and the question it waits on.
     pub(super) fn event_msg(
         &self,
-        task: TaskId,
-        state: TaskState,
-        generation: i64,
+        row: &TaskRow,
         cause: &str,
+        question: Option<pb::Question>,
     ) -> OutboxMessage {
-        let event = pb::TaskEvent {
-            task_id: task.to_string(),
-            state: state.to_proto() as i32,
-            generation: generation as u64,
-            cause: cause.to_owned(),
-            at: Some(now_ts()),
-            ..Default::default()
-        };
         OutboxMessage {
-            subject: self.names.task_event(task),
-            msg_id: Names::task_event_msg_id(task, generation as u64),
-            payload: codec::encode(event),
+            subject: self.names.task_event(row.id),
+            msg_id: Names::task_event_msg_id(row.id, row.generation as u64),
+            payload: codec::encode(crate::convert::event(row, cause, question)),
             durable: false,
             trace: hark_core::trace::outgoing(),
         }
@@ -313,20 +297,15 @@ impl Store {
     ) -> Result<Option<CasRow>, Error> {
         let to = transition(change.from, change.event)
             .map_err(|e| Error::wrong_state(change.task, e))?;
-        change.outbox.push(self.event_msg(
-            change.task,
-            to,
-            change.generation + 1,
-            change.event.as_str(),
-        ));
         let outbox = std::mem::take(&mut change.outbox);
         let mut s = Statement::default();
         let sql = cas_sql(&mut s, &change, to, &outbox);
         let row = sqlx::query_as_with::<_, CasRow, _>(AssertSqlSafe(sql), s.arguments()?)
             .fetch_optional(&mut *conn)
             .await?;
-        if row.is_some() {
+        if let Some(row) = &row {
             sent.extend(outbox);
+            sent.push(self.event_msg(&row.task, change.event.as_str(), None));
         }
         Ok(row)
     }
@@ -378,7 +357,6 @@ impl Store {
                 id,
                 new: new.clone(),
                 job: self.run_msg(id, 1, pb::RunReason::Start),
-                event: self.event_msg(id, TaskState::Pending, 1, "create"),
             })
             .await?;
         if let super::batch::Created::New(task) = created {

@@ -1,0 +1,347 @@
+//! What clients that wait on people are told: the event that says where a task stands now, the
+//! wait of an answer for what the task does next, and the stream of many tasks' events that a
+//! resume token continues.
+//!
+//! Events are published once each task's move committed, so a `GetTask` made after an event
+//! arrived reads that move or a later one: there is one database, and every read goes to it.
+
+use std::{collections::HashSet, time::Duration};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
+use futures_util::StreamExt;
+use hark_core::{
+    codec,
+    domain::{Owner, QuestionId, TaskId, TaskState},
+};
+use hark_proto::v1 as pb;
+use tokio::sync::mpsc;
+
+use crate::{
+    convert,
+    shared::Shared,
+    store::{self, Store, TaskRow},
+    watchers::{Slot, Watch},
+};
+
+/// How long a wait looks for an event before it looks at the task row itself: events are
+/// published best effort, and a lost one must not make a watcher wait for ever.
+pub const RECHECK: Duration = Duration::from_secs(15);
+
+/// The event that says where `row` stands now, with the question it waits on.
+pub async fn current(store: &Store, row: &TaskRow) -> Result<pb::TaskEvent, store::Error> {
+    let question = match row.state {
+        TaskState::WaitingInput => store
+            .open_question_of(row.id)
+            .await?
+            .map(|q| convert::question(&q)),
+        _ => None,
+    };
+    Ok(convert::event(row, "current", question))
+}
+
+fn state_of(event: &pb::TaskEvent) -> Option<TaskState> {
+    pb::TaskState::try_from(event.state)
+        .ok()
+        .and_then(TaskState::from_proto)
+}
+
+/// Whether `event` is what an answer to `answered` waits for: the task asked another question,
+/// or ended.
+fn asked_again_or_ended(event: &pb::TaskEvent, answered: QuestionId) -> bool {
+    match state_of(event) {
+        Some(state) if state.is_terminal() => true,
+        Some(TaskState::WaitingInput) => event
+            .question
+            .as_ref()
+            .is_none_or(|q| q.id != answered.to_string()),
+        _ => false,
+    }
+}
+
+/// Waits, at most `timeout`, until the task of `watch` asked a question other than `answered`
+/// or ended, and returns that event; `None` when the time ran out. `after` is the task as the
+/// answer left it: if it already asked again or ended, that is the answer at once.
+pub async fn next_question_or_end(
+    store: &Store,
+    mut watch: Watch,
+    after: &TaskRow,
+    answered: QuestionId,
+    timeout: Duration,
+) -> Result<Option<pb::TaskEvent>, store::Error> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let now = current(store, after).await?;
+    if asked_again_or_ended(&now, answered) {
+        return Ok(Some(now));
+    }
+    let mut last = after.generation as u64;
+    loop {
+        let event = tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            event = watch.next() => match event {
+                Some(event) => event,
+                None => return Ok(None),
+            },
+            _ = tokio::time::sleep(RECHECK) => {
+                let row = store.get_task(after.id).await?;
+                if row.generation as u64 <= last {
+                    continue;
+                }
+                current(store, &row).await?
+            }
+        };
+        if event.generation <= last {
+            continue;
+        }
+        last = event.generation;
+        if asked_again_or_ended(&event, answered) {
+            return Ok(Some(event));
+        }
+    }
+}
+
+/// Which events a `WatchTasks` stream passes on.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub owner: Option<Owner>,
+    pub states: Vec<TaskState>,
+    pub tasks: HashSet<TaskId>,
+}
+
+impl Filter {
+    fn passes(&self, event: &pb::TaskEvent) -> bool {
+        if let Some(owner) = &self.owner
+            && event.owner != owner.to_string()
+        {
+            return false;
+        }
+        if !self.states.is_empty() && !state_of(event).is_some_and(|s| self.states.contains(&s)) {
+            return false;
+        }
+        self.tasks.is_empty()
+            || event
+                .task_id
+                .parse::<TaskId>()
+                .is_ok_and(|t| self.tasks.contains(&t))
+    }
+}
+
+/// A place in the stream of task events: the stream (by when it was made, so a stream made
+/// anew is told from the old one) and the sequence of the last event passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    pub stream_created_ns: i128,
+    pub sequence: u64,
+}
+
+impl Token {
+    pub fn encode(self) -> String {
+        format!("1.{:x}.{}", self.stream_created_ns, self.sequence)
+    }
+
+    pub fn decode(token: &str) -> Option<Self> {
+        let mut parts = token.split('.');
+        let (Some("1"), Some(created), Some(sequence), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        Some(Self {
+            stream_created_ns: i128::from_str_radix(created, 16).ok()?,
+            sequence: sequence.parse().ok()?,
+        })
+    }
+}
+
+/// Why a stream of task events could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("resume_token: not a token WatchTasks gave")]
+    BadToken,
+    #[error(
+        "resume_token: the events after it are gone (they are kept for an hour, and not across a NATS restart); list the tasks again and watch from now"
+    )]
+    Gone,
+    #[error("task events cannot be read from NATS now: {0}; try again")]
+    Unavailable(String),
+}
+
+/// Starts a stream of the events that pass `filter`, from now or after `resume`; each goes out
+/// with the token that continues after it. The stream ends when its receiver is dropped.
+pub async fn watch_many(
+    shared: &Shared,
+    filter: Filter,
+    resume: Option<&str>,
+    slot: Slot,
+) -> Result<mpsc::Receiver<pb::WatchTasksResponse>, WatchError> {
+    let unavailable = |e: &dyn std::fmt::Display| WatchError::Unavailable(e.to_string());
+    let mut stream = shared
+        .js
+        .get_stream(shared.names.task_events_stream())
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let info = stream.info().await.map_err(|e| unavailable(&e))?;
+    let created = info.created.unix_timestamp_nanos();
+    let deliver_policy = match resume {
+        None => DeliverPolicy::New,
+        Some(token) => {
+            let token = Token::decode(token).ok_or(WatchError::BadToken)?;
+            let next = token.sequence + 1;
+            // The stream was made anew, the token is from its future, or events after it were
+            // dropped already.
+            if token.stream_created_ns != created
+                || token.sequence > info.state.last_sequence
+                || next < info.state.first_sequence
+            {
+                return Err(WatchError::Gone);
+            }
+            DeliverPolicy::ByStartSequence {
+                start_sequence: next,
+            }
+        }
+    };
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: shared.names.task_events_all(),
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let _slot = slot;
+        loop {
+            let message = tokio::select! {
+                _ = tx.closed() => return,
+                message = messages.next() => message,
+            };
+            let message = match message {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "a task event stream stopped");
+                    return;
+                }
+                None => return,
+            };
+            let Ok(info) = message.info() else { continue };
+            let token = Token {
+                stream_created_ns: created,
+                sequence: info.stream_sequence,
+            };
+            let event = match codec::decode::<pb::TaskEvent>(&message.payload) {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::debug!(error = %e, "skipping a malformed task event");
+                    continue;
+                }
+            };
+            if !filter.passes(&event) {
+                continue;
+            }
+            let response = pb::WatchTasksResponse {
+                event: Some(event),
+                resume_token: token.encode(),
+            };
+            if tx.send(response).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_reads_back_and_anything_else_is_refused() {
+        let token = Token {
+            stream_created_ns: 1_796_000_000_123_456_789,
+            sequence: 42,
+        };
+        assert_eq!(Token::decode(&token.encode()), Some(token));
+        for bad in ["", "42", "1.zz.3", "2.10.3", "1.10.3.4", "1.10.-1"] {
+            assert_eq!(Token::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_filter_passes_only_what_it_names() {
+        let task = TaskId::new();
+        let event = pb::TaskEvent {
+            task_id: task.to_string(),
+            owner: "qq:1".into(),
+            state: pb::TaskState::WaitingInput as i32,
+            ..Default::default()
+        };
+        assert!(Filter::default().passes(&event));
+        let owner = Filter {
+            owner: Some("qq:1".parse().expect("owner")),
+            ..Default::default()
+        };
+        assert!(owner.passes(&event));
+        let other = Filter {
+            owner: Some("qq:2".parse().expect("owner")),
+            ..Default::default()
+        };
+        assert!(!other.passes(&event));
+        let states = Filter {
+            states: vec![TaskState::Completed],
+            ..Default::default()
+        };
+        assert!(!states.passes(&event));
+        let tasks = Filter {
+            tasks: [TaskId::new()].into(),
+            ..Default::default()
+        };
+        assert!(!tasks.passes(&event));
+        let this = Filter {
+            tasks: [task].into(),
+            states: vec![TaskState::WaitingInput],
+            ..Default::default()
+        };
+        assert!(this.passes(&event));
+    }
+
+    #[test]
+    fn an_answer_waits_for_another_question_or_the_end() {
+        let answered = QuestionId::new();
+        let waiting_on = |id: String| pb::TaskEvent {
+            state: pb::TaskState::WaitingInput as i32,
+            question: Some(pb::Question {
+                id,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!asked_again_or_ended(
+            &waiting_on(answered.to_string()),
+            answered
+        ));
+        assert!(asked_again_or_ended(
+            &waiting_on(QuestionId::new().to_string()),
+            answered
+        ));
+        let state = |s: pb::TaskState| pb::TaskEvent {
+            state: s as i32,
+            ..Default::default()
+        };
+        assert!(!asked_again_or_ended(
+            &state(pb::TaskState::Pending),
+            answered
+        ));
+        assert!(!asked_again_or_ended(
+            &state(pb::TaskState::Running),
+            answered
+        ));
+        for end in [
+            pb::TaskState::Completed,
+            pb::TaskState::Failed,
+            pb::TaskState::Cancelled,
+        ] {
+            assert!(asked_again_or_ended(&state(end), answered));
+        }
+    }
+}

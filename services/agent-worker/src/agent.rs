@@ -106,6 +106,7 @@ struct PendingAsk {
     question: String,
     context: String,
     timeout_s: u32,
+    choices: Vec<String>,
 }
 
 impl Runner {
@@ -132,6 +133,11 @@ impl Runner {
             Ok(stored) => stored,
             Err(e) => return run.settle(e).await,
         };
+        if !spec.questionnaire.is_empty() {
+            return run
+                .questionnaire(&spec, &stored, claimed.resume.as_ref())
+                .await;
+        }
         let mut history: Vec<Value> = Vec::new();
         for (number, bytes) in &stored {
             match serde_json::from_slice::<Vec<Value>>(bytes) {
@@ -242,7 +248,21 @@ impl Runner {
                                 let value = checked.arguments.get(k).and_then(Value::as_str).unwrap_or("");
                                 limits::cut(value, limits::MAX_QUESTION)
                             };
+                            let offered: Vec<String> = checked
+                                .arguments
+                                .get("choices")
+                                .and_then(Value::as_array)
+                                .map(|c| c.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                                .unwrap_or_default();
+                            let choices = match hark_core::domain::form::choices(&offered) {
+                                Ok(choices) => choices,
+                                Err(e) => {
+                                    pending.push(tool_message(&call.id, &format!("error: choices: {e}")));
+                                    continue;
+                                }
+                            };
                             ask = Some(PendingAsk {
+                                choices,
                                 call_id: call.id.clone(),
                                 question: text("question"),
                                 context: text("context"),
@@ -301,6 +321,7 @@ impl Runner {
                     question: ask.question,
                     context: ask.context,
                     timeout_s: ask.timeout_s,
+                    choices: ask.choices,
                     ..Default::default()
                 };
                 return match self.control.ask(request, &gone).await {
@@ -372,6 +393,65 @@ impl Run<'_> {
             take(piece.rounds, &mut whole, &mut partial);
         }
         Ok(whole)
+    }
+
+    /// A questionnaire's step: the answer it resumed with is recorded, then the next question
+    /// unanswered is asked, or, with none left, the task completes with every answer. Each
+    /// round of its checkpoint holds the answers so far.
+    async fn questionnaire(
+        &self,
+        spec: &pb::TaskSpec,
+        stored: &[(u32, Vec<u8>)],
+        resume: Option<&pb::Resume>,
+    ) -> Outcome {
+        let number = stored.last().map_or(0, |(n, _)| *n) + 1;
+        let mut answers = match stored.last() {
+            None => serde_json::Map::new(),
+            Some((n, bytes)) => match crate::form::answers_of(bytes) {
+                Ok(answers) => answers,
+                Err(e) => {
+                    return self
+                        .fail(&format!(
+                            "round {n} of the questionnaire is unreadable: {e}"
+                        ))
+                        .await;
+                }
+            },
+        };
+        if let Some(resume) = resume {
+            crate::form::record(&mut answers, resume);
+        }
+        let control = &self.runner.control;
+        match crate::form::next(&spec.questionnaire, &answers) {
+            Some(question) => {
+                let request = pb::AskRequest {
+                    lease: Some(self.lease.clone()),
+                    round: Some(round(
+                        number,
+                        &[crate::form::step(&answers, Some(&question.key))],
+                    )),
+                    tool_call_id: crate::form::call_id(&question.key),
+                    question: question.text.clone(),
+                    choices: question.choices.clone(),
+                    ..Default::default()
+                };
+                match control.ask(request, self.gone).await {
+                    Ok(_) => Outcome::Suspended,
+                    Err(e) => self.settle(e).await,
+                }
+            }
+            None => {
+                let result = crate::form::output(&spec.questionnaire, &answers);
+                let last = round(number, &[crate::form::step(&answers, None)]);
+                match control
+                    .complete(self.lease, Some(last), &result, self.gone)
+                    .await
+                {
+                    Ok(()) => Outcome::Completed,
+                    Err(e) => self.settle(e).await,
+                }
+            }
+        }
     }
 
     /// What a failed request means for the run: a refusal that will never pass (the request is

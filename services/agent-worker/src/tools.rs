@@ -70,7 +70,9 @@ impl Registry {
                     parameters: json!({"type": "object", "properties": {
                         "question": {"type": "string", "description": "The question, short and specific."},
                         "context": {"type": "string", "description": "Optional background shown after the question."},
-                        "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer."}
+                        "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer."},
+                        "choices": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
+                            "description": "Optional: the answers to choose from; the reply is then one of them."}
                     }, "required": ["question"], "additionalProperties": false}),
                     min_role: Role::User,
                     visibility: Visibility::Essential,

@@ -471,6 +471,7 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             on_timeout: hark_core::domain::TimeoutPolicy::Resume,
             request_id: None,
             active_limit: 0,
+            questionnaire: None,
         })
         .await
         .expect("created")
@@ -536,5 +537,27 @@ async fn a_task_whose_history_passes_five_megabytes_still_resumes_and_completes(
     let task = done.task.expect("task");
     assert_eq!(task.result, "Yes: still here");
     assert_eq!(task.attempt, 1);
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn ask_user_may_offer_choices_and_the_model_gets_the_choice_picked() {
+    let llm = llm(vec![
+        Step::call(
+            "ask_user",
+            json!({"question": "Tea or coffee?", "choices": ["tea", "coffee"]}),
+        ),
+        Step::say("Making {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "make a drink", |_| {}).await;
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let question = waiting.task.expect("task").open_question.expect("question");
+    assert_eq!(question.choices, ["tea", "coffee"]);
+    bed.answer(&id, "2").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "Making coffee.");
     bed.stop().await;
 }

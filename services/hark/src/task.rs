@@ -51,8 +51,12 @@ enum TaskCommand {
         /// Idempotency key: the same key creates the task once.
         #[arg(long)]
         request_id: Option<String>,
-        /// What the task should achieve.
-        #[arg(required = true, trailing_var_arg = true)]
+        /// Make it a questionnaire, which asks these questions in turn without an agent; each
+        /// is its text, then any choices after `|` (e.g. --ask "Which size?|S|M|L").
+        #[arg(long = "ask", value_name = "QUESTION")]
+        questionnaire: Vec<String>,
+        /// What the task should achieve (for a questionnaire, an optional title).
+        #[arg(trailing_var_arg = true)]
         goal: Vec<String>,
     },
     /// List tasks, newest first.
@@ -223,7 +227,7 @@ fn question_json(q: &pb::Question) -> Value {
         "id": q.id, "task_id": q.task_id, "handle": q.handle, "text": q.text, "context": q.context,
         "owner": q.owner, "chat": chat_json(&q.chat), "outcome": outcome_name(q.outcome),
         "asked_at": time_of(&q.asked_at), "deadline": time_of(&q.deadline), "closed_at": time_of(&q.closed_at),
-        "answerer": q.answerer, "answer": q.answer,
+        "answerer": q.answerer, "answer": q.answer, "choices": q.choices,
     })
 }
 
@@ -233,6 +237,7 @@ fn task_json(t: &pb::Task) -> Value {
         "generation": t.generation, "attempt": t.attempt, "rounds": t.rounds, "result": t.result, "error": t.error,
         "created_at": time_of(&t.created_at), "updated_at": time_of(&t.updated_at), "finished_at": time_of(&t.finished_at),
         "open_question": t.open_question.as_ref().map_or(Value::Null, question_json),
+        "questionnaire": t.questionnaire.iter().map(|q| json!({"key": q.key, "text": q.text, "choices": q.choices})).collect::<Vec<_>>(),
     })
 }
 
@@ -283,6 +288,9 @@ fn print_question(q: &pb::Question) {
         short(&q.task_id),
         clip(&q.text, 80)
     );
+    if !q.choices.is_empty() {
+        line.push_str(&format!(" [{}]", q.choices.join(" | ")));
+    }
     if !q.answer.is_empty() {
         line.push_str(&format!(" → {}", clip(&q.answer, 60)));
     } else if q.deadline.is_some() && q.outcome == pb::QuestionOutcome::Open as i32 {
@@ -305,8 +313,23 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             on_timeout,
             chat,
             request_id,
+            questionnaire,
             goal,
         } => {
+            if goal.is_empty() && questionnaire.is_empty() {
+                anyhow::bail!("say what the task should achieve, or give its questions with --ask");
+            }
+            let questionnaire = questionnaire
+                .iter()
+                .map(|q| {
+                    let mut parts = q.split('|').map(str::trim);
+                    pb::FormQuestion {
+                        key: String::new(),
+                        text: parts.next().unwrap_or_default().to_owned(),
+                        choices: parts.map(str::to_owned).collect(),
+                    }
+                })
+                .collect();
             let on_timeout = match on_timeout {
                 None => pb::TimeoutPolicy::Unspecified,
                 Some(p) => p.parse::<TimeoutPolicy>()?.to_proto(),
@@ -328,6 +351,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     ask_timeout_s,
                     on_timeout: on_timeout as i32,
                     request_id: request_id.unwrap_or_default(),
+                    questionnaire,
                 })
                 .await
                 .map_err(explain)?

@@ -6,7 +6,9 @@ use std::{pin::Pin, time::Duration};
 use futures_util::{Stream, StreamExt as _};
 use hark_core::{
     bus,
-    domain::{Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, text},
+    domain::{
+        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form, text,
+    },
     error::{Classified as _, Kind},
     secret::Secret,
 };
@@ -187,7 +189,30 @@ impl TaskService for Api {
         let request = request.into_inner();
         let owner = owner_field("owner", &request.owner)?
             .ok_or_else(|| invalid("owner", "must not be empty"))?;
-        let goal = text_field("goal", &request.goal)?;
+        let questionnaire = match request.questionnaire.is_empty() {
+            true => None,
+            false => Some(
+                form::questionnaire(
+                    request
+                        .questionnaire
+                        .into_iter()
+                        .map(|q| form::FormQuestion {
+                            key: q.key,
+                            text: q.text,
+                            choices: q.choices,
+                        })
+                        .collect(),
+                )
+                .map_err(|e| invalid("questionnaire", e))?,
+            ),
+        };
+        let goal = match &questionnaire {
+            // A questionnaire's goal is only its title.
+            Some(questions) if request.goal.trim().is_empty() => {
+                format!("a questionnaire of {} questions", questions.len())
+            }
+            _ => text_field("goal", &request.goal)?,
+        };
         let role = self.shared.role_of(&owner);
         if role < Role::User {
             return Err(Status::permission_denied(format!(
@@ -233,6 +258,7 @@ impl TaskService for Api {
                 request_id: key_field("request_id", &request.request_id)?
                     .map(|id| format!("api:{id}")),
                 active_limit: self.shared.config.task.max_active_per_owner,
+                questionnaire,
             })
             .await
             .map_err(status_of)?;

@@ -227,6 +227,12 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
                     // owner may not use ask_user has no way to be answered.
                     can_ask: role >= Role::User,
                     attempt: claimed.task.attempt as u32,
+                    questionnaire: claimed
+                        .task
+                        .questionnaire()
+                        .iter()
+                        .map(convert::form_question)
+                        .collect(),
                 }),
                 resume: claimed.resume.map(|r| pb::Resume {
                     question_id: r.question_id.to_string(),
@@ -297,6 +303,8 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
         if request.tool_call_id.is_empty() {
             return Err(invalid("tool_call_id is empty"));
         }
+        let choices = hark_core::domain::form::choices(&request.choices)
+            .map_err(|e| invalid(format!("choices: {e}")))?;
         let input = AskInput {
             round,
             messages,
@@ -305,6 +313,7 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             question: strip_nul(request.question),
             context: strip_nul(request.context),
             timeout: (request.timeout_s > 0).then(|| Duration::from_secs(request.timeout_s.into())),
+            choices,
         };
         shared
             .store

@@ -3,7 +3,7 @@
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
-use hark_core::domain::TaskState;
+use hark_core::domain::{TaskState, form::FormQuestion};
 
 use crate::store::{ChatRoute, Instruction, QuestionRow, TaskRow};
 
@@ -80,6 +80,7 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         updated_at: Some(timestamp(row.updated_at)),
         finished_at: row.finished_at.map(timestamp),
         open_question: open_question.map(question),
+        questionnaire: row.questionnaire().iter().map(form_question).collect(),
     }
 }
 
@@ -108,5 +109,14 @@ pub fn question(q: &QuestionRow) -> pb::Question {
         answerer: q.answerer.clone().unwrap_or_default(),
         answer: q.answer.clone().unwrap_or_default(),
         chat_message_id: q.chat_message_id.clone().unwrap_or_default(),
+        choices: q.choices().to_vec(),
+    }
+}
+
+pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
+    pb::FormQuestion {
+        key: q.key.clone(),
+        text: q.text.clone(),
+        choices: q.choices.clone(),
     }
 }

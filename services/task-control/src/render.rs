@@ -26,6 +26,16 @@ pub fn question(
     out
 }
 
+/// A question's text followed by the choices it offers, numbered, when it offers any.
+pub fn with_choices(mut question: String, choices: &[String]) -> String {
+    if !choices.is_empty() {
+        question.push('\n');
+        question.push_str(&hark_core::domain::form::numbered(choices));
+        question.push_str("\n(reply with a number or a choice)");
+    }
+    question
+}
+
 /// Splits a long text into at most [`MAX_PARTS`] parts of at most [`PART_CHARS`] characters,
 /// preferring to break at a line end. Text beyond the last part is cut and marked with `…`.
 pub fn parts(text: &str) -> Vec<String> {
@@ -154,6 +164,16 @@ mod tests {
             .expect("context shown");
         assert!(q < c);
         assert!(!question(id, "a3f9", "Q", "  ", "[上下文]").contains("[上下文]"));
+    }
+
+    #[test]
+    fn choices_follow_their_question_numbered() {
+        let text = with_choices("Which size?".into(), &["S".into(), "M".into()]);
+        assert_eq!(
+            text,
+            "Which size?\n1) S  2) M\n(reply with a number or a choice)"
+        );
+        assert_eq!(with_choices("Free text?".into(), &[]), "Free text?");
     }
 
     #[test]

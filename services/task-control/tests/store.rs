@@ -40,6 +40,7 @@ async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
             on_timeout: TimeoutPolicy::Resume,
             request_id: None,
             active_limit: 0,
+            questionnaire: None,
         })
         .await
         .expect("task created")
@@ -70,6 +71,7 @@ fn ask_input(round: i32, call: &str) -> AskInput {
         question: "Which city?".into(),
         context: "for the weather".into(),
         timeout: None,
+        choices: vec![],
     }
 }
 
@@ -389,6 +391,7 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         on_timeout: TimeoutPolicy::Fail,
         request_id: Some("req-1".into()),
         active_limit: 0,
+        questionnaire: None,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -756,6 +759,7 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         on_timeout: TimeoutPolicy::Resume,
         request_id: request.map(str::to_owned),
         active_limit: 0,
+        questionnaire: None,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [

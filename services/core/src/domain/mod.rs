@@ -5,6 +5,7 @@
 //! state machine of DESIGN.md as one transition function.
 
 pub mod duration;
+pub mod form;
 pub mod ids;
 pub mod lifecycle;
 pub mod text;

@@ -325,6 +325,16 @@ async fn apply(
             Ok(())
         }
         Ok(AnswerOutcome::Duplicate { .. }) => Ok(()),
+        Err(store::Error::NotAChoice {
+            handle, choices, ..
+        }) => {
+            let reply = format!(
+                "#{handle} takes one of: {}. Reply with a number or a choice; the question is still open.",
+                hark_core::domain::form::numbered(&choices)
+            );
+            say(shared, inbound, &reply).await;
+            Ok(())
+        }
         Err(store::Error::QuestionClosed { .. }) => {
             let now = shared.store.get_question(question.id).await?;
             say(shared, inbound, &closed_text(&now)).await;
@@ -377,6 +387,7 @@ async fn run_command(
                     on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
                     request_id: inbound.key(),
                     active_limit: limit,
+                    questionnaire: None,
                 })
                 .await;
             match created {

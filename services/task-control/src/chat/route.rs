@@ -170,6 +170,7 @@ mod tests {
             answer: None,
             inbound_message_id: None,
             chat_message_id: None,
+            choices: None,
         }
     }
 

@@ -224,6 +224,7 @@ impl AskRequest {
             outcome: pb::QuestionOutcome::Open as i32,
             asked_at: Some(crate::convert::timestamp(task.updated_at)),
             deadline: deadline.map(crate::convert::timestamp),
+            choices: self.input.choices.clone(),
             ..Default::default()
         }
     }
@@ -480,10 +481,11 @@ impl Store {
         let sql = concat!(
             "WITH n AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                                     $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[])
+                                     $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
+                                     $17::jsonb[])
                     WITH ORDINALITY
                     AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
-                         request_id, active_limit, ord)
+                         request_id, active_limit, questionnaire, ord)
             ), counted AS (
                 SELECT n.*,
                     CASE WHEN n.active_limit = 0 THEN 0 ELSE
@@ -495,9 +497,9 @@ impl Store {
                 FROM n
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
-                                   on_timeout, ask_timeout_s, request_id)
+                                   on_timeout, ask_timeout_s, request_id, questionnaire)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, 'pending',
-                       on_timeout, ask_timeout_s, request_id
+                       on_timeout, ask_timeout_s, request_id, questionnaire
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
                 ORDER BY ord
@@ -547,6 +549,7 @@ impl Store {
             .bind(column(batch, |r| r.job.payload.to_vec()))
             .bind(column(batch, |r| r.job.trace.as_deref()))
             .bind(column(batch, |r| i64::from(r.new.active_limit)))
+            .bind(column(batch, |r| r.new.questionnaire.as_ref().map(Json)))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();
@@ -692,9 +695,11 @@ impl Store {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
-                                     $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[])
+                                     $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[],
+                                     $19::jsonb[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
-                                         c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms, c_ord)
+                                         c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms,
+                                         c_choices, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = 'waiting_input',
@@ -728,9 +733,9 @@ impl Store {
                 WHERE i.id = u.id AND i.task_id = t.id AND i.consumed_round IS NULL
             ), asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, deadline)
+                                       platform, bot_id, stream, choices, deadline)
                 SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
-                       platform, bot_id, stream,
+                       platform, bot_id, stream, c_choices,
                        CASE WHEN on_timeout = 'never' THEN NULL
                             WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
@@ -778,6 +783,9 @@ impl Store {
             .bind(out.msg_ids)
             .bind(out.payloads)
             .bind(out.traces)
+            .bind(column(batch, |r| {
+                (!r.input.choices.is_empty()).then_some(Json(&r.input.choices))
+            }))
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

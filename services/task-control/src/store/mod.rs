@@ -11,7 +11,7 @@ macro_rules! task_columns {
     () => {
         "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
     attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
-    created_at, updated_at, finished_at"
+    created_at, updated_at, finished_at, questionnaire"
     };
 }
 
@@ -38,7 +38,7 @@ macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
     stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
-    chat_message_id"
+    chat_message_id, choices"
     };
 }
 
@@ -123,6 +123,12 @@ pub enum Error {
         "{owner} has {active} active tasks, the most task.max_active_per_owner allows; cancel one or wait for one to end"
     )]
     TooManyActive { owner: String, active: i64 },
+    #[error("answer: `{answer}` is not one of the choices of question #{handle}: {}", hark_core::domain::form::numbered(.choices))]
+    NotAChoice {
+        handle: String,
+        answer: String,
+        choices: Vec<String>,
+    },
     /// Other writers kept winning; the same request later will likely go through.
     #[error("{0}; try again")]
     Busy(String),
@@ -137,9 +143,10 @@ impl hark_core::error::Classified for Error {
             Error::Database(e) | Error::CreateDatabase { source: e, .. } => kind_of_sqlx(e),
             Error::Migrate(sqlx::migrate::MigrateError::Execute(e)) => kind_of_sqlx(e),
             Error::Migrate(_) => Kind::Internal,
-            Error::DatabaseUrl(..) | Error::AmbiguousTask { .. } | Error::BadRound { .. } => {
-                Kind::Invalid
-            }
+            Error::DatabaseUrl(..)
+            | Error::AmbiguousTask { .. }
+            | Error::BadRound { .. }
+            | Error::NotAChoice { .. } => Kind::Invalid,
             Error::TaskNotFound(_) | Error::QuestionNotFound(_) => Kind::NotFound,
             Error::NoOpenQuestion { .. }
             | Error::QuestionClosed { .. }

@@ -10,7 +10,7 @@ use hark_core::{
     codec,
     domain::{
         Event, Handle, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
-        transition,
+        form::FormQuestion, transition,
     },
 };
 use hark_proto::v1 as pb;
@@ -37,6 +37,8 @@ pub struct NewTask {
     /// How many tasks that have not ended the owner may have, this one included; `0`: no limit
     /// (`task.max_active_per_owner`).
     pub active_limit: u32,
+    /// The questions of a questionnaire, which no agent runs; `None` for an agent task.
+    pub questionnaire: Option<Vec<FormQuestion>>,
 }
 
 /// What a worker receives when its claim wins.
@@ -69,6 +71,8 @@ pub struct AskInput {
     pub context: String,
     /// Overrides the task's deadline for this question.
     pub timeout: Option<Duration>,
+    /// The answers the question accepts, when it offers choices.
+    pub choices: Vec<String>,
 }
 
 /// An answer to apply.
@@ -711,12 +715,15 @@ impl Store {
             let handle = Handle::random().to_string();
             let outbox = match &chat {
                 Some(route) => {
-                    let text = render::question(
-                        lease.task,
-                        &handle,
-                        &input.question,
-                        &input.context,
-                        &self.context_label,
+                    let text = render::with_choices(
+                        render::question(
+                            lease.task,
+                            &handle,
+                            &input.question,
+                            &input.context,
+                            &self.context_label,
+                        ),
+                        &input.choices,
                     );
                     self.chat_msgs(
                         route,
@@ -763,6 +770,7 @@ impl Store {
                 answer: None,
                 inbound_message_id: None,
                 chat_message_id: None,
+                choices: (!input.choices.is_empty()).then(|| Json(input.choices.clone())),
             });
         }
         Err(Error::Busy("no free question handle after 8 tries".into()))
@@ -839,6 +847,27 @@ impl Store {
                 outcome: question_row.outcome,
             });
         }
+        // A question with choices takes one of them, by number or by text, as that choice.
+        let picked;
+        let answer = match question_row.choices() {
+            [] => answer,
+            choices => match hark_core::domain::form::pick(choices, &answer.text) {
+                Some(choice) => {
+                    picked = Answer {
+                        text: choice.to_owned(),
+                        ..answer.clone()
+                    };
+                    &picked
+                }
+                None => {
+                    return Err(Error::NotAChoice {
+                        handle: question_row.handle.clone(),
+                        answer: hark_core::domain::ids::shown(&answer.text),
+                        choices: choices.to_vec(),
+                    });
+                }
+            },
+        };
         let state: TaskState = state
             .parse()
             .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;

@@ -1,6 +1,9 @@
 //! Rows as they come out of Postgres, already parsed into domain types.
 
-use hark_core::domain::{Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy};
+use hark_core::domain::{
+    Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy, form::FormQuestion,
+};
+use sqlx::types::Json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -41,9 +44,16 @@ pub struct TaskRow {
     pub created_at: OffsetDateTime,
     pub updated_at: OffsetDateTime,
     pub finished_at: Option<OffsetDateTime>,
+    /// The questions of a questionnaire; `None` for an agent task.
+    pub questionnaire: Option<Json<Vec<FormQuestion>>>,
 }
 
 impl TaskRow {
+    /// The questions of a questionnaire, none for an agent task.
+    pub fn questionnaire(&self) -> &[FormQuestion] {
+        self.questionnaire.as_ref().map_or(&[], |q| q.0.as_slice())
+    }
+
     pub fn chat(&self) -> Option<ChatRoute> {
         match (&self.platform, &self.stream) {
             (Some(platform), Some(stream)) => Some(ChatRoute {
@@ -83,6 +93,15 @@ pub struct QuestionRow {
     pub answer: Option<String>,
     pub inbound_message_id: Option<String>,
     pub chat_message_id: Option<String>,
+    /// The answers it accepts, when it offers choices.
+    pub choices: Option<Json<Vec<String>>>,
+}
+
+impl QuestionRow {
+    /// The answers it accepts; empty when any answer does.
+    pub fn choices(&self) -> &[String] {
+        self.choices.as_ref().map_or(&[], |c| c.0.as_slice())
+    }
 }
 
 /// One checkpointed round.

@@ -1,0 +1,203 @@
+//! Questionnaires end to end: real task-control, a real worker, no model call. Each question is
+//! asked in turn through the same questions, deadlines and answers as `ask_user`, and the task
+//! completes with the answers as JSON.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Bed;
+use hark_proto::v1 as pb;
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn question(key: &str, text: &str, choices: &[&str]) -> pb::FormQuestion {
+    pb::FormQuestion {
+        key: key.into(),
+        text: text.into(),
+        choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+    }
+}
+
+async fn bed() -> Bed {
+    // The model would fail the task if it were ever called.
+    let llm = ScriptedLlm::with_default(Script::new(vec![Step::say("the model was called")]))
+        .await
+        .expect("scripted LLM");
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    bed
+}
+
+/// Answers `task`'s open question and waits for the next question or the end.
+async fn answer_and_wait(bed: &Bed, task: &str, text: &str) -> pb::TaskEvent {
+    let replied = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.into(),
+            answer: text.into(),
+            answerer: "api:alice".into(),
+            wait: pb::AnswerWait::NextQuestionOrEnd as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert!(!replied.wait_timed_out);
+    replied.event.expect("the next question or the end")
+}
+
+#[tokio::test]
+async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with_json() {
+    let bed = bed().await;
+    let id = bed
+        .create("api:alice", "", |r| {
+            r.questionnaire = vec![
+                question("name", "Your name?", &[]),
+                question("size", "Which size?", &["S", "M", "L"]),
+                question("", "Anything else?", &[]),
+            ];
+        })
+        .await;
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let task = waiting.task.expect("task");
+    assert_eq!(task.goal, "a questionnaire of 3 questions");
+    assert_eq!(task.questionnaire.len(), 3);
+    assert_eq!(
+        task.questionnaire[2].key, "q3",
+        "a key is given where none was"
+    );
+    let first = task.open_question.expect("first question");
+    assert_eq!(first.text, "Your name?");
+    assert!(first.choices.is_empty());
+
+    let next = answer_and_wait(&bed, &id, "小明").await;
+    let size = next.question.expect("the second question");
+    assert_eq!(size.text, "Which size?");
+    assert_eq!(size.choices, ["S", "M", "L"]);
+
+    // An answer that is not a choice is refused, naming the choices, and the question stays
+    // open; a number picks its choice.
+    let err = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: id.clone(),
+            answer: "XXL".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not a choice");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("1) S  2) M  3) L"),
+        "{}",
+        err.message()
+    );
+    let still = bed.task(&id).await.task.expect("task");
+    assert_eq!(still.open_question.expect("still open").id, size.id);
+
+    let next = answer_and_wait(&bed, &id, "2").await;
+    assert_eq!(next.question.expect("the third").text, "Anything else?");
+    let end = answer_and_wait(&bed, &id, "no").await;
+    assert_eq!(end.state, pb::TaskState::Completed as i32);
+    let output: serde_json::Value = serde_json::from_str(&end.result).expect("JSON output");
+    assert_eq!(
+        output,
+        serde_json::json!({"name": "小明", "size": "M", "q3": "no"})
+    );
+    assert!(
+        end.result.find("name") < end.result.find("size"),
+        "keys keep the questions' order: {}",
+        end.result
+    );
+
+    // The same ledger as ask_user: every question, with its answer as taken.
+    let done = bed.task(&id).await;
+    let answers: Vec<&str> = done.questions.iter().map(|q| q.answer.as_str()).collect();
+    assert_eq!(answers, ["小明", "M", "no"]);
+    assert!(bed.llm.requests().is_empty(), "no model was called");
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn an_expired_question_is_recorded_as_null_and_a_cancelled_questionnaire_stays_cancelled() {
+    let bed = bed().await;
+    let id = bed
+        .create("api:alice", "quick poll", |r| {
+            r.questionnaire = vec![
+                question("first", "Quick: yes or no?", &["yes", "no"]),
+                question("second", "And now?", &[]),
+            ];
+            r.ask_timeout_s = 1;
+        })
+        .await;
+    // The first question expires; the second is asked, and expires too.
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let task = done.task.expect("task");
+    let output: serde_json::Value = serde_json::from_str(&task.result).expect("JSON output");
+    assert_eq!(output, serde_json::json!({"first": null, "second": null}));
+    assert!(
+        done.questions
+            .iter()
+            .all(|q| q.outcome == pb::QuestionOutcome::Expired as i32)
+    );
+
+    // With `fail`, an expiry fails the questionnaire.
+    let failing = bed
+        .create("api:alice", "strict poll", |r| {
+            r.questionnaire = vec![question("", "Now or never?", &[])];
+            r.ask_timeout_s = 1;
+            r.on_timeout = pb::TimeoutPolicy::Fail as i32;
+        })
+        .await;
+    bed.wait_state(&failing, pb::TaskState::Failed, WAIT).await;
+
+    let cancelled = bed
+        .create("api:alice", "cancelled poll", |r| {
+            r.questionnaire = vec![question("", "Still there?", &[])];
+        })
+        .await;
+    bed.wait_state(&cancelled, pb::TaskState::WaitingInput, WAIT)
+        .await;
+    let mut api = bed.client().await;
+    api.cancel_task(pb::CancelTaskRequest {
+        task_id: cancelled.clone(),
+        reason: "not needed".into(),
+    })
+    .await
+    .expect("cancelled");
+    let err = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: cancelled.clone(),
+            answer: "yes".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("nothing to answer");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let task = bed.task(&cancelled).await.task.expect("task");
+    assert_eq!(task.state, pb::TaskState::Cancelled as i32);
+
+    // A questionnaire that is not valid is refused, naming where.
+    let err = api
+        .create_task(pb::CreateTaskRequest {
+            owner: "api:alice".into(),
+            questionnaire: vec![question("a", "x", &[]), question("a", "y", &[])],
+            ..Default::default()
+        })
+        .await
+        .expect_err("two keys alike");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message()
+            .starts_with("questionnaire: question 2: the key `a`"),
+        "{}",
+        err.message()
+    );
+    assert!(bed.llm.requests().is_empty(), "no model was called");
+    bed.stop().await;
+}

@@ -7,29 +7,31 @@ use std::time::Duration;
 use hark_e2e::{free_port, hark_binary, nats_url, postgres_url};
 use serde_json::Value;
 
-#[tokio::test]
-async fn a_small_bench_run_reports_every_workload_and_cleans_up() {
+/// Runs a small bench with `extra` arguments; returns its stdout, its stderr and its JSON lines.
+async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
     let llm = format!("127.0.0.1:{}", free_port());
+    let mut args = vec![
+        "bench",
+        "--llm-listen",
+        &llm,
+        "--rounds",
+        "3",
+        "--warmup",
+        "1",
+        "--tasks",
+        "30",
+        "--in-flight",
+        "8",
+        "--workers",
+        "1",
+        "--worker-concurrency",
+        "8",
+    ];
+    args.extend_from_slice(extra);
     let output = tokio::time::timeout(
         Duration::from_secs(300),
         tokio::process::Command::new(hark_binary())
-            .args([
-                "bench",
-                "--llm-listen",
-                &llm,
-                "--rounds",
-                "3",
-                "--warmup",
-                "1",
-                "--tasks",
-                "30",
-                "--in-flight",
-                "8",
-                "--workers",
-                "1",
-                "--worker-concurrency",
-                "8",
-            ])
+            .args(&args)
             .env_remove("HARK_CONFIG")
             .env("HARK_NATS__URL", nats_url())
             .env("HARK_DATABASE__URL", format!("{}/postgres", postgres_url()))
@@ -44,15 +46,61 @@ async fn a_small_bench_run_reports_every_workload_and_cleans_up() {
     .await
     .expect("the bench finishes within 5 minutes")
     .expect("the bench runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "bench failed: {stderr}\n{stdout}");
-
     let lines: Vec<Value> = stdout
         .lines()
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
+    (stdout, stderr, lines)
+}
+
+#[tokio::test]
+async fn client_mode_measures_both_task_kinds_over_the_api() {
+    let (stdout, _, lines) = small_bench(&["--client"]).await;
+    let workloads: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        workloads,
+        [
+            "limits",
+            "w1-client-questionnaire",
+            "w1-client-agent",
+            "w2-client-questionnaire",
+            "w2-client-agent"
+        ]
+    );
+    for w1 in &lines[1..3] {
+        assert_eq!(w1["rounds"], 3);
+        assert!(w1["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{w1}");
+    }
+    for w2 in &lines[3..5] {
+        assert_eq!(w2["tasks"], 30);
+        for key in [
+            "suspends_per_s",
+            "resumes_per_s",
+            "hark_rss_total_mib_waiting",
+        ] {
+            assert!(w2[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {w2}");
+        }
+        assert!(
+            w2["cpu_ms_per_task_resume_to_completion"]["postgres"].is_number(),
+            "{w2}"
+        );
+    }
+    assert!(
+        stdout.contains("| w1-client-questionnaire | questionnaire task, answer sent"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_small_bench_run_reports_every_workload_and_cleans_up() {
+    let (stdout, stderr, lines) = small_bench(&[]).await;
     let workloads: Vec<&str> = lines
         .iter()
         .map(|l| l["workload"].as_str().unwrap_or_default())

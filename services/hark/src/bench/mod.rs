@@ -7,6 +7,7 @@
 //! can be read. With `--external` it measures a hark you started, whose `llm.base_url` must point
 //! at `--llm-listen`.
 
+mod client;
 mod hub;
 mod limits;
 mod procs;
@@ -50,14 +51,31 @@ pub struct BenchArgs {
     /// Requests in flight while W2 creates and answers tasks.
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     in_flight: usize,
-    /// Which workloads to run, in order.
+    /// Measure as a client does, over the public API only: answer → output received, for a
+    /// questionnaire and an agent task side by side (workloads limits,w1-client,w2-client).
+    #[arg(long)]
+    client: bool,
+    /// Which workloads to run, in order [default: limits,w1-grpc,w1-onebot,w2; with --client
+    /// limits,w1-client,w2-client].
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "limits,w1-grpc,w1-onebot,w2",
-        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2"]
+        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-client", "w2-client"]
     )]
-    workloads: Vec<String>,
+    workloads: Option<Vec<String>>,
+}
+
+impl BenchArgs {
+    fn workloads(&self) -> Vec<String> {
+        let default: &[&str] = if self.client {
+            &["limits", "w1-client", "w2-client"]
+        } else {
+            &["limits", "w1-grpc", "w1-onebot", "w2"]
+        };
+        self.workloads
+            .clone()
+            .unwrap_or_else(|| default.iter().map(|w| (*w).to_owned()).collect())
+    }
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
@@ -169,7 +187,19 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
 async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Report>> {
     let mut reports = Vec::new();
     let mut limits = None;
-    for workload in &args.workloads {
+    for workload in &args.workloads() {
+        if workload == "w1-client" || workload == "w2-client" {
+            for kind in client::Kind::BOTH {
+                let report = if workload == "w1-client" {
+                    client::w1(bench, kind, args.warmup, args.rounds).await?
+                } else {
+                    client::w2(bench, kind, args.tasks, args.in_flight, limits.as_ref()).await?
+                };
+                println!("{}", report.json);
+                reports.push(report);
+            }
+            continue;
+        }
         let report = match workload.as_str() {
             "limits" => {
                 let l = limits::measure(bench).await?;

@@ -32,7 +32,7 @@ async fn xact_commit(bench: &Bench) -> anyhow::Result<i64> {
     Ok(n)
 }
 
-fn memory(bench: &Bench) -> Vec<(String, u64)> {
+pub(super) fn memory(bench: &Bench) -> Vec<(String, u64)> {
     let mut out: Vec<(String, u64)> = bench
         .procs
         .list()
@@ -53,7 +53,7 @@ fn memory(bench: &Bench) -> Vec<(String, u64)> {
 
 /// CPU seconds used so far, by process: each hark process, all of Postgres, nats-server, and the
 /// bench itself (the scripted LLM and the gRPC client).
-fn cpu(bench: &Bench) -> Vec<(String, f64)> {
+pub(super) fn cpu(bench: &Bench) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64)> = bench
         .procs
         .list()
@@ -67,7 +67,11 @@ fn cpu(bench: &Bench) -> Vec<(String, f64)> {
 }
 
 /// CPU milliseconds per task between two [`cpu`] readings, by process, with the total last.
-fn cpu_per_task(before: &[(String, f64)], after: &[(String, f64)], n: usize) -> Vec<(String, f64)> {
+pub(super) fn cpu_per_task(
+    before: &[(String, f64)],
+    after: &[(String, f64)],
+    n: usize,
+) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64)> = before
         .iter()
         .zip(after)
@@ -78,7 +82,7 @@ fn cpu_per_task(before: &[(String, f64)], after: &[(String, f64)], n: usize) -> 
     out
 }
 
-fn cpu_json(per_task: &[(String, f64)]) -> serde_json::Value {
+pub(super) fn cpu_json(per_task: &[(String, f64)]) -> serde_json::Value {
     per_task
         .iter()
         .map(|(k, v)| (k.clone(), json!((v * 1000.0).round() / 1000.0)))
@@ -86,7 +90,7 @@ fn cpu_json(per_task: &[(String, f64)]) -> serde_json::Value {
         .into()
 }
 
-fn cpu_row(per_task: &[(String, f64)]) -> String {
+pub(super) fn cpu_row(per_task: &[(String, f64)]) -> String {
     per_task
         .iter()
         .map(|(k, v)| format!("{k} {v:.2}"))

@@ -106,3 +106,130 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
     control.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_worker_once() {
+    use hark_worker::scripted::{Script, ScriptedLlm, Step};
+    let llm = ScriptedLlm::with_default(Script::new(vec![Step::say("the model was called")]))
+        .await
+        .expect("scripted LLM");
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    let mut control = env.spawn(&["control"], &[("HARK_FAILPOINT", "answer.after_commit")]);
+    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+    let mut api = env.client().await;
+    let question = |key: &str, text: &str| pb::FormQuestion {
+        key: key.into(),
+        text: text.into(),
+        choices: vec![],
+    };
+    let task = api
+        .create_task(pb::CreateTaskRequest {
+            owner: "api:carol".into(),
+            questionnaire: vec![
+                question("day", "Which day?"),
+                question("time", "What time?"),
+            ],
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let open = |api: &mut hark_proto::v1::task_service_client::TaskServiceClient<_>| {
+        let id = task.id.clone();
+        let mut api = api.clone();
+        async move {
+            loop {
+                let got = api
+                    .get_task(pb::GetTaskRequest {
+                        task_id: id.clone(),
+                    })
+                    .await
+                    .map(|r| r.into_inner().task.expect("task"));
+                if let Ok(task) = got
+                    && let Some(q) = task.open_question
+                {
+                    return q;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let first = tokio::time::timeout(Duration::from_secs(30), open(&mut api))
+        .await
+        .expect("the first question is asked");
+    assert_eq!(first.text, "Which day?");
+
+    // The answer commits, and task-control dies before it takes the next step.
+    let answered = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.id.clone(),
+            answer: "Friday".into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(answered.is_err(), "the process must die before it replies");
+    assert!(
+        !control
+            .exited_within(Duration::from_secs(10))
+            .await
+            .expect("control died")
+            .success()
+    );
+
+    // Started again, it publishes the job the dead one held back, and the worker asks on.
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let second = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let q = open(&mut api).await;
+            if q.id != first.id {
+                return q;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the second question is asked");
+    assert_eq!(second.text, "What time?");
+    let replied = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.id.clone(),
+            answer: "noon".into(),
+            wait: pb::AnswerWait::NextQuestionOrEnd as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    let end = replied.event.expect("the end");
+    assert_eq!(end.result, r#"{"day":"Friday","time":"noon"}"#);
+
+    // Each step was taken once: two asks, one claim after each answer, one finish.
+    let events = env
+        .sql(&format!(
+            "SELECT string_agg(event, ',' ORDER BY id) FROM transitions WHERE task_id = '{}'",
+            task.id
+        ))
+        .await;
+    assert_eq!(
+        events,
+        "create,claim,ask,answer,claim,ask,answer,claim,finish"
+    );
+    let claimers = env
+        .sql(&format!(
+            "SELECT string_agg(actor, ',' ORDER BY id) FROM transitions WHERE task_id = '{}' AND event = 'claim'",
+            task.id
+        ))
+        .await;
+    assert_eq!(
+        claimers, "w1,w1,task-control",
+        "the held-back step went to the worker"
+    );
+    assert!(llm.requests().is_empty(), "no model was called");
+    worker.stop().await;
+    control.stop().await;
+    env.cleanup().await;
+}

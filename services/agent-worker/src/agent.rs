@@ -404,10 +404,11 @@ impl Run<'_> {
         stored: &[(u32, Vec<u8>)],
         resume: Option<&pb::Resume>,
     ) -> Outcome {
+        use hark_core::domain::form::progress;
         let number = stored.last().map_or(0, |(n, _)| *n) + 1;
         let mut answers = match stored.last() {
             None => serde_json::Map::new(),
-            Some((n, bytes)) => match crate::form::answers_of(bytes) {
+            Some((n, bytes)) => match progress::answers_of(bytes) {
                 Ok(answers) => answers,
                 Err(e) => {
                     return self
@@ -419,18 +420,26 @@ impl Run<'_> {
             },
         };
         if let Some(resume) = resume {
-            crate::form::record(&mut answers, resume);
+            progress::record(
+                &mut answers,
+                &resume.tool_call_id,
+                resume.expired,
+                &resume.text,
+            );
         }
+        let keys = spec.questionnaire.iter().map(|q| q.key.as_str());
         let control = &self.runner.control;
-        match crate::form::next(&spec.questionnaire, &answers) {
+        match progress::next(keys.clone(), &answers)
+            .and_then(|key| spec.questionnaire.iter().find(|q| q.key == key))
+        {
             Some(question) => {
                 let request = pb::AskRequest {
                     lease: Some(self.lease.clone()),
                     round: Some(round(
                         number,
-                        &[crate::form::step(&answers, Some(&question.key))],
+                        &progress::step(&answers, Some(&question.key)),
                     )),
-                    tool_call_id: crate::form::call_id(&question.key),
+                    tool_call_id: progress::call_id(&question.key),
                     question: question.text.clone(),
                     choices: question.choices.clone(),
                     ..Default::default()
@@ -441,8 +450,8 @@ impl Run<'_> {
                 }
             }
             None => {
-                let result = crate::form::output(&spec.questionnaire, &answers);
-                let last = round(number, &[crate::form::step(&answers, None)]);
+                let result = progress::output(keys, &answers);
+                let last = round(number, &progress::step(&answers, None));
                 match control
                     .complete(self.lease, Some(last), &result, self.gone)
                     .await

@@ -4,7 +4,6 @@
 //!   a bounded number of slots; a waiting task holds no slot and no memory.
 //! - [`agent`] is the loop of one task: LLM call, tools, checkpoint, until a final answer, a
 //!   question (the task is handed back and forgotten), cancellation or the round limit.
-//! - [`form`] is a questionnaire's step, which asks its questions in turn without a model.
 //! - [`tools`] is the tool registry: schemas, roles, visibility, argument checks.
 //! - [`control`] is the client of task-control's control requests.
 //! - [`llm`] is the OpenAI-compatible chat-completions client; [`limits`] bounds what a round
@@ -13,7 +12,6 @@
 
 pub mod agent;
 pub mod control;
-pub mod form;
 pub mod limits;
 pub mod llm;
 pub mod scripted;

@@ -119,6 +119,17 @@ async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with
     let done = bed.task(&id).await;
     let answers: Vec<&str> = done.questions.iter().map(|q| q.answer.as_str()).collect();
     assert_eq!(answers, ["小明", "M", "no"]);
+    // The first step was a worker's; after each answer task-control took the step itself.
+    let claimers: Vec<String> = bed
+        .store
+        .transitions_of(id.parse().expect("id"))
+        .await
+        .expect("transitions")
+        .into_iter()
+        .filter(|t| t.event == "claim")
+        .map(|t| t.actor)
+        .collect();
+    assert_eq!(claimers, ["w1", "task-control", "task-control", "task-control"]);
     assert!(bed.llm.requests().is_empty(), "no model was called");
     bed.stop().await;
 }

@@ -104,7 +104,8 @@ impl App {
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
         let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
-            .with_relay(relay);
+            .with_relay(relay)
+            .with_questionnaire_steps(config.task.lease.0);
         Ok(Self {
             shared: Shared {
                 store,
@@ -306,6 +307,11 @@ async fn relay(
 ) {
     let mut acknowledged: Vec<(String, String)> = Vec::new();
     let mut flush = tokio::time::interval(Duration::from_millis(50));
+    let events_prefix = shared
+        .names
+        .task_events_all()
+        .trim_end_matches('>')
+        .to_owned();
     loop {
         let batch = tokio::select! {
             batch = committed.recv() => batch,
@@ -327,6 +333,13 @@ async fn relay(
                 headers.insert(hark_core::trace::HEADER, trace.as_str());
             }
             if !message.durable {
+                // A task event reaches this process's watchers at once, without the trip
+                // through NATS; the copy that comes back is recognised by its generation.
+                if message.subject.starts_with(&events_prefix)
+                    && let Ok(event) = codec::decode::<pb::TaskEvent>(&message.payload)
+                {
+                    shared.watchers.dispatch(event);
+                }
                 // Best effort: no outbox row to forget, no ack to wait for.
                 if let Err(e) = shared
                     .nats

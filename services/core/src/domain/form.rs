@@ -147,6 +147,77 @@ pub fn numbered(choices: &[String]) -> String {
         .join("  ")
 }
 
+/// A questionnaire's progress, as each round of its checkpoint records it: the answers so far,
+/// by key. A step reads the last round, records the answer it resumed with, then asks the next
+/// question unanswered or completes with [`output`].
+pub mod progress {
+    use serde_json::{Map, Value, json};
+
+    /// The tool call id a question of `key` is asked under; its answer comes back under it.
+    pub fn call_id(key: &str) -> String {
+        format!("form:{key}")
+    }
+
+    /// The answers so far, from the messages of a questionnaire's last round.
+    pub fn answers_of(messages: &[u8]) -> Result<Map<String, Value>, String> {
+        let records: Value = serde_json::from_slice(messages).map_err(|e| e.to_string())?;
+        answers_in(&records)
+    }
+
+    /// [`answers_of`] for messages already parsed.
+    pub fn answers_in(messages: &Value) -> Result<Map<String, Value>, String> {
+        match messages
+            .as_array()
+            .and_then(|r| r.last())
+            .map(|r| r.get("answers"))
+        {
+            Some(Some(Value::Object(answers))) => Ok(answers.clone()),
+            _ => Err("it holds no answers".into()),
+        }
+    }
+
+    /// Records the answer a resume brings for the call `call_id`: its text, or null when the
+    /// deadline passed.
+    pub fn record(answers: &mut Map<String, Value>, call_id: &str, expired: bool, text: &str) {
+        if let Some(key) = call_id.strip_prefix("form:") {
+            let value = if expired {
+                Value::Null
+            } else {
+                Value::String(text.to_owned())
+            };
+            answers.insert(key.to_owned(), value);
+        }
+    }
+
+    /// The key of the first question not answered yet, among `keys` in order.
+    pub fn next<'a>(
+        keys: impl IntoIterator<Item = &'a str>,
+        answers: &Map<String, Value>,
+    ) -> Option<&'a str> {
+        keys.into_iter().find(|k| !answers.contains_key(*k))
+    }
+
+    /// The messages of one step's round: the answers so far and the question it asks, if any.
+    pub fn step(answers: &Map<String, Value>, asking: Option<&str>) -> Vec<Value> {
+        vec![json!({"role": "questionnaire", "answers": answers, "asking": asking})]
+    }
+
+    /// The output: a JSON object of each key and its answer, in the questions' order.
+    pub fn output<'a>(
+        keys: impl IntoIterator<Item = &'a str>,
+        answers: &Map<String, Value>,
+    ) -> String {
+        let fields: Vec<String> = keys
+            .into_iter()
+            .map(|k| {
+                let value = answers.get(k).cloned().unwrap_or(Value::Null);
+                format!("{}:{value}", Value::String(k.to_owned()))
+            })
+            .collect();
+        format!("{{{}}}", fields.join(","))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +228,29 @@ mod tests {
             text: text.into(),
             choices: choices.iter().map(|c| (*c).to_owned()).collect(),
         }
+    }
+
+    #[test]
+    fn a_questionnaire_asks_in_turn_records_answers_and_keeps_its_order() {
+        use progress::*;
+        let keys = ["name", "b", "a"];
+        let mut answers = serde_json::Map::new();
+        assert_eq!(next(keys, &answers), Some("name"));
+        record(&mut answers, &call_id("name"), false, "小明");
+        record(&mut answers, &call_id("b"), true, "no answer came");
+        record(&mut answers, "call-7", false, "not a questionnaire's call");
+        assert_eq!(next(keys, &answers), Some("a"));
+        // A step's record reads back.
+        let stored = serde_json::to_vec(&step(&answers, Some("a"))).expect("json");
+        assert_eq!(answers_of(&stored).expect("answers"), answers);
+        answers.insert("a".into(), "yes".into());
+        assert_eq!(next(keys, &answers), None);
+        let out = output(keys, &answers);
+        assert_eq!(out, r#"{"name":"小明","b":null,"a":"yes"}"#);
+        let parsed: serde_json::Value = serde_json::from_str(&out).expect("the output is JSON");
+        assert_eq!(parsed["name"], "小明");
+        assert!(answers_of(b"[{}]").is_err());
+        assert!(answers_of(b"not json").is_err());
     }
 
     #[test]

@@ -672,8 +672,19 @@ impl Store {
         let mut sent = Vec::with_capacity(batch.len() * 2);
         for (request, task) in batch.iter().zip(&won) {
             if let Some(task) = task {
-                sent.push(request.job.clone());
                 sent.push(self.event_msg(task, Event::Answer.as_str(), None));
+                match self.form_lease {
+                    // A questionnaire goes on here; its job is published only if that fails,
+                    // and a crash before leaves it in the outbox for the sweep.
+                    Some(lease) if !task.questionnaire().is_empty() => {
+                        tokio::spawn(self.clone().form_step(
+                            task.clone(),
+                            request.job.clone(),
+                            lease,
+                        ));
+                    }
+                    _ => sent.push(request.job.clone()),
+                }
             }
         }
         self.published(sent);

@@ -44,6 +44,7 @@ macro_rules! question_columns {
 
 mod batch;
 mod connect;
+mod form;
 mod ops;
 mod retention;
 mod rows;
@@ -255,6 +256,9 @@ pub struct Store {
     lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
+    /// When set, a questionnaire's next step after an answer is taken here, under a lease this
+    /// long, instead of by a worker (see [`form`]).
+    form_lease: Option<std::time::Duration>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -315,7 +319,15 @@ impl Store {
             lookups: Default::default(),
             answers: Default::default(),
             asks: Default::default(),
+            form_lease: None,
         }
+    }
+
+    /// Takes a questionnaire's step after an answer in this process, under a lease of `lease`
+    /// (`task.lease`); its run job reaches a worker only if this process cannot.
+    pub fn with_questionnaire_steps(mut self, lease: std::time::Duration) -> Self {
+        self.form_lease = Some(lease);
+        self
     }
 
     /// Sends committed outbox messages to `relay` for publishing at once.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use hark_e2e::{
     Env, Process,
     bot::Bot,
@@ -341,4 +342,74 @@ async fn the_http_adapter_accepts_only_what_jetstream_has() {
     gateway.stop().await;
     env.cleanup().await;
     drop(nats);
+}
+
+#[tokio::test]
+async fn a_resume_token_from_before_a_nats_restart_is_refused_not_misread() {
+    let mut nats = PrivateNats::start();
+    let env = Env::on(nats.url(), hark_e2e::postgres_url()).await;
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let watch = |api: &mut hark_proto::v1::task_service_client::TaskServiceClient<_>,
+                 token: &str| {
+        let mut api = api.clone();
+        let request = pb::WatchTasksRequest {
+            owner: "api:erin".into(),
+            resume_token: token.into(),
+            ..Default::default()
+        };
+        async move { api.watch_tasks(request).await }
+    };
+    let create = |api: &mut hark_proto::v1::task_service_client::TaskServiceClient<_>| {
+        let mut api = api.clone();
+        async move {
+            api.create_task(pb::CreateTaskRequest {
+                owner: "api:erin".into(),
+                goal: "wait".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+        }
+    };
+    let mut events = watch(&mut api, "").await.expect("watch").into_inner();
+    create(&mut api).await;
+    let first = tokio::time::timeout(WAIT, events.next())
+        .await
+        .expect("an event")
+        .expect("open")
+        .expect("ok");
+    drop(events);
+
+    // NATS restarts: the events it kept in memory are gone, and its sequence starts again.
+    nats.kill();
+    nats.start_again();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut again = loop {
+        match watch(&mut api, "").await {
+            Ok(events) => break events.into_inner(),
+            Err(e) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no watch after the restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // More events than before, so the old token's sequence exists again.
+    for _ in 0..3 {
+        create(&mut api).await;
+        tokio::time::timeout(WAIT, again.next())
+            .await
+            .expect("an event after the restart")
+            .expect("open")
+            .expect("ok");
+    }
+    let err = watch(&mut api, &first.resume_token)
+        .await
+        .expect_err("the old token must not resume somewhere else");
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err}");
+    control.stop().await;
+    env.cleanup().await;
 }

@@ -490,3 +490,47 @@ async fn a_task_created_over_grpc_without_a_chat_is_watched_and_answered_over_gr
     assert_eq!(done.result, "One tea, coming up.");
     hark.stop().await;
 }
+
+#[tokio::test]
+async fn open_watches_end_with_a_word_to_watch_again_and_never_hold_a_stop_up() {
+    let env = Env::new().await;
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let task = api
+        .create_task(pb::CreateTaskRequest {
+            owner: "api:frank".into(),
+            goal: "never picked up".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let mut one = api
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task.id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    one.message().await.expect("ok").expect("the current state");
+    let mut many = api
+        .watch_tasks(pb::WatchTasksRequest::default())
+        .await
+        .expect("watch")
+        .into_inner();
+
+    // Both streams are open on a task nobody runs; SIGTERM still stops task-control.
+    let status = control
+        .stop()
+        .await
+        .expect("task-control stops with streams open");
+    assert!(status.success(), "{status:?}");
+    for result in [one.message().await, many.message().await.map(|_| None)] {
+        let err = result.expect_err("the stream ends with a status");
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+        assert!(err.message().contains("watch again"), "{err}");
+    }
+    env.cleanup().await;
+}

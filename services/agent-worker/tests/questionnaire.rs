@@ -129,7 +129,10 @@ async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with
         .filter(|t| t.event == "claim")
         .map(|t| t.actor)
         .collect();
-    assert_eq!(claimers, ["w1", "task-control", "task-control", "task-control"]);
+    assert_eq!(
+        claimers,
+        ["w1", "task-control", "task-control", "task-control"]
+    );
     assert!(bed.llm.requests().is_empty(), "no model was called");
     bed.stop().await;
 }

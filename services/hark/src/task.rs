@@ -114,8 +114,19 @@ enum TaskCommand {
         #[arg(long, default_value = "cli")]
         author: String,
     },
-    /// Follow a task's state changes until it ends.
-    Watch { id: String },
+    /// Follow a task's state changes until it ends; without an id, follow every task's (or the
+    /// ones --owner and --state pick), each event with a token --resume goes on after.
+    Watch {
+        id: Option<String>,
+        #[arg(long, conflicts_with = "id")]
+        owner: Option<String>,
+        /// Only events into these states.
+        #[arg(long = "state", conflicts_with = "id")]
+        states: Vec<String>,
+        /// Go on after the event this token came with.
+        #[arg(long, conflicts_with = "id")]
+        resume: Option<String>,
+    },
     /// List questions: open ones, or all with --all.
     Questions {
         #[arg(long)]
@@ -533,7 +544,40 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 println!("told; the task sees it {when}");
             }
         }
-        TaskCommand::Watch { id } => {
+        TaskCommand::Watch {
+            id: None,
+            owner,
+            states,
+            resume,
+        } => {
+            let states = states
+                .iter()
+                .map(|s| s.parse::<TaskState>().map(|s| s.to_proto() as i32))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut events = api
+                .watch_tasks(pb::WatchTasksRequest {
+                    owner: owner.unwrap_or_default(),
+                    states,
+                    task_ids: Vec::new(),
+                    resume_token: resume.unwrap_or_default(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner();
+            while let Some(next) = events.message().await.map_err(explain)? {
+                let Some(event) = next.event else { continue };
+                if json_out {
+                    let mut value = event_json(&event);
+                    value["resume_token"] = json!(next.resume_token);
+                    println!("{value}");
+                } else {
+                    print!("{}  ", short(&event.task_id));
+                    print_event(&event);
+                    println!("  resume: {}", next.resume_token);
+                }
+            }
+        }
+        TaskCommand::Watch { id: Some(id), .. } => {
             let mut events = api
                 .watch_task(pb::WatchTaskRequest { task_id: id })
                 .await

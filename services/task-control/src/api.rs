@@ -3,7 +3,7 @@
 
 use std::{pin::Pin, time::Duration};
 
-use futures_util::{Stream, StreamExt as _};
+use futures_util::Stream;
 use hark_core::{
     bus,
     domain::{
@@ -515,6 +515,7 @@ impl TaskService for Api {
             .await
             .map_err(status_of)?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let stopping = watchers.stopping();
         tokio::spawn(async move {
             let mut last = current.generation as u64;
             if tx.send(Ok(first)).await.is_err() || current.state.is_terminal() {
@@ -526,6 +527,10 @@ impl TaskService for Api {
                 let event = tokio::select! {
                     // The client went away: stop at once.
                     _ = tx.closed() => return,
+                    _ = stopping.cancelled() => {
+                        let _ = tx.send(Err(crate::events::stopping())).await;
+                        return;
+                    }
                     event = watch.next() => match event {
                         Some(event) => event,
                         None => return,
@@ -604,7 +609,7 @@ impl TaskService for Api {
                 crate::events::WatchError::Unavailable(_) => Status::unavailable(e.to_string()),
             })?;
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(events).map(Ok),
+            tokio_stream::wrappers::ReceiverStream::new(events),
         )))
     }
 

@@ -142,6 +142,13 @@ impl App {
         } = self;
         let tracker = TaskTracker::new();
 
+        {
+            let (watchers, shutdown) = (shared.watchers.clone(), shutdown.clone());
+            tracker.spawn(async move {
+                shutdown.cancelled().await;
+                watchers.stop();
+            });
+        }
         tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));

@@ -27,6 +27,11 @@ use crate::{
 /// published best effort, and a lost one must not make a watcher wait for ever.
 pub const RECHECK: Duration = Duration::from_secs(15);
 
+/// What a stream's client is told when task-control stops under it.
+pub fn stopping() -> tonic::Status {
+    tonic::Status::unavailable("task-control is stopping; watch again (another replica answers)")
+}
+
 /// The event that says where `row` stands now, with the question it waits on.
 pub async fn current(store: &Store, row: &TaskRow) -> Result<pb::TaskEvent, store::Error> {
     let question = match row.state {
@@ -74,9 +79,12 @@ pub async fn next_question_or_end(
         return Ok(Some(now));
     }
     let mut last = after.generation as u64;
+    let stop = watch.stopping();
     loop {
         let event = tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            // The answer stands; the wait ends with the process.
+            _ = stop.cancelled() => return Ok(None),
             event = watch.next() => match event {
                 Some(event) => event,
                 None => return Ok(None),
@@ -172,11 +180,19 @@ pub async fn watch_many(
     filter: Filter,
     resume: Option<&str>,
     slot: Slot,
-) -> Result<mpsc::Receiver<pb::WatchTasksResponse>, WatchError> {
+) -> Result<mpsc::Receiver<Result<pb::WatchTasksResponse, tonic::Status>>, WatchError> {
     let unavailable = |e: &dyn std::fmt::Display| WatchError::Unavailable(e.to_string());
+    // The stream lives in NATS's memory: after a NATS restart it is made again here, and a token
+    // from before is told apart by the stream's creation time.
+    let config = shared
+        .names
+        .stream_configs()
+        .into_iter()
+        .find(|c| c.name == shared.names.task_events_stream())
+        .ok_or_else(|| WatchError::Unavailable("no task event stream is configured".into()))?;
     let mut stream = shared
         .js
-        .get_stream(shared.names.task_events_stream())
+        .get_or_create_stream(config)
         .await
         .map_err(|e| unavailable(&e))?;
     let info = stream.info().await.map_err(|e| unavailable(&e))?;
@@ -209,11 +225,16 @@ pub async fn watch_many(
         .map_err(|e| unavailable(&e))?;
     let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
     let (tx, rx) = mpsc::channel(64);
+    let stop = slot.stopping();
     tokio::spawn(async move {
         let _slot = slot;
         loop {
             let message = tokio::select! {
                 _ = tx.closed() => return,
+                _ = stop.cancelled() => {
+                    let _ = tx.send(Err(stopping())).await;
+                    return;
+                }
                 message = messages.next() => message,
             };
             let message = match message {
@@ -243,7 +264,7 @@ pub async fn watch_many(
                 event: Some(event),
                 resume_token: token.encode(),
             };
-            if tx.send(response).await.is_err() {
+            if tx.send(Ok(response)).await.is_err() {
                 return;
             }
         }

@@ -31,6 +31,9 @@ pub struct Watchers {
     next: AtomicU64,
     /// `control.max_watchers`.
     max: u64,
+    /// Cancelled when task-control stops: every stream ends then, telling its client to watch
+    /// again, so that none holds the server's shutdown up.
+    stopping: CancellationToken,
 }
 
 /// The watcher limit was reached.
@@ -50,6 +53,11 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Cancelled when task-control stops.
+    pub fn stopping(&self) -> CancellationToken {
+        self.watchers.stopping()
+    }
+
     /// The next event of the task, or `None` when the hub stopped.
     pub async fn next(&mut self) -> Option<pb::TaskEvent> {
         self.events.recv().await
@@ -66,6 +74,13 @@ impl Drop for Watch {
 #[derive(Debug)]
 pub struct Slot {
     watchers: Arc<Watchers>,
+}
+
+impl Slot {
+    /// Cancelled when task-control stops.
+    pub fn stopping(&self) -> CancellationToken {
+        self.watchers.stopping()
+    }
 }
 
 impl Drop for Slot {
@@ -94,7 +109,18 @@ impl Watchers {
             count: AtomicU64::new(0),
             next: AtomicU64::new(1),
             max,
+            stopping: CancellationToken::new(),
         })
+    }
+
+    /// Cancelled when task-control stops.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
+    /// Ends every stream: task-control is stopping.
+    pub fn stop(&self) {
+        self.stopping.cancel();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByTask> {

@@ -195,14 +195,18 @@ async fn an_acked_job_leaves_the_work_queue_and_an_unacked_one_comes_back() {
             })
             .collect()
     };
-    assert_eq!(
-        redelivered.len(),
-        1,
+    // Only the unacked job comes back. On a loaded machine it may come back more than once
+    // before it is acked (each time its ack wait passes), never the acked one.
+    assert!(
+        redelivered.iter().all(|m| m.payload == unacked[0].payload),
         "redelivered: {:?}",
         described(&redelivered)
     );
-    assert_eq!(redelivered[0].payload, unacked[0].payload);
-    redelivered[0].double_ack().await.expect("ack is confirmed");
+    let latest = redelivered
+        .iter()
+        .max_by_key(|m| m.info().map(|i| i.delivered).unwrap_or_default())
+        .expect("one came back");
+    latest.double_ack().await.expect("ack is confirmed");
 
     let mut stream = bus
         .js

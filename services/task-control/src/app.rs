@@ -387,6 +387,7 @@ async fn relay(
 }
 
 async fn forget(shared: &Shared, acknowledged: &mut Vec<(String, String)>) {
+    acknowledged.extend(shared.store.take_done_with());
     if acknowledged.is_empty() {
         return;
     }

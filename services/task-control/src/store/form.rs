@@ -26,12 +26,14 @@ impl Store {
                 return;
             }
         };
-        // The job is done with; should this fail, a worker finds it stale.
-        let forgotten = [(job.subject, job.msg_id)];
-        if let Err(e) = self.outbox_forget(&forgotten).await {
-            tracing::debug!(error = %e, "cannot forget a questionnaire's run job");
-        }
-        if let Err(e) = self.take_step(&claimed).await {
+        let step = self.take_step(&claimed).await;
+        // The job is done with: its row goes with the relay's next batch. Should this process
+        // die first, the sweep publishes it and a worker finds it stale.
+        self.done_with
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((job.subject, job.msg_id));
+        if let Err(e) = step {
             // Handed back for a worker; should even that fail, the lease runs out and the
             // task is recovered.
             tracing::warn!(task = %task.id, error = %e, "a questionnaire's step failed here; handing it back");

@@ -259,6 +259,9 @@ pub struct Store {
     /// When set, a questionnaire's next step after an answer is taken here, under a lease this
     /// long, instead of by a worker (see [`form`]).
     form_lease: Option<std::time::Duration>,
+    /// Outbox rows done with (a questionnaire's run job whose step was taken here), deleted in
+    /// the relay's next batch.
+    done_with: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -320,7 +323,13 @@ impl Store {
             answers: Default::default(),
             asks: Default::default(),
             form_lease: None,
+            done_with: Default::default(),
         }
+    }
+
+    /// Outbox rows this process is done with, to delete with the next batch of published ones.
+    pub fn take_done_with(&self) -> Vec<(String, String)> {
+        std::mem::take(&mut *self.done_with.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Takes a questionnaire's step after an answer in this process, under a lease of `lease`

@@ -442,6 +442,24 @@ impl Process {
     }
 }
 
+/// Creates a task of `owner` with `goal` over the API, as a client would.
+pub async fn new_task(
+    api: &mut TaskServiceClient<tonic::transport::Channel>,
+    owner: &str,
+    goal: &str,
+) -> pb::Task {
+    api.create_task(pb::CreateTaskRequest {
+        owner: owner.into(),
+        goal: goal.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("created")
+    .into_inner()
+    .task
+    .expect("task")
+}
+
 /// Claims the task of `job` as `worker`.
 pub async fn claim(env: &Env, job: &pb::RunJob, worker: &str) -> pb::ClaimResponse {
     env.request(

@@ -13,17 +13,7 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
     let env = Env::new().await;
     let mut control = env.spawn(&["control"], &[("HARK_FAILPOINT", "answer.after_commit")]);
     let mut api = env.client().await;
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:carol".into(),
-            goal: "choose a date".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:carol", "choose a date").await;
 
     // Play the worker: claim the task and ask.
     let jobs = env.jobs().await;

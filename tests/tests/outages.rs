@@ -105,17 +105,7 @@ async fn every_role_waits_for_postgres_and_nats_at_start_and_says_so() {
     }
     assert!(serving, "control reports serving");
     let mut api = env.client().await;
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:una".into(),
-            goal: "after the outage".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:una", "after the outage").await;
     let mut watch = api
         .watch_task(pb::WatchTaskRequest { task_id: task.id })
         .await

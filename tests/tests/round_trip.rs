@@ -418,17 +418,7 @@ async fn a_task_created_over_grpc_without_a_chat_is_watched_and_answered_over_gr
     )
     .await;
     let mut api = hark.env.client().await;
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:dana".into(),
-            goal: "make a drink".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:dana", "make a drink").await;
     let mut watch = api
         .watch_task(pb::WatchTaskRequest {
             task_id: task.id.clone(),
@@ -496,17 +486,7 @@ async fn open_watches_end_with_a_word_to_watch_again_and_never_hold_a_stop_up() 
     let env = Env::new().await;
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:frank".into(),
-            goal: "never picked up".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:frank", "never picked up").await;
     let mut one = api
         .watch_task(pb::WatchTaskRequest {
             task_id: task.id.clone(),

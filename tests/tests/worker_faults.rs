@@ -56,17 +56,7 @@ async fn a_database_blip_while_a_worker_runs_costs_the_task_nothing() {
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:bob".into(),
-            goal: "ride it out".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:bob", "ride it out").await;
 
     // The second LLM call is under way: the database goes away before it answers, and comes
     // back only once task-control has told the worker it cannot decide the completion.
@@ -120,17 +110,7 @@ async fn a_worker_stopped_in_a_round_hands_its_task_back_and_no_attempt_is_lost(
     let mut api = env.client().await;
     let mut first = env.spawn(&["worker", "--id", "w1"], &[]);
     first.wait_for_output("worker started", WAIT).await;
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:carl".into(),
-            goal: "survive a rolling restart".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
+    let task = hark_e2e::new_task(&mut api, "api:carl", "survive a rolling restart").await;
     // The first worker checkpointed round 1 and waits for the model in round 2: stop it.
     llm.wait_for(WAIT, |b| {
         b["messages"].as_array().is_some_and(|m| m.len() >= 4)

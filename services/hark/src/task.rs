@@ -388,10 +388,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             limit,
             page_token,
         } => {
-            let states = states
-                .iter()
-                .map(|s| s.parse::<TaskState>().map(|s| s.to_proto() as i32))
-                .collect::<Result<Vec<_>, _>>()?;
+            let states = states_of(&states)?;
             let page = api
                 .list_tasks(pb::ListTasksRequest {
                     owner: owner.unwrap_or_default(),
@@ -550,10 +547,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             states,
             resume,
         } => {
-            let states = states
-                .iter()
-                .map(|s| s.parse::<TaskState>().map(|s| s.to_proto() as i32))
-                .collect::<Result<Vec<_>, _>>()?;
+            let states = states_of(&states)?;
             let mut events = api
                 .watch_tasks(pb::WatchTasksRequest {
                     owner: owner.unwrap_or_default(),
@@ -658,4 +652,12 @@ fn print_event(event: &pb::TaskEvent) {
     if !event.error.is_empty() {
         println!("  error: {}", event.error);
     }
+}
+
+/// States given on the command line, as the API takes them.
+fn states_of(states: &[String]) -> anyhow::Result<Vec<i32>> {
+    Ok(states
+        .iter()
+        .map(|s| s.parse::<TaskState>().map(|s| s.to_proto() as i32))
+        .collect::<Result<Vec<_>, _>>()?)
 }

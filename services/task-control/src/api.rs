@@ -130,6 +130,19 @@ fn task_ref(field: &str, value: &str) -> Result<TaskRef, Status> {
     value.parse().map_err(|e| invalid(field, e))
 }
 
+/// Task states given as their protobuf numbers (a filter).
+fn states_field(field: &str, states: &[i32]) -> Result<Vec<TaskState>, Status> {
+    states
+        .iter()
+        .map(|s| {
+            pb::TaskState::try_from(*s)
+                .ok()
+                .and_then(TaskState::from_proto)
+                .ok_or_else(|| invalid(field, format!("{s} is not a task state")))
+        })
+        .collect()
+}
+
 fn owner_field(field: &str, value: &str) -> Result<Option<Owner>, Status> {
     if value.is_empty() {
         return Ok(None);
@@ -292,16 +305,7 @@ impl TaskService for Api {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let request = request.into_inner();
-        let states = request
-            .states
-            .iter()
-            .map(|s| {
-                pb::TaskState::try_from(*s)
-                    .ok()
-                    .and_then(TaskState::from_proto)
-                    .ok_or_else(|| invalid("states", format!("{s} is not a task state")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let states = states_field("states", &request.states)?;
         let before = page_token::<TaskId>(&request.page_token)?;
         let limit = page_size(request.page_size);
         let tasks = self
@@ -583,16 +587,7 @@ impl TaskService for Api {
         }
         let filter = crate::events::Filter {
             owner: owner_field("owner", &request.owner)?,
-            states: request
-                .states
-                .iter()
-                .map(|s| {
-                    pb::TaskState::try_from(*s)
-                        .ok()
-                        .and_then(TaskState::from_proto)
-                        .ok_or_else(|| invalid("states", format!("{s} is not a task state")))
-                })
-                .collect::<Result<_, _>>()?,
+            states: states_field("states", &request.states)?,
             tasks: request
                 .task_ids
                 .iter()

@@ -254,11 +254,7 @@ pub async fn w2(
 
     let suspends_per_s = n as f64 / suspend_s;
     let resumes_per_s = n as f64 / resume_s;
-    let hark_total: u64 = waiting
-        .iter()
-        .filter(|(name, _)| name.starts_with("hark"))
-        .map(|(_, b)| b)
-        .sum();
+    let hark_total = w2::hark_total(&waiting);
     let mut json = json!({
         "workload": name,
         "kind": kind.name(),
@@ -271,8 +267,8 @@ pub async fn w2(
         "hark_rss_total_mib_waiting": mib(hark_total),
         "cpu_ms_per_task_suspend": w2::cpu_json(&cpu_suspend),
         "cpu_ms_per_task_resume_to_completion": w2::cpu_json(&cpu_resume),
-        "memory_idle_mib": idle.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
-        "memory_waiting_mib": waiting.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
+        "memory_idle_mib": w2::memory_json(&idle),
+        "memory_waiting_mib": w2::memory_json(&waiting),
     });
     let mut rows = vec![
         (
@@ -299,18 +295,7 @@ pub async fn w2(
             w2::cpu_row(&cpu_resume),
         ),
     ];
-    for ((process, before), (_, after)) in idle.iter().zip(&waiting) {
-        rows.push((
-            name.clone(),
-            format!("memory of {process}: idle → {n} waiting"),
-            format!("{:.1} → {:.1} MiB", mib(*before), mib(*after)),
-        ));
-    }
-    rows.push((
-        name.clone(),
-        format!("all hark processes with {n} waiting"),
-        format!("{:.1} MiB", mib(hark_total)),
-    ));
+    rows.extend(w2::memory_rows(&name, &idle, &waiting, n));
     if let Some(limits) = limits
         && let Some(obj) = json.as_object_mut()
     {

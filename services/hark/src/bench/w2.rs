@@ -90,6 +90,49 @@ pub(super) fn cpu_json(per_task: &[(String, f64)]) -> serde_json::Value {
         .into()
 }
 
+/// The resident memory of all hark processes together.
+pub(super) fn hark_total(memory: &[(String, u64)]) -> u64 {
+    memory
+        .iter()
+        .filter(|(name, _)| name.starts_with("hark"))
+        .map(|(_, b)| b)
+        .sum()
+}
+
+pub(super) fn memory_json(memory: &[(String, u64)]) -> serde_json::Value {
+    memory
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(mib(*v))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// The table's rows of each process's memory idle and with `n` waiting, and of all hark.
+pub(super) fn memory_rows(
+    workload: &str,
+    idle: &[(String, u64)],
+    waiting: &[(String, u64)],
+    n: usize,
+) -> Vec<(String, String, String)> {
+    let mut rows: Vec<(String, String, String)> = idle
+        .iter()
+        .zip(waiting)
+        .map(|((name, before), (_, after))| {
+            (
+                workload.to_owned(),
+                format!("memory of {name}: idle → {n} waiting"),
+                format!("{:.1} → {:.1} MiB", mib(*before), mib(*after)),
+            )
+        })
+        .collect();
+    rows.push((
+        workload.to_owned(),
+        format!("all hark processes with {n} waiting"),
+        format!("{:.1} MiB", mib(hark_total(waiting))),
+    ));
+    rows
+}
+
 pub(super) fn cpu_row(per_task: &[(String, f64)]) -> String {
     per_task
         .iter()
@@ -197,11 +240,7 @@ pub async fn run(
 
     let suspends_per_s = n as f64 / suspend_s;
     let resumes_per_s = n as f64 / resume_s;
-    let hark_total: u64 = waiting
-        .iter()
-        .filter(|(name, _)| name.starts_with("hark"))
-        .map(|(_, b)| b)
-        .sum();
+    let hark_total = hark_total(&waiting);
     let mut json = json!({
         "workload": "w2",
         "tasks": n,
@@ -217,8 +256,8 @@ pub async fn run(
         "hark_rss_total_mib_waiting": mib(hark_total),
         "cpu_ms_per_task_suspend": cpu_json(&cpu_suspend),
         "cpu_ms_per_task_resume_to_completion": cpu_json(&cpu_resume),
-        "memory_idle_mib": idle.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
-        "memory_waiting_mib": waiting.iter().map(|(k, v)| (k.clone(), json!(mib(*v)))).collect::<serde_json::Map<_, _>>(),
+        "memory_idle_mib": memory_json(&idle),
+        "memory_waiting_mib": memory_json(&waiting),
     });
     let mut rows = vec![
         (
@@ -253,18 +292,7 @@ pub async fn run(
         "CPU ms per task, answer to completion, by process".to_owned(),
         cpu_row(&cpu_resume),
     ));
-    for ((name, before), (_, after)) in idle.iter().zip(&waiting) {
-        rows.push((
-            "w2".to_owned(),
-            format!("memory of {name}: idle → {n} waiting"),
-            format!("{:.1} → {:.1} MiB", mib(*before), mib(*after)),
-        ));
-    }
-    rows.push((
-        "w2".to_owned(),
-        format!("all hark processes with {n} waiting"),
-        format!("{:.1} MiB", mib(hark_total)),
-    ));
+    rows.extend(memory_rows("w2", &idle, &waiting, n));
     if let Some(limits) = limits {
         let pg_share = resumes_per_s * tx_per_task / limits.commits_per_s;
         let nats_share = resumes_per_s * NATS_PER_RESUME / limits.publish_per_s;

@@ -232,6 +232,8 @@ struct Job {
     bot: usize,
     owner: i64,
     questions: usize,
+    /// A questionnaire, asking its questions without a model.
+    form: bool,
     cancel: bool,
     id: Option<String>,
     /// When an answer to question k was last sent.
@@ -259,8 +261,28 @@ impl Job {
     }
 
     fn expected(&self) -> String {
+        if self.form {
+            let fields: Vec<String> = (1..=self.questions)
+                .map(|k| format!("\"q{k}\":\"{}\"", self.answer(k)))
+                .collect();
+            return format!("{{{}}}", fields.join(","));
+        }
         let answers: Vec<String> = (1..=self.questions).map(|k| self.answer(k)).collect();
         format!("answers: {}", answers.join("|"))
+    }
+
+    /// The questions of a questionnaire job, worded as the scripted model words its own.
+    fn questionnaire(&self) -> Vec<pb::FormQuestion> {
+        if !self.form {
+            return Vec::new();
+        }
+        (1..=self.questions)
+            .map(|k| pb::FormQuestion {
+                key: String::new(),
+                text: format!("Question {k} of job-{}?", self.n),
+                choices: Vec::new(),
+            })
+            .collect()
     }
 
     fn short(&self) -> Option<String> {
@@ -490,6 +512,8 @@ async fn under_random_kills_and_outages_no_task_loses_or_mixes_up_its_answers() 
                 bot: n % 2,
                 owner: 10_000 + n as i64,
                 questions: 1 + n % 3,
+                // Every other task created over gRPC is a questionnaire.
+                form: via != Via::Chat && n % 2 == 0,
                 cancel: n % 7 == 3,
                 id: None,
                 answered_at: HashMap::new(),
@@ -628,6 +652,7 @@ async fn under_random_kills_and_outages_no_task_loses_or_mixes_up_its_answers() 
                                 goal: job.goal(),
                                 chat,
                                 request_id: format!("job-{}", job.n),
+                                questionnaire: job.questionnaire(),
                                 ..Default::default()
                             })
                             .await

@@ -197,6 +197,7 @@ impl App {
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
             .await;
         shutdown.cancel();
+        shared.store.finish_steps().await;
         tracker.close();
         tracker.wait().await;
         served.map_err(|e| Error::Serve(format!("gRPC server failed: {e}")))

@@ -676,8 +676,8 @@ impl Store {
                 match self.form_lease {
                     // A questionnaire goes on here; its job is published only if that fails,
                     // and a crash before leaves it in the outbox for the sweep.
-                    Some(lease) if !task.questionnaire().is_empty() => {
-                        tokio::spawn(self.clone().form_step(
+                    Some(lease) if !task.questionnaire().is_empty() && !self.steps.is_closed() => {
+                        self.steps.spawn(self.clone().form_step(
                             task.clone(),
                             request.job.clone(),
                             lease,

@@ -262,6 +262,8 @@ pub struct Store {
     /// Outbox rows done with (a questionnaire's run job whose step was taken here), deleted in
     /// the relay's next batch.
     done_with: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+    /// The questionnaire steps under way here, waited for when task-control stops.
+    steps: tokio_util::task::TaskTracker,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -324,7 +326,15 @@ impl Store {
             asks: Default::default(),
             form_lease: None,
             done_with: Default::default(),
+            steps: Default::default(),
         }
+    }
+
+    /// Waits for the questionnaire steps under way here, and takes no new ones: a stop lets a
+    /// step it interrupted be continued at once, not after its lease ran out.
+    pub async fn finish_steps(&self) {
+        self.steps.close();
+        self.steps.wait().await;
     }
 
     /// Outbox rows this process is done with, to delete with the next batch of published ones.

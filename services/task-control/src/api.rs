@@ -448,12 +448,17 @@ impl TaskService for Api {
             ..Default::default()
         };
         if let Some(timeout) = wait {
-            let watch = match early_watch {
-                Some(watch) => watch,
-                None => self.shared.watchers.watch(task.id).map_err(too_many)?,
+            // A watch that began after the answer was applied starts from the row as it is now,
+            // so that nothing the task did in between is missed.
+            let (watch, after) = match early_watch {
+                Some(watch) => (watch, task.clone()),
+                None => {
+                    let watch = self.shared.watchers.watch(task.id).map_err(too_many)?;
+                    (watch, store.get_task(task.id).await.map_err(status_of)?)
+                }
             };
             let event =
-                crate::events::next_question_or_end(store, watch, &task, question.id, timeout)
+                crate::events::next_question_or_end(store, watch, &after, question.id, timeout)
                     .await
                     .map_err(status_of)?;
             response.wait_timed_out = event.is_none();

@@ -369,11 +369,18 @@ async fn a_resume_token_from_before_a_nats_restart_is_refused_not_misread() {
         .expect("an event")
         .expect("open")
         .expect("ok");
-    drop(events);
 
     // NATS restarts: the events it kept in memory are gone, and its sequence starts again.
     nats.kill();
     nats.start_again();
+    // A stream open across the restart does not go quiet: it ends, saying to watch again.
+    let ended = tokio::time::timeout(WAIT, events.next())
+        .await
+        .expect("the open stream ends instead of going quiet")
+        .expect("it ends with a status");
+    let err = ended.expect_err("no event: the stream lost its events");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+    assert!(err.message().contains("watch again"), "{err}");
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut again = loop {
         match watch(&mut api, "").await {

@@ -32,6 +32,13 @@ pub fn stopping() -> tonic::Status {
     tonic::Status::unavailable("task-control is stopping; watch again (another replica answers)")
 }
 
+/// What a stream's client is told when the events stop coming from NATS.
+fn lost(why: &str) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "task events stopped coming from NATS ({why}); watch again with the last resume_token"
+    ))
+}
+
 /// The event that says where `row` stands now, with the question it waits on.
 pub async fn current(store: &Store, row: &TaskRow) -> Result<pb::TaskEvent, store::Error> {
     let question = match row.state {
@@ -239,11 +246,16 @@ pub async fn watch_many(
             };
             let message = match message {
                 Some(Ok(message)) => message,
+                // The client goes on from its last token once NATS answers again.
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "a task event stream stopped");
+                    let _ = tx.send(Err(lost(&e.to_string()))).await;
                     return;
                 }
-                None => return,
+                None => {
+                    let _ = tx.send(Err(lost("the stream ended"))).await;
+                    return;
+                }
             };
             let Ok(info) = message.info() else { continue };
             let token = Token {

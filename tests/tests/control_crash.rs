@@ -1,5 +1,6 @@
 //! task-control killed at the worst instant: after an answer committed, before its run job was
-//! published. Started again, it publishes the job exactly once.
+//! published (started again, it publishes the job exactly once), and after a questionnaire's
+//! answer and next step committed together (nothing is lost or taken twice).
 
 use std::time::Duration;
 
@@ -98,14 +99,18 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
 }
 
 #[tokio::test]
-async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_worker_once() {
+async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_after_loses_and_repeats_nothing()
+ {
     use hark_worker::scripted::{Script, ScriptedLlm, Step};
     let llm = ScriptedLlm::with_default(Script::new(vec![Step::say("the model was called")]))
         .await
         .expect("scripted LLM");
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
-    let mut control = env.spawn(&["control"], &[("HARK_FAILPOINT", "answer.after_commit")]);
+    let mut control = env.spawn(
+        &["control"],
+        &[("HARK_FAILPOINT", "form_answer.after_commit")],
+    );
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
     let mut api = env.client().await;
     let question = |key: &str, text: &str| pb::FormQuestion {
@@ -152,7 +157,8 @@ async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_wo
         .expect("the first question is asked");
     assert_eq!(first.text, "Which day?");
 
-    // The answer commits, and task-control dies before it takes the next step.
+    // The answer and the next question commit together, and task-control dies before it
+    // replies or publishes anything.
     let answered = api
         .answer_question(pb::AnswerQuestionRequest {
             task_id: task.id.clone(),
@@ -169,7 +175,7 @@ async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_wo
             .success()
     );
 
-    // Started again, it publishes the job the dead one held back, and the worker asks on.
+    // Started again: the second question was asked by the same statement.
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
     let second = tokio::time::timeout(Duration::from_secs(30), async {
@@ -197,7 +203,7 @@ async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_wo
     let end = replied.event.expect("the end");
     assert_eq!(end.result, r#"{"day":"Friday","time":"noon"}"#);
 
-    // Each step was taken once: two asks, one claim after each answer, one finish.
+    // Each move was taken once: two asks, one claim after each answer, one finish.
     let events = env
         .sql(&format!(
             "SELECT string_agg(event, ',' ORDER BY id) FROM transitions WHERE task_id = '{}'",
@@ -215,8 +221,8 @@ async fn a_questionnaire_whose_task_control_died_after_an_answer_goes_on_at_a_wo
         ))
         .await;
     assert_eq!(
-        claimers, "w1,w1,task-control",
-        "the held-back step went to the worker"
+        claimers, "w1,task-control,task-control",
+        "after each answer, its own statement took the step"
     );
     assert!(llm.requests().is_empty(), "no model was called");
     worker.stop().await;

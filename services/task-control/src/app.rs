@@ -105,7 +105,7 @@ impl App {
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
         let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
             .with_relay(relay)
-            .with_questionnaire_steps(config.task.lease.0);
+            .with_questionnaire_steps();
         Ok(Self {
             shared: Shared {
                 store,
@@ -197,7 +197,6 @@ impl App {
             .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
             .await;
         shutdown.cancel();
-        shared.store.finish_steps().await;
         tracker.close();
         tracker.wait().await;
         served.map_err(|e| Error::Serve(format!("gRPC server failed: {e}")))
@@ -388,7 +387,6 @@ async fn relay(
 }
 
 async fn forget(shared: &Shared, acknowledged: &mut Vec<(String, String)>) {
-    acknowledged.extend(shared.store.take_done_with());
     if acknowledged.is_empty() {
         return;
     }

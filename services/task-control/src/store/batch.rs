@@ -576,7 +576,9 @@ impl Store {
         // back. Otherwise it has either a question or a task; the other branch finds nothing by
         // a NULL. Branches rather than one condition with an OR, so each is a plain index lookup.
         let sql = concat!(
-            "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+            "SELECT q.*, ",
+            answer_target_columns!(),
+            ",
                     EXISTS (SELECT 1 FROM applied_inbound WHERE key = l.l_inbound) AS applied,
                     l.l_ord AS ord
              FROM unnest($1::uuid[], $2::uuid[], $3::text[])
@@ -672,19 +674,8 @@ impl Store {
         let mut sent = Vec::with_capacity(batch.len() * 2);
         for (request, task) in batch.iter().zip(&won) {
             if let Some(task) = task {
+                sent.push(request.job.clone());
                 sent.push(self.event_msg(task, Event::Answer.as_str(), None));
-                match self.form_lease {
-                    // A questionnaire goes on here; its job is published only if that fails,
-                    // and a crash before leaves it in the outbox for the sweep.
-                    Some(lease) if !task.questionnaire().is_empty() && !self.steps.is_closed() => {
-                        self.steps.spawn(self.clone().form_step(
-                            task.clone(),
-                            request.job.clone(),
-                            lease,
-                        ));
-                    }
-                    _ => sent.push(request.job.clone()),
-                }
             }
         }
         self.published(sent);
@@ -818,6 +809,6 @@ impl Store {
 }
 
 /// Whether `error` is the unique index on open question handles refusing a handle.
-fn handle_taken(error: &Error) -> bool {
+pub(super) fn handle_taken(error: &Error) -> bool {
     matches!(error, Error::Database(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505"))
 }

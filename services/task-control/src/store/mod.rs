@@ -34,6 +34,18 @@ macro_rules! active_states {
 }
 
 /// The columns of `questions`, in the order of [`QuestionRow`].
+/// What an answer's compare-and-set starts from, beside its question: the task's state and
+/// generation, and for a questionnaire its questions and its last round (`t` is the task).
+macro_rules! answer_target_columns {
+    () => {
+        "t.state AS task_state, t.generation AS task_generation, \
+    t.questionnaire AS task_questionnaire, \
+    CASE WHEN t.questionnaire IS NULL THEN NULL ELSE \
+        (SELECT json_build_object('round', c.round, 'messages', c.messages) FROM checkpoints c \
+         WHERE c.task_id = t.id ORDER BY c.round DESC LIMIT 1) END AS form_last_round"
+    };
+}
+
 macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
@@ -256,14 +268,9 @@ pub struct Store {
     lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
-    /// When set, a questionnaire's next step after an answer is taken here, under a lease this
-    /// long, instead of by a worker (see [`form`]).
-    form_lease: Option<std::time::Duration>,
-    /// Outbox rows done with (a questionnaire's run job whose step was taken here), deleted in
-    /// the relay's next batch.
-    done_with: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
-    /// The questionnaire steps under way here, waited for when task-control stops.
-    steps: tokio_util::task::TaskTracker,
+    /// Whether a questionnaire's answer takes its next step in the same statement (see
+    /// [`form`]) instead of queueing a run for a worker.
+    form_steps: bool,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -324,28 +331,13 @@ impl Store {
             lookups: Default::default(),
             answers: Default::default(),
             asks: Default::default(),
-            form_lease: None,
-            done_with: Default::default(),
-            steps: Default::default(),
+            form_steps: false,
         }
     }
 
-    /// Waits for the questionnaire steps under way here, and takes no new ones: a stop lets a
-    /// step it interrupted be continued at once, not after its lease ran out.
-    pub async fn finish_steps(&self) {
-        self.steps.close();
-        self.steps.wait().await;
-    }
-
-    /// Outbox rows this process is done with, to delete with the next batch of published ones.
-    pub fn take_done_with(&self) -> Vec<(String, String)> {
-        std::mem::take(&mut *self.done_with.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// Takes a questionnaire's step after an answer in this process, under a lease of `lease`
-    /// (`task.lease`); its run job reaches a worker only if this process cannot.
-    pub fn with_questionnaire_steps(mut self, lease: std::time::Duration) -> Self {
-        self.form_lease = Some(lease);
+    /// Takes a questionnaire's next step with each answer, in the answer's own statement.
+    pub fn with_questionnaire_steps(mut self) -> Self {
+        self.form_steps = true;
         self
     }
 

@@ -833,6 +833,8 @@ impl Store {
             task_state: state,
             task_generation: generation,
             applied,
+            task_questionnaire,
+            form_last_round,
         } = target;
         let question = question_row.id;
         if applied {
@@ -874,6 +876,14 @@ impl Store {
         // The task moves only from the generation just read. A question is only ever closed
         // together with a move of its task, so when this move wins the question is still open.
         transition(state, Event::Answer).map_err(|e| Error::wrong_state(task_id, e))?;
+        if let Some(Json(questions)) = task_questionnaire.filter(|_| self.form_steps)
+            && !questions.is_empty()
+        {
+            let last = form_last_round.map(|Json(round)| round);
+            return self
+                .answer_form(question_row, generation, answer, &questions, last)
+                .await;
+        }
         let won = self
             .decide(super::batch::AnswerRequest {
                 task: task_id,
@@ -884,20 +894,7 @@ impl Store {
             })
             .await?;
         let Some(task) = won else {
-            // Another writer won: the same message applied concurrently, or a cancel or an
-            // expiry. Say which.
-            let now = self.get_question(question).await?;
-            if let Some(key) = &answer.inbound_key
-                && self.was_applied(key).await?
-            {
-                return Ok(AnswerOutcome::Duplicate {
-                    question: Box::new(now),
-                });
-            }
-            return Err(Error::QuestionClosed {
-                id: question.to_string(),
-                outcome: now.outcome,
-            });
+            return self.answer_lost(question, answer).await;
         };
         // The statement changed exactly these fields of the question read above.
         question_row.outcome = QuestionOutcome::Answered;
@@ -908,6 +905,27 @@ impl Store {
         Ok(AnswerOutcome::Applied {
             task: Box::new(task),
             question: Box::new(question_row),
+        })
+    }
+
+    /// What an answer whose compare-and-set lost is told: another writer won — the same
+    /// message applied concurrently, or a cancel or an expiry. Says which.
+    pub(super) async fn answer_lost(
+        &self,
+        question: QuestionId,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let now = self.get_question(question).await?;
+        if let Some(key) = &answer.inbound_key
+            && self.was_applied(key).await?
+        {
+            return Ok(AnswerOutcome::Duplicate {
+                question: Box::new(now),
+            });
+        }
+        Err(Error::QuestionClosed {
+            id: question.to_string(),
+            outcome: now.outcome,
         })
     }
 
@@ -1098,7 +1116,7 @@ impl Store {
     }
 
     /// The chat of a task. A task's chat never changes, so it is remembered.
-    async fn chat_of(&self, task: TaskId) -> Result<Option<ChatRoute>, Error> {
+    pub(super) async fn chat_of(&self, task: TaskId) -> Result<Option<ChatRoute>, Error> {
         if let Some(route) = self.routes.get(task) {
             return Ok(route);
         }
@@ -1260,7 +1278,7 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
 /// payloads and trace contexts.
 type Columns = (Vec<String>, Vec<String>, Vec<Vec<u8>>, Vec<Option<String>>);
 
-fn columns(outbox: Vec<OutboxMessage>) -> Columns {
+pub(super) fn columns(outbox: Vec<OutboxMessage>) -> Columns {
     let mut subjects = Vec::with_capacity(outbox.len());
     let mut msg_ids = Vec::with_capacity(outbox.len());
     let mut payloads = Vec::with_capacity(outbox.len());
@@ -1309,6 +1327,9 @@ pub struct AnswerTarget {
     task_state: String,
     task_generation: i64,
     applied: bool,
+    /// The questions of a questionnaire, and its last round as `{round, messages}`.
+    task_questionnaire: Option<Json<Vec<FormQuestion>>>,
+    form_last_round: Option<Json<serde_json::Value>>,
 }
 
 /// Which questions to list.
@@ -1340,7 +1361,9 @@ impl Store {
         macro_rules! targets {
             ($filter:literal) => {
                 concat!(
-                    "SELECT q.*, t.state AS task_state, t.generation AS task_generation,
+                    "SELECT q.*, ",
+                    answer_target_columns!(),
+                    ",
                             EXISTS (SELECT 1 FROM applied_inbound WHERE key = $4) AS applied
                      FROM (SELECT ",
                     question_columns!(),

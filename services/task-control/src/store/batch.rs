@@ -243,16 +243,16 @@ pub(super) enum Asked {
 
 /// The durable outbox messages of a batch's requests as parallel arrays for `unnest`, each with
 /// its request's place in the batch (from 1, as `WITH ORDINALITY` counts).
-struct OutboxColumns<'a> {
-    ords: Vec<i64>,
-    subjects: Vec<&'a str>,
-    msg_ids: Vec<&'a str>,
-    payloads: Vec<Vec<u8>>,
-    traces: Vec<Option<&'a str>>,
+pub(super) struct OutboxColumns<'a> {
+    pub(super) ords: Vec<i64>,
+    pub(super) subjects: Vec<&'a str>,
+    pub(super) msg_ids: Vec<&'a str>,
+    pub(super) payloads: Vec<Vec<u8>>,
+    pub(super) traces: Vec<Option<&'a str>>,
 }
 
 impl<'a> OutboxColumns<'a> {
-    fn of(outboxes: impl Iterator<Item = &'a [OutboxMessage]>) -> Self {
+    pub(super) fn of(outboxes: impl Iterator<Item = &'a [OutboxMessage]>) -> Self {
         let mut columns = Self {
             ords: Vec::new(),
             subjects: Vec::new(),
@@ -298,13 +298,16 @@ struct OrderedTarget {
 }
 
 /// One column of a batch's requests, as an array to bind for `unnest`.
-fn column<'a, T, U>(batch: &'a [T], value: impl FnMut(&'a T) -> U) -> Vec<U> {
+pub(super) fn column<'a, T, U>(batch: &'a [T], value: impl FnMut(&'a T) -> U) -> Vec<U> {
     batch.iter().map(value).collect()
 }
 
 /// Each request's row, placed by its request's place in the batch (from 1); `None` for a request
 /// that has no row (it lost, or found nothing).
-fn in_order<R>(count: usize, rows: impl IntoIterator<Item = (i64, R)>) -> Vec<Option<R>> {
+pub(super) fn in_order<R>(
+    count: usize,
+    rows: impl IntoIterator<Item = (i64, R)>,
+) -> Vec<Option<R>> {
     let mut placed: Vec<Option<R>> = (0..count).map(|_| None).collect();
     for (ord, row) in rows {
         if let Some(slot) = usize::try_from(ord - 1)

@@ -6,6 +6,7 @@
 //! the finish (`running → completed`); the task row goes from the first state to the last in one
 //! compare-and-set on its generation.
 
+use futures_util::future::BoxFuture;
 use hark_core::domain::{
     Event, Handle, QuestionId, QuestionOutcome, TaskState, form::FormQuestion, form::progress,
     transition,
@@ -13,7 +14,10 @@ use hark_core::domain::{
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
 
-use super::{Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow, ops};
+use super::{
+    Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
+    batch::{Batched, Batches, OutboxColumns, column, in_order},
+};
 use crate::render;
 
 /// What an answer to a questionnaire leads to.
@@ -22,34 +26,26 @@ enum Step<'a> {
     Finish(String),
 }
 
-/// The part both statements share: the answered question, the applied inbound id, the audit of
-/// the answer and the claim, and the step's round. `$1` task, `$2` generation, `$3` round, `$4`
-/// answered question, `$5` answerer, `$6` answer, `$7` inbound key, `$8` the round's messages;
-/// `t` is the task row as it is after the move.
-macro_rules! answered {
-    () => {
-        "answered AS (
-            UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = $5,
-                                   answer = $6, inbound_message_id = $7
-            FROM t WHERE q.id = $4 AND q.outcome = 'open'
-        ), applied AS (
-            INSERT INTO applied_inbound (key, task_id, question_id)
-            SELECT $7, id, $4 FROM t WHERE $7::text IS NOT NULL
-            ON CONFLICT DO NOTHING
-        ), checkpoint AS (
-            INSERT INTO checkpoints (task_id, round, messages) SELECT id, $3, $8 FROM t
-            ON CONFLICT DO NOTHING
-        )"
-    };
-}
-
-/// The audit of the three moves; the last is `$event` into `$to`, with `$detail`.
-macro_rules! audit {
+/// What both statements share, for each request `t` (the task row after its move, with the
+/// request's columns `c_*`): the answered question, the applied inbound id, the step's round and
+/// the audit of the answer and the claim, and then of `$event` into `$to` with `$detail`.
+macro_rules! answered_and_audit {
     ($to:literal, $event:literal, $detail:literal) => {
         concat!(
-            "audit AS (
+            "answered AS (
+                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
+                                       answer = t.c_answer, inbound_message_id = t.c_inbound
+                FROM t WHERE q.id = t.c_answered AND q.outcome = 'open'
+            ), applied AS (
+                INSERT INTO applied_inbound (key, task_id, question_id)
+                SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages) SELECT id, c_round, c_messages FROM t
+                ON CONFLICT DO NOTHING
+            ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'waiting_input', 'pending', 'answer', generation - 2, $5, '' FROM t
+                SELECT id, 'waiting_input', 'pending', 'answer', generation - 2, c_answerer, '' FROM t
                 UNION ALL SELECT id, 'pending', 'running', 'claim', generation - 1, 'task-control', '' FROM t
                 UNION ALL SELECT id, 'running', ",
             $to,
@@ -61,6 +57,102 @@ macro_rules! audit {
             )"
         )
     };
+}
+
+/// An answer to a questionnaire and the round of the step it leads to.
+#[derive(Debug)]
+pub(super) struct Answered {
+    task: hark_core::domain::TaskId,
+    generation: i64,
+    round: i32,
+    question: QuestionId,
+    answer: Answer,
+    messages: serde_json::Value,
+}
+
+/// An answer and the next question, to ask in the same statement.
+#[derive(Debug)]
+pub(super) struct FormAsk {
+    answered: Answered,
+    question: QuestionId,
+    text: String,
+    handle: String,
+    call_id: String,
+    choices: Vec<String>,
+    outbox: Vec<OutboxMessage>,
+}
+
+/// An answer and the completion with `output`, in the same statement.
+#[derive(Debug)]
+pub(super) struct FormFinish {
+    answered: Answered,
+    output: String,
+    outbox: Vec<OutboxMessage>,
+}
+
+/// How an ask step was decided.
+#[derive(Debug)]
+pub(super) enum FormAsked {
+    /// The task waits on the new question, whose deadline this is.
+    Won(Box<TaskRow>, Option<time::OffsetDateTime>),
+    /// The task moved since it was read.
+    Lost,
+    /// Another open question of the owner in the stream has this handle; draw another.
+    HandleTaken,
+}
+
+impl Batched for FormAsk {
+    type Decision = FormAsked;
+
+    fn decide<'a>(
+        store: &'a Store,
+        batch: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
+        Box::pin(async move {
+            match store.form_ask_statement(batch).await {
+                Err(e) if batch.len() == 1 && super::batch::handle_taken(&e) => {
+                    Ok(vec![FormAsked::HandleTaken])
+                }
+                decided => decided,
+            }
+        })
+    }
+
+    fn queue(store: &Store) -> &Batches<Self> {
+        &store.form_asks
+    }
+}
+
+impl Batched for FormFinish {
+    type Decision = Option<TaskRow>;
+
+    fn decide<'a>(
+        store: &'a Store,
+        batch: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
+        Box::pin(store.form_finish_statement(batch))
+    }
+
+    fn queue(store: &Store) -> &Batches<Self> {
+        &store.form_finishes
+    }
+}
+
+/// One row of an ask step's statement: the task, its request's place, and the new deadline.
+#[derive(sqlx::FromRow)]
+struct FormRow {
+    #[sqlx(flatten)]
+    task: TaskRow,
+    ord: i64,
+    asked_deadline: Option<time::OffsetDateTime>,
+}
+
+/// One row of a finish step's statement.
+#[derive(sqlx::FromRow)]
+struct FinishRow {
+    #[sqlx(flatten)]
+    task: TaskRow,
+    ord: i64,
 }
 
 impl Store {
@@ -109,6 +201,14 @@ impl Store {
         };
         let messages = serde_json::Value::Array(progress::step(&answers, asking));
         let chat = self.chat_of(task).await?;
+        let answered = |messages: serde_json::Value| Answered {
+            task,
+            generation,
+            round: number,
+            question: question.id,
+            answer: answer.clone(),
+            messages,
+        };
         let row = match &step {
             Step::Finish(output) => {
                 let outbox = chat
@@ -116,39 +216,79 @@ impl Store {
                         self.chat_msgs(&route, &render::completed(task, output), None, None)
                     })
                     .unwrap_or_default();
-                let row = self
-                    .form_finish(
-                        &question, generation, number, answer, &messages, output, outbox,
-                    )
-                    .await?;
-                row.map(|row| (row, None))
+                self.decide(FormFinish {
+                    answered: answered(messages),
+                    output: output.clone(),
+                    outbox,
+                })
+                .await?
+                .map(|row| (row, None))
             }
             Step::Ask(next) => {
-                let mut asked = None;
+                let id = QuestionId::new();
+                let mut won = None;
+                // A handle is unique among the owner's open questions in the stream; one taken
+                // fails the statement, and another is drawn.
                 for _ in 0..8 {
-                    match self
-                        .form_ask(
-                            &question,
-                            generation,
-                            number,
-                            answer,
-                            &messages,
-                            next,
-                            chat.as_ref(),
-                        )
-                        .await
-                    {
-                        Err(e) if super::batch::handle_taken(&e) => continue,
-                        decided => {
-                            asked = Some(decided?);
+                    let handle = Handle::random().to_string();
+                    let outbox = chat
+                        .as_ref()
+                        .map(|route| {
+                            let text = render::with_choices(
+                                render::question(
+                                    task,
+                                    &handle,
+                                    &next.text,
+                                    "",
+                                    &self.context_label,
+                                ),
+                                &next.choices,
+                            );
+                            self.chat_msgs(
+                                route,
+                                &text,
+                                Some(id),
+                                route.origin_message_id.as_deref(),
+                            )
+                        })
+                        .unwrap_or_default();
+                    let decided = self
+                        .decide(FormAsk {
+                            answered: answered(messages.clone()),
+                            question: id,
+                            text: next.text.clone(),
+                            handle: handle.clone(),
+                            call_id: progress::call_id(&next.key),
+                            choices: next.choices.clone(),
+                            outbox,
+                        })
+                        .await?;
+                    match decided {
+                        FormAsked::HandleTaken => continue,
+                        FormAsked::Lost => {
+                            won = Some(None);
+                            break;
+                        }
+                        FormAsked::Won(row, deadline) => {
+                            let asked = pb::Question {
+                                id: id.to_string(),
+                                task_id: task.to_string(),
+                                handle,
+                                text: next.text.clone(),
+                                owner: row.owner.to_string(),
+                                chat: row.chat().map(|c| crate::convert::route(&c)),
+                                outcome: pb::QuestionOutcome::Open as i32,
+                                asked_at: Some(crate::convert::timestamp(row.updated_at)),
+                                deadline: deadline.map(crate::convert::timestamp),
+                                choices: next.choices.clone(),
+                                ..Default::default()
+                            };
+                            won = Some(Some((*row, Some(asked))));
                             break;
                         }
                     }
                 }
-                let Some(won) = asked else {
-                    return Err(Error::Busy("no free question handle after 8 tries".into()));
-                };
-                won.map(|(row, q)| (row, Some(q)))
+                won.ok_or_else(|| Error::Busy("no free question handle after 8 tries".into()))?
             }
         };
         let Some((row, next)) = row else {
@@ -166,162 +306,152 @@ impl Store {
         })
     }
 
-    /// The answer and the next question, asked, in one statement; `None` when the task moved.
-    #[allow(clippy::too_many_arguments)]
-    async fn form_ask(
-        &self,
-        answered: &QuestionRow,
-        generation: i64,
-        number: i32,
-        answer: &Answer,
-        messages: &serde_json::Value,
-        next: &FormQuestion,
-        chat: Option<&super::ChatRoute>,
-    ) -> Result<Option<(TaskRow, pb::Question)>, Error> {
-        let task = answered.task_id;
-        let id = QuestionId::new();
-        let handle = Handle::random().to_string();
-        let outbox: Vec<OutboxMessage> = chat
-            .map(|route| {
-                let text = render::with_choices(
-                    render::question(task, &handle, &next.text, "", &self.context_label),
-                    &next.choices,
-                );
-                self.chat_msgs(route, &text, Some(id), route.origin_message_id.as_deref())
-            })
-            .unwrap_or_default();
+    /// One statement for all of `batch`: each questionnaire still waiting at its generation has
+    /// its answer recorded and its next question asked.
+    async fn form_ask_statement(&self, batch: &[FormAsk]) -> Result<Vec<FormAsked>, Error> {
         let sql = concat!(
-            "WITH t AS (
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
+                                     $7::text[], $8::jsonb[], $9::uuid[], $10::text[], $11::text[], $12::text[],
+                                     $13::jsonb[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
+                                         c_inbound, c_messages, c_question, c_text, c_handle, c_call,
+                                         c_choices, c_ord)
+            ), t AS (
                 UPDATE tasks SET state = 'waiting_input', generation = generation + 3,
-                    updated_at = now(), rounds = greatest(rounds, $3), finished_at = NULL
-                WHERE id = $1 AND state = 'waiting_input' AND generation = $2
+                    updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
-            "), ",
-            answered!(),
-            ", ",
-            audit!("'waiting_input'", "'ask'", "$10"),
+            ", c.*
+            ), ",
+            answered_and_audit!("'waiting_input'", "'ask'", "c_text"),
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, deadline)
-                SELECT $9, id, $11, $10, '', $12, $3, owner, platform, bot_id, stream, $13,
+                SELECT c_question, id, c_handle, c_text, '', c_call, c_round, owner, platform, bot_id,
+                       stream, c_choices,
                        CASE WHEN on_timeout = 'never' THEN NULL
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
                        END
-                FROM t RETURNING deadline
+                FROM t RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t,
-                    unnest($14::text[], $15::text[], $16::bytea[], $17::text[]) AS o(s, m, p, tp)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[], $18::text[])
+                    AS o(ord, s, m, p, tp)
+                  ON o.ord = t.c_ord
             )
-            SELECT t.*, (SELECT deadline FROM asked) AS asked_deadline FROM t"
+            SELECT t.*, t.c_ord AS ord,
+                (SELECT deadline FROM asked WHERE asked.task_id = t.id) AS asked_deadline
+            FROM t"
         );
-        let (subjects, msg_ids, payloads, traces) = ops::columns(outbox.clone());
-        let row: Option<FormRow> = sqlx::query_as(sql)
-            .bind(task.as_uuid())
-            .bind(generation)
-            .bind(number)
-            .bind(answered.id.as_uuid())
-            .bind(&answer.answerer)
-            .bind(&answer.text)
-            .bind(answer.inbound_key.as_deref())
-            .bind(Json(messages))
-            .bind(id.as_uuid())
-            .bind(&next.text)
-            .bind(&handle)
-            .bind(progress::call_id(&next.key))
-            .bind((!next.choices.is_empty()).then_some(Json(&next.choices)))
-            .bind(subjects)
-            .bind(msg_ids)
-            .bind(payloads)
-            .bind(traces)
-            .fetch_optional(&self.pool)
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
+        let rows: Vec<FormRow> = sqlx::query_as(sql)
+            .bind(column(batch, |r| r.answered.task.as_uuid()))
+            .bind(column(batch, |r| r.answered.generation))
+            .bind(column(batch, |r| r.answered.round))
+            .bind(column(batch, |r| r.answered.question.as_uuid()))
+            .bind(column(batch, |r| r.answered.answer.answerer.as_str()))
+            .bind(column(batch, |r| r.answered.answer.text.as_str()))
+            .bind(column(batch, |r| r.answered.answer.inbound_key.as_deref()))
+            .bind(column(batch, |r| Json(&r.answered.messages)))
+            .bind(column(batch, |r| r.question.as_uuid()))
+            .bind(column(batch, |r| r.text.as_str()))
+            .bind(column(batch, |r| r.handle.as_str()))
+            .bind(column(batch, |r| r.call_id.as_str()))
+            .bind(column(batch, |r| {
+                (!r.choices.is_empty()).then_some(Json(&r.choices))
+            }))
+            .bind(out.ords)
+            .bind(out.subjects)
+            .bind(out.msg_ids)
+            .bind(out.payloads)
+            .bind(out.traces)
+            .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("form_answer.after_commit");
-        let Some(FormRow {
-            task: row,
-            asked_deadline,
-        }) = row
-        else {
-            return Ok(None);
-        };
-        self.published(outbox);
-        let question = pb::Question {
-            id: id.to_string(),
-            task_id: task.to_string(),
-            handle,
-            text: next.text.clone(),
-            owner: row.owner.to_string(),
-            chat: row.chat().map(|c| crate::convert::route(&c)),
-            outcome: pb::QuestionOutcome::Open as i32,
-            asked_at: Some(crate::convert::timestamp(row.updated_at)),
-            deadline: asked_deadline.map(crate::convert::timestamp),
-            choices: next.choices.clone(),
-            ..Default::default()
-        };
-        Ok(Some((row, question)))
+        let mut sent = Vec::new();
+        let won = in_order(
+            batch.len(),
+            rows.into_iter()
+                .map(|r| (r.ord, (r.task, r.asked_deadline))),
+        );
+        for (request, row) in batch.iter().zip(&won) {
+            if row.is_some() {
+                sent.extend(request.outbox.iter().cloned());
+            }
+        }
+        self.published(sent);
+        Ok(won
+            .into_iter()
+            .map(|row| match row {
+                Some((task, deadline)) => FormAsked::Won(Box::new(task), deadline),
+                None => FormAsked::Lost,
+            })
+            .collect())
     }
 
-    /// The answer and the completion with `output`, in one statement; `None` when the task moved.
-    #[allow(clippy::too_many_arguments)]
-    async fn form_finish(
+    /// One statement for all of `batch`: each questionnaire still waiting at its generation has
+    /// its last answer recorded and completes with its output.
+    async fn form_finish_statement(
         &self,
-        answered: &QuestionRow,
-        generation: i64,
-        number: i32,
-        answer: &Answer,
-        messages: &serde_json::Value,
-        output: &str,
-        outbox: Vec<OutboxMessage>,
-    ) -> Result<Option<TaskRow>, Error> {
+        batch: &[FormFinish],
+    ) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
-            "WITH t AS (
+            "WITH c AS (
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
+                                     $7::text[], $8::jsonb[], $9::text[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
+                                         c_inbound, c_messages, c_output, c_ord)
+            ), t AS (
                 UPDATE tasks SET state = 'completed', generation = generation + 3,
-                    updated_at = now(), rounds = greatest(rounds, $3), result = $9,
+                    updated_at = now(), rounds = greatest(rounds, c.c_round), result = c.c_output,
                     finished_at = now()
-                WHERE id = $1 AND state = 'waiting_input' AND generation = $2
+                FROM c
+                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
-            "), ",
-            answered!(),
-            ", ",
-            audit!("'completed'", "'finish'", "''"),
+            ", c.*
+            ), ",
+            answered_and_audit!("'completed'", "'finish'", "''"),
             ", out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t,
-                    unnest($10::text[], $11::text[], $12::bytea[], $13::text[]) AS o(s, m, p, tp)
+                SELECT o.s, o.m, o.p, o.tp FROM t
+                JOIN unnest($10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::text[])
+                    AS o(ord, s, m, p, tp)
+                  ON o.ord = t.c_ord
             )
-            SELECT * FROM t"
+            SELECT t.*, t.c_ord AS ord FROM t"
         );
-        let (subjects, msg_ids, payloads, traces) = ops::columns(outbox.clone());
-        let row: Option<TaskRow> = sqlx::query_as(sql)
-            .bind(answered.task_id.as_uuid())
-            .bind(generation)
-            .bind(number)
-            .bind(answered.id.as_uuid())
-            .bind(&answer.answerer)
-            .bind(&answer.text)
-            .bind(answer.inbound_key.as_deref())
-            .bind(Json(messages))
-            .bind(output)
-            .bind(subjects)
-            .bind(msg_ids)
-            .bind(payloads)
-            .bind(traces)
-            .fetch_optional(&self.pool)
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
+        let rows: Vec<FinishRow> = sqlx::query_as(sql)
+            .bind(column(batch, |r| r.answered.task.as_uuid()))
+            .bind(column(batch, |r| r.answered.generation))
+            .bind(column(batch, |r| r.answered.round))
+            .bind(column(batch, |r| r.answered.question.as_uuid()))
+            .bind(column(batch, |r| r.answered.answer.answerer.as_str()))
+            .bind(column(batch, |r| r.answered.answer.text.as_str()))
+            .bind(column(batch, |r| r.answered.answer.inbound_key.as_deref()))
+            .bind(column(batch, |r| Json(&r.answered.messages)))
+            .bind(column(batch, |r| r.output.as_str()))
+            .bind(out.ords)
+            .bind(out.subjects)
+            .bind(out.msg_ids)
+            .bind(out.payloads)
+            .bind(out.traces)
+            .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("form_answer.after_commit");
-        if row.is_some() {
-            self.published(outbox);
+        let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
+        let mut sent = Vec::new();
+        for (request, row) in batch.iter().zip(&won) {
+            if row.is_some() {
+                sent.extend(request.outbox.iter().cloned());
+            }
         }
-        Ok(row)
+        self.published(sent);
+        Ok(won)
     }
-}
-
-/// The row of an ask step: the task, and the new question's deadline.
-#[derive(sqlx::FromRow)]
-struct FormRow {
-    #[sqlx(flatten)]
-    task: TaskRow,
-    asked_deadline: Option<time::OffsetDateTime>,
 }

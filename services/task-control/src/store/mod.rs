@@ -265,6 +265,8 @@ pub struct Store {
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest>>,
     asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
+    form_asks: std::sync::Arc<batch::Batches<form::FormAsk>>,
+    form_finishes: std::sync::Arc<batch::Batches<form::FormFinish>>,
     lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
@@ -331,6 +333,8 @@ impl Store {
             lookups: Default::default(),
             answers: Default::default(),
             asks: Default::default(),
+            form_asks: Default::default(),
+            form_finishes: Default::default(),
             form_steps: false,
         }
     }

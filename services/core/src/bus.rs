@@ -426,23 +426,11 @@ pub async fn connect_in_background(
     config: &crate::config::NatsConfig,
     client_name: &str,
 ) -> Result<async_nats::Client, Error> {
-    let (url, credentials) = split_credentials(config.url.expose());
-    let mut options = async_nats::ConnectOptions::new()
+    let options = async_nats::ConnectOptions::new()
         .name(client_name)
         .retry_on_initial_connect()
         .max_reconnects(None);
-    options = match credentials {
-        Some((user, Some(password))) => options.user_and_password(user, password),
-        Some((token, None)) => options.token(token),
-        None => options,
-    };
-    options
-        .connect(url.as_str())
-        .await
-        .map_err(|source| Error::Connect {
-            url: crate::secret::redact_url(config.url.expose()),
-            source,
-        })
+    connect_with(config, options).await
 }
 
 /// Connects as `client_name` to the configured NATS, and nothing more.
@@ -450,10 +438,17 @@ pub async fn connect_client(
     config: &crate::config::NatsConfig,
     client_name: &str,
 ) -> Result<async_nats::Client, Error> {
-    // Credentials in the URL are handed over separately, so that the client library, which
-    // logs the server's address, never sees them in it.
+    connect_with(config, async_nats::ConnectOptions::new().name(client_name)).await
+}
+
+/// Connects to the configured NATS with `options`. Credentials in the URL are handed over
+/// separately, so that the client library, which logs the server's address, never sees them in
+/// it.
+async fn connect_with(
+    config: &crate::config::NatsConfig,
+    mut options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, Error> {
     let (url, credentials) = split_credentials(config.url.expose());
-    let mut options = async_nats::ConnectOptions::new().name(client_name);
     options = match credentials {
         Some((user, Some(password))) => options.user_and_password(user, password),
         Some((token, None)) => options.token(token),

@@ -358,7 +358,6 @@ impl TaskService for Api {
         let text = text_field("answer", &request.answer)?;
         let request_id = key_field("request_id", &request.request_id)?;
         let store = &self.shared.store;
-        // Either a question by id, or whichever question the task has open.
         // Either a question by id, or whichever question the task has open. Neither is read
         // here: the answer's own read finds it (an extra read only checks a named answerer).
         let target = match (request.question_id.as_str(), request.task_id.as_str()) {
@@ -425,12 +424,17 @@ impl TaskService for Api {
             Target::Question(q) => store.answer(q, &answer).await,
             Target::OpenOf(t) => store.answer_task(t, &answer).await,
         };
-        let (task, question) = match applied {
-            Ok(AnswerOutcome::Applied { task, question }) => (*task, *question),
+        let (task, question, asked) = match applied {
+            Ok(AnswerOutcome::Applied {
+                task,
+                question,
+                asked,
+            }) => (*task, *question, asked),
             // The same request id applied before: what it did then.
             Ok(AnswerOutcome::Duplicate { question }) => (
                 store.get_task(question.task_id).await.map_err(status_of)?,
                 *question,
+                None,
             ),
             Err(store::Error::NoOpenQuestion { task }) => {
                 let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
@@ -448,6 +452,16 @@ impl TaskService for Api {
             ..Default::default()
         };
         if let Some(timeout) = wait {
+            // The answer's own statement may have asked the next question or ended the task (a
+            // questionnaire): then there is nothing to wait for, and nothing to read.
+            if let Some(asked) = asked {
+                response.event = Some(convert::event(&task, "ask", Some(*asked)));
+                return Ok(Response::new(response));
+            }
+            if task.state.is_terminal() {
+                response.event = Some(convert::event(&task, "current", None));
+                return Ok(Response::new(response));
+            }
             // A watch that began after the answer was applied starts from the row as it is now,
             // so that nothing the task did in between is missed.
             let (watch, after) = match early_watch {

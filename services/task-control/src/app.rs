@@ -342,7 +342,8 @@ async fn relay(
             if !message.durable {
                 // A task event reaches this process's watchers at once, without the trip
                 // through NATS; the copy that comes back is recognised by its generation.
-                if message.subject.starts_with(&events_prefix)
+                if shared.watchers.count() > 0
+                    && message.subject.starts_with(&events_prefix)
                     && let Ok(event) = codec::decode::<pb::TaskEvent>(&message.payload)
                 {
                     shared.watchers.dispatch(event);

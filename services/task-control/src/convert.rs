@@ -113,6 +113,34 @@ pub fn question(q: &QuestionRow) -> pb::Question {
     }
 }
 
+/// A question just asked of `task`'s owner, as the statement that asked it created it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub id: hark_core::domain::QuestionId,
+    pub handle: &'a str,
+    pub text: &'a str,
+    pub context: &'a str,
+    pub choices: &'a [String],
+    pub deadline: Option<OffsetDateTime>,
+}
+
+pub fn asked(task: &TaskRow, q: Asked<'_>) -> pb::Question {
+    pb::Question {
+        id: q.id.to_string(),
+        task_id: task.id.to_string(),
+        handle: q.handle.to_owned(),
+        text: q.text.to_owned(),
+        context: q.context.to_owned(),
+        owner: task.owner.to_string(),
+        chat: task.chat().map(|c| route(&c)),
+        outcome: pb::QuestionOutcome::Open as i32,
+        asked_at: Some(timestamp(task.updated_at)),
+        deadline: q.deadline.map(timestamp),
+        choices: q.choices.to_vec(),
+        ..Default::default()
+    }
+}
+
 pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
     pb::FormQuestion {
         key: q.key.clone(),

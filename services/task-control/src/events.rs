@@ -197,12 +197,12 @@ pub async fn watch_many(
         .into_iter()
         .find(|c| c.name == shared.names.task_events_stream())
         .ok_or_else(|| WatchError::Unavailable("no task event stream is configured".into()))?;
-    let mut stream = shared
+    let stream = shared
         .js
         .get_or_create_stream(config)
         .await
         .map_err(|e| unavailable(&e))?;
-    let info = stream.info().await.map_err(|e| unavailable(&e))?;
+    let info = stream.cached_info();
     let created = info.created.unix_timestamp_nanos();
     let deliver_policy = match resume {
         None => DeliverPolicy::New,

@@ -818,7 +818,7 @@ async fn answers_decided_together_apply_once_each() {
     let mut applied_to_0 = 0;
     for ((i, _), outcome) in requests.iter().zip(outcomes) {
         match outcome {
-            Ok(AnswerOutcome::Applied { task, question }) => {
+            Ok(AnswerOutcome::Applied { task, question, .. }) => {
                 assert_ne!(*i, 5, "an answer to a cancelled task applied");
                 assert_eq!(task.id, waiting[*i].0.id);
                 assert_eq!(task.state, TaskState::Pending);
@@ -894,7 +894,7 @@ async fn answers_looked_up_together_each_find_their_own_question() {
         (2, again, "to the task too"),
     ] {
         match outcome {
-            Ok(AnswerOutcome::Applied { task, question }) => {
+            Ok(AnswerOutcome::Applied { task, question, .. }) => {
                 assert_eq!(task.id, waiting[i].0.id);
                 assert_eq!(question.id, waiting[i].1);
                 assert_eq!(question.answer.as_deref(), Some(text));
@@ -987,6 +987,7 @@ async fn an_answer_from_the_open_questions_read_is_refused_for_a_message_applied
         AnswerOutcome::Applied {
             task: moved,
             question,
+            ..
         } => {
             assert_eq!(question.id, second.id);
             assert_eq!(question.answer.as_deref(), Some("Lyon"));

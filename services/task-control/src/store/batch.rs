@@ -213,20 +213,17 @@ pub(super) struct AskRequest {
 impl AskRequest {
     /// The question this ask created, as the task that won it holds it.
     fn asked(&self, task: &TaskRow, deadline: Option<time::OffsetDateTime>) -> pb::Question {
-        pb::Question {
-            id: self.question.to_string(),
-            task_id: task.id.to_string(),
-            handle: self.handle.clone(),
-            text: self.input.question.clone(),
-            context: self.input.context.clone(),
-            owner: task.owner.to_string(),
-            chat: task.chat().map(|c| crate::convert::route(&c)),
-            outcome: pb::QuestionOutcome::Open as i32,
-            asked_at: Some(crate::convert::timestamp(task.updated_at)),
-            deadline: deadline.map(crate::convert::timestamp),
-            choices: self.input.choices.clone(),
-            ..Default::default()
-        }
+        crate::convert::asked(
+            task,
+            crate::convert::Asked {
+                id: self.question,
+                handle: &self.handle,
+                text: &self.input.question,
+                context: &self.input.context,
+                choices: &self.input.choices,
+                deadline,
+            },
+        )
     }
 }
 
@@ -251,7 +248,24 @@ pub(super) struct OutboxColumns<'a> {
     pub(super) traces: Vec<Option<&'a str>>,
 }
 
+/// A statement of a batch, its arguments bound so far.
+pub(super) type BatchQuery<'q, R> =
+    sqlx::query::QueryAs<'q, sqlx::Postgres, R, sqlx::postgres::PgArguments>;
+
 impl<'a> OutboxColumns<'a> {
+    /// Binds the five columns, in order, as the next arguments of `query`.
+    pub(super) fn bind_to<'q, R>(self, query: BatchQuery<'q, R>) -> BatchQuery<'q, R>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.ords)
+            .bind(self.subjects)
+            .bind(self.msg_ids)
+            .bind(self.payloads)
+            .bind(self.traces)
+    }
+
     pub(super) fn of(outboxes: impl Iterator<Item = &'a [OutboxMessage]>) -> Self {
         let mut columns = Self {
             ords: Vec::new(),
@@ -450,20 +464,14 @@ impl Store {
             FROM t"
         );
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
-        let rows: Vec<BatchRow> = sqlx::query_as(sql)
+        let query = sqlx::query_as(sql)
             .bind(column(batch, |r| r.lease.task.as_uuid()))
             .bind(column(batch, |r| r.lease.generation))
             .bind(column(batch, |r| r.lease.worker_id.as_str()))
             .bind(column(batch, |r| r.result.as_str()))
             .bind(column(batch, |r| r.round.as_ref().map(|(n, _)| *n)))
-            .bind(column(batch, |r| r.round.as_ref().map(|(_, m)| Json(m))))
-            .bind(out.ords)
-            .bind(out.subjects)
-            .bind(out.msg_ids)
-            .bind(out.payloads)
-            .bind(out.traces)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(column(batch, |r| r.round.as_ref().map(|(_, m)| Json(m))));
+        let rows: Vec<BatchRow> = out.bind_to(query).fetch_all(&self.pool).await?;
         let mut sent = Vec::new();
         for r in &rows {
             let task = &r.row.task;
@@ -658,20 +666,14 @@ impl Store {
             SELECT t.*, t.c_ord AS ord FROM t"
         );
         let out = OutboxColumns::of(batch.iter().map(|r| std::slice::from_ref(&r.job)));
-        let rows: Vec<OrderedTask> = sqlx::query_as(sql)
+        let query = sqlx::query_as(sql)
             .bind(column(batch, |r| r.task.as_uuid()))
             .bind(column(batch, |r| r.generation))
             .bind(column(batch, |r| r.question.as_uuid()))
             .bind(column(batch, |r| r.answer.answerer.as_str()))
             .bind(column(batch, |r| r.answer.text.as_str()))
-            .bind(column(batch, |r| r.answer.inbound_key.as_deref()))
-            .bind(out.ords)
-            .bind(out.subjects)
-            .bind(out.msg_ids)
-            .bind(out.payloads)
-            .bind(out.traces)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(column(batch, |r| r.answer.inbound_key.as_deref()));
+        let rows: Vec<OrderedTask> = out.bind_to(query).fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
         let mut sent = Vec::with_capacity(batch.len() * 2);
@@ -767,7 +769,7 @@ impl Store {
             }
         }
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
-        let rows: Vec<BatchRow> = sqlx::query_as(sql)
+        let query = sqlx::query_as(sql)
             .bind(column(batch, |r| r.lease.task.as_uuid()))
             .bind(column(batch, |r| r.lease.generation))
             .bind(column(batch, |r| r.lease.worker_id.as_str()))
@@ -782,12 +784,9 @@ impl Store {
                 r.input.timeout.map(|t| t.as_millis() as i64)
             }))
             .bind(consumed_ords)
-            .bind(consumed_ids)
-            .bind(out.ords)
-            .bind(out.subjects)
-            .bind(out.msg_ids)
-            .bind(out.payloads)
-            .bind(out.traces)
+            .bind(consumed_ids);
+        let rows: Vec<BatchRow> = out
+            .bind_to(query)
             .bind(column(batch, |r| {
                 (!r.input.choices.is_empty()).then_some(Json(&r.input.choices))
             }))

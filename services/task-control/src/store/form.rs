@@ -8,15 +8,13 @@
 
 use futures_util::future::BoxFuture;
 use hark_core::domain::{
-    Event, Handle, QuestionId, QuestionOutcome, TaskState, form::FormQuestion, form::progress,
-    transition,
+    Event, Handle, QuestionId, TaskState, form::FormQuestion, form::progress, transition,
 };
-use hark_proto::v1 as pb;
 use sqlx::types::Json;
 
 use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
-    batch::{Batched, Batches, OutboxColumns, column, in_order},
+    batch::{BatchQuery, Batched, Batches, OutboxColumns, column, in_order},
 };
 use crate::render;
 
@@ -68,6 +66,43 @@ pub(super) struct Answered {
     question: QuestionId,
     answer: Answer,
     messages: serde_json::Value,
+}
+
+impl Answered {
+    /// Binds every request's answer as the statement's first arguments, `$1` to `$8`.
+    fn bind<'q, T, R>(
+        query: BatchQuery<'q, R>,
+        batch: &'q [T],
+        of: fn(&T) -> &Answered,
+    ) -> BatchQuery<'q, R> {
+        query
+            .bind(column(batch, |r| of(r).task.as_uuid()))
+            .bind(column(batch, |r| of(r).generation))
+            .bind(column(batch, |r| of(r).round))
+            .bind(column(batch, |r| of(r).question.as_uuid()))
+            .bind(column(batch, |r| of(r).answer.answerer.as_str()))
+            .bind(column(batch, |r| of(r).answer.text.as_str()))
+            .bind(column(batch, |r| of(r).answer.inbound_key.as_deref()))
+            .bind(column(batch, |r| Json(&of(r).messages)))
+    }
+}
+
+impl Store {
+    /// Hands the outbox messages of every request that won to the relay.
+    fn publish_won<T, W>(
+        &self,
+        batch: &[T],
+        won: &[Option<W>],
+        outbox: fn(&T) -> &Vec<OutboxMessage>,
+    ) {
+        let sent = batch
+            .iter()
+            .zip(won)
+            .filter(|(_, row)| row.is_some())
+            .flat_map(|(request, _)| outbox(request).iter().cloned())
+            .collect();
+        self.published(sent);
+    }
 }
 
 /// An answer and the next question, to ask in the same statement.
@@ -234,21 +269,14 @@ impl Store {
                     let outbox = chat
                         .as_ref()
                         .map(|route| {
-                            let text = render::with_choices(
-                                render::question(
-                                    task,
-                                    &handle,
-                                    &next.text,
-                                    "",
-                                    &self.context_label,
-                                ),
-                                &next.choices,
-                            );
-                            self.chat_msgs(
+                            self.question_msgs(
                                 route,
-                                &text,
-                                Some(id),
-                                route.origin_message_id.as_deref(),
+                                task,
+                                id,
+                                &handle,
+                                &next.text,
+                                "",
+                                &next.choices,
                             )
                         })
                         .unwrap_or_default();
@@ -270,19 +298,17 @@ impl Store {
                             break;
                         }
                         FormAsked::Won(row, deadline) => {
-                            let asked = pb::Question {
-                                id: id.to_string(),
-                                task_id: task.to_string(),
-                                handle,
-                                text: next.text.clone(),
-                                owner: row.owner.to_string(),
-                                chat: row.chat().map(|c| crate::convert::route(&c)),
-                                outcome: pb::QuestionOutcome::Open as i32,
-                                asked_at: Some(crate::convert::timestamp(row.updated_at)),
-                                deadline: deadline.map(crate::convert::timestamp),
-                                choices: next.choices.clone(),
-                                ..Default::default()
-                            };
+                            let asked = crate::convert::asked(
+                                &row,
+                                crate::convert::Asked {
+                                    id,
+                                    handle: &handle,
+                                    text: &next.text,
+                                    context: "",
+                                    choices: &next.choices,
+                                    deadline,
+                                },
+                            );
                             won = Some(Some((*row, Some(asked))));
                             break;
                         }
@@ -294,15 +320,16 @@ impl Store {
         let Some((row, next)) = row else {
             return self.answer_lost(question.id, answer).await;
         };
-        self.published(vec![self.event_msg(&row, last_event.as_str(), next)]);
-        question.outcome = QuestionOutcome::Answered;
-        question.closed_at = Some(row.updated_at);
-        question.answerer = Some(answer.answerer.clone());
-        question.answer = Some(answer.text.clone());
-        question.inbound_message_id = answer.inbound_key.clone();
+        self.published(vec![self.event_msg(
+            &row,
+            last_event.as_str(),
+            next.clone(),
+        )]);
+        question.answered_with(answer, row.updated_at);
         Ok(AnswerOutcome::Applied {
             task: Box::new(row),
             question: Box::new(question),
+            asked: next.map(Box::new),
         })
     }
 
@@ -348,42 +375,22 @@ impl Store {
             FROM t"
         );
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
-        let rows: Vec<FormRow> = sqlx::query_as(sql)
-            .bind(column(batch, |r| r.answered.task.as_uuid()))
-            .bind(column(batch, |r| r.answered.generation))
-            .bind(column(batch, |r| r.answered.round))
-            .bind(column(batch, |r| r.answered.question.as_uuid()))
-            .bind(column(batch, |r| r.answered.answer.answerer.as_str()))
-            .bind(column(batch, |r| r.answered.answer.text.as_str()))
-            .bind(column(batch, |r| r.answered.answer.inbound_key.as_deref()))
-            .bind(column(batch, |r| Json(&r.answered.messages)))
+        let query = Answered::bind(sqlx::query_as(sql), batch, |r| &r.answered)
             .bind(column(batch, |r| r.question.as_uuid()))
             .bind(column(batch, |r| r.text.as_str()))
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
             .bind(column(batch, |r| {
                 (!r.choices.is_empty()).then_some(Json(&r.choices))
-            }))
-            .bind(out.ords)
-            .bind(out.subjects)
-            .bind(out.msg_ids)
-            .bind(out.payloads)
-            .bind(out.traces)
-            .fetch_all(&self.pool)
-            .await?;
+            }));
+        let rows: Vec<FormRow> = out.bind_to(query).fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
-        let mut sent = Vec::new();
         let won = in_order(
             batch.len(),
             rows.into_iter()
                 .map(|r| (r.ord, (r.task, r.asked_deadline))),
         );
-        for (request, row) in batch.iter().zip(&won) {
-            if row.is_some() {
-                sent.extend(request.outbox.iter().cloned());
-            }
-        }
-        self.published(sent);
+        self.publish_won(batch, &won, |r| &r.outbox);
         Ok(won
             .into_iter()
             .map(|row| match row {
@@ -426,32 +433,12 @@ impl Store {
             SELECT t.*, t.c_ord AS ord FROM t"
         );
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
-        let rows: Vec<FinishRow> = sqlx::query_as(sql)
-            .bind(column(batch, |r| r.answered.task.as_uuid()))
-            .bind(column(batch, |r| r.answered.generation))
-            .bind(column(batch, |r| r.answered.round))
-            .bind(column(batch, |r| r.answered.question.as_uuid()))
-            .bind(column(batch, |r| r.answered.answer.answerer.as_str()))
-            .bind(column(batch, |r| r.answered.answer.text.as_str()))
-            .bind(column(batch, |r| r.answered.answer.inbound_key.as_deref()))
-            .bind(column(batch, |r| Json(&r.answered.messages)))
-            .bind(column(batch, |r| r.output.as_str()))
-            .bind(out.ords)
-            .bind(out.subjects)
-            .bind(out.msg_ids)
-            .bind(out.payloads)
-            .bind(out.traces)
-            .fetch_all(&self.pool)
-            .await?;
+        let query = Answered::bind(sqlx::query_as(sql), batch, |r| &r.answered)
+            .bind(column(batch, |r| r.output.as_str()));
+        let rows: Vec<FinishRow> = out.bind_to(query).fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
-        let mut sent = Vec::new();
-        for (request, row) in batch.iter().zip(&won) {
-            if row.is_some() {
-                sent.extend(request.outbox.iter().cloned());
-            }
-        }
-        self.published(sent);
+        self.publish_won(batch, &won, |r| &r.outbox);
         Ok(won)
     }
 }

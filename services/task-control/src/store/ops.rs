@@ -90,6 +90,8 @@ pub enum AnswerOutcome {
     Applied {
         task: Box<TaskRow>,
         question: Box<QuestionRow>,
+        /// The next question, when the answer's own statement asked it (a questionnaire's).
+        asked: Option<Box<pb::Question>>,
     },
     /// This inbound message was applied before; nothing changed. The question is the one it
     /// answered, when the lookup found it.
@@ -278,6 +280,30 @@ impl Store {
                 }
             })
             .collect()
+    }
+
+    /// The chat message that asks a question, quoting the message that created its task.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn question_msgs(
+        &self,
+        route: &ChatRoute,
+        task: TaskId,
+        question: QuestionId,
+        handle: &str,
+        text: &str,
+        context: &str,
+        choices: &[String],
+    ) -> Vec<OutboxMessage> {
+        let text = render::with_choices(
+            render::question(task, handle, text, context, &self.context_label),
+            choices,
+        );
+        self.chat_msgs(
+            route,
+            &text,
+            Some(question),
+            route.origin_message_id.as_deref(),
+        )
     }
 
     /// Moves a task by one event if it is still at `(from, generation)`. Returns the new row,
@@ -714,24 +740,15 @@ impl Store {
         for _ in 0..8 {
             let handle = Handle::random().to_string();
             let outbox = match &chat {
-                Some(route) => {
-                    let text = render::with_choices(
-                        render::question(
-                            lease.task,
-                            &handle,
-                            &input.question,
-                            &input.context,
-                            &self.context_label,
-                        ),
-                        &input.choices,
-                    );
-                    self.chat_msgs(
-                        route,
-                        &text,
-                        Some(question_id),
-                        route.origin_message_id.as_deref(),
-                    )
-                }
+                Some(route) => self.question_msgs(
+                    route,
+                    lease.task,
+                    question_id,
+                    &handle,
+                    &input.question,
+                    &input.context,
+                    &input.choices,
+                ),
                 None => Vec::new(),
             };
             let asked = self
@@ -897,14 +914,11 @@ impl Store {
             return self.answer_lost(question, answer).await;
         };
         // The statement changed exactly these fields of the question read above.
-        question_row.outcome = QuestionOutcome::Answered;
-        question_row.closed_at = Some(task.updated_at);
-        question_row.answerer = Some(answer.answerer.clone());
-        question_row.answer = Some(answer.text.clone());
-        question_row.inbound_message_id = answer.inbound_key.clone();
+        question_row.answered_with(answer, task.updated_at);
         Ok(AnswerOutcome::Applied {
             task: Box::new(task),
             question: Box::new(question_row),
+            asked: None,
         })
     }
 

@@ -98,6 +98,15 @@ pub struct QuestionRow {
 }
 
 impl QuestionRow {
+    /// The question as a statement that applied `answer` at `at` left it.
+    pub fn answered_with(&mut self, answer: &super::Answer, at: OffsetDateTime) {
+        self.outcome = QuestionOutcome::Answered;
+        self.closed_at = Some(at);
+        self.answerer = Some(answer.answerer.clone());
+        self.answer = Some(answer.text.clone());
+        self.inbound_message_id = answer.inbound_key.clone();
+    }
+
     /// The answers it accepts; empty when any answer does.
     pub fn choices(&self) -> &[String] {
         self.choices.as_ref().map_or(&[], |c| c.0.as_slice())

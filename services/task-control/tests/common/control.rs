@@ -181,28 +181,12 @@ impl TestControl {
     ) -> String {
         let id = self.message_id();
         let message = pb::ChatMessage {
-            platform: PLATFORM.into(),
-            bot_id: BOT.into(),
-            stream: stream.into(),
-            sender: Some(pb::Sender {
-                user_id: user.into(),
-                nickname: format!("user {user}"),
-            }),
-            text: text.into(),
-            quoted_message_id: quoted.into(),
             quoted_text: quoted_text.into(),
             quoted_sender: BOT.into(),
-            message_id: id.clone(),
-            ..Default::default()
+            ..chat_message(stream, user, text, quoted, &id)
         };
-        bus::publish(
-            &self.js,
-            self.names.chat_in(PLATFORM).expect("subject"),
-            &Names::chat_in_msg_id(PLATFORM, BOT, &id),
-            codec::encode(message),
-        )
-        .await
-        .expect("chat message published");
+        self.publish_message(message, &Names::chat_in_msg_id(PLATFORM, BOT, &id))
+            .await;
         id
     }
 
@@ -234,19 +218,11 @@ impl TestControl {
         id: &str,
         dedup: &str,
     ) {
-        let message = pb::ChatMessage {
-            platform: PLATFORM.into(),
-            bot_id: BOT.into(),
-            stream: stream.into(),
-            sender: Some(pb::Sender {
-                user_id: user.into(),
-                nickname: format!("user {user}"),
-            }),
-            text: text.into(),
-            quoted_message_id: quoted.into(),
-            message_id: id.into(),
-            ..Default::default()
-        };
+        self.publish_message(chat_message(stream, user, text, quoted, id), dedup)
+            .await;
+    }
+
+    async fn publish_message(&self, message: pb::ChatMessage, dedup: &str) {
         bus::publish(
             &self.js,
             self.names.chat_in(PLATFORM).expect("subject"),
@@ -459,5 +435,22 @@ impl TestControl {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("timed out waiting until {what}");
+    }
+}
+
+/// A chat message of `user` in `stream` as the test gateway publishes it.
+fn chat_message(stream: &str, user: &str, text: &str, quoted: &str, id: &str) -> pb::ChatMessage {
+    pb::ChatMessage {
+        platform: PLATFORM.into(),
+        bot_id: BOT.into(),
+        stream: stream.into(),
+        sender: Some(pb::Sender {
+            user_id: user.into(),
+            nickname: format!("user {user}"),
+        }),
+        text: text.into(),
+        quoted_message_id: quoted.into(),
+        message_id: id.into(),
+        ..Default::default()
     }
 }

@@ -29,6 +29,10 @@ pub enum Outcome {
     Stopped(String),
     /// The worker stopped and handed the task back to be continued elsewhere.
     HandedBack,
+    /// The task's owner paused it and its round is stored: hand it back, to pause.
+    Pausing,
+    /// Handed back to pause.
+    Paused,
 }
 
 /// Instructions handed over by heartbeats while the loop runs, deduplicated by id.
@@ -336,12 +340,15 @@ impl Runner {
                     Err(e) => run.settle(e).await,
                 };
             }
-            if let Err(e) = self
+            match self
                 .control
                 .checkpoint(&lease, this_round, std::mem::take(&mut consumed), &gone)
                 .await
             {
-                return run.settle(e).await;
+                Ok(false) => {}
+                // The round just stored is the boundary a pause waits for.
+                Ok(true) => return Outcome::Pausing,
+                Err(e) => return run.settle(e).await,
             }
             history.append(&mut pending);
         }

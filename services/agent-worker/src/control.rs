@@ -243,24 +243,23 @@ impl ControlClient {
         .await
     }
 
+    /// Stores a round; whether the task's owner paused it, so that the run stops here.
     pub async fn checkpoint(
         &self,
         lease: &pb::Lease,
         round: pb::Round,
         consumed: Vec<String>,
         gone: &CancellationToken,
-    ) -> Result<(), Error> {
-        self.ack(
-            ControlOp::Checkpoint,
-            pb::CheckpointRequest {
-                lease: Some(lease.clone()),
-                round: Some(round),
-                consumed_instruction_ids: consumed,
-                ..Default::default()
-            },
-            gone,
-        )
-        .await
+    ) -> Result<bool, Error> {
+        let request = pb::CheckpointRequest {
+            lease: Some(lease.clone()),
+            round: Some(round),
+            consumed_instruction_ids: consumed,
+            ..Default::default()
+        };
+        self.call::<_, pb::ControlAck>(ControlOp::Checkpoint, request, Persist::WhileHeld(gone))
+            .await
+            .map(|ack| ack.pause)
     }
 
     pub async fn ask(

@@ -372,6 +372,23 @@ impl Worker {
         gone: &CancellationToken,
     ) -> Outcome {
         let task_id = &lease.task_id;
+        if matches!(outcome, Outcome::Pausing) && !gone.is_cancelled() {
+            return match self
+                .runner
+                .control
+                .release(lease, "paused by its owner", gone)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(task = task_id, "paused at a round boundary");
+                    Outcome::Paused
+                }
+                Err(e) => {
+                    tracing::warn!(task = task_id, error = %e, "could not hand a paused task back; its lease will lapse");
+                    Outcome::Stopped(e.to_string())
+                }
+            };
+        }
         if matches!(outcome, Outcome::Stopped(_)) && shutdown.is_cancelled() && !gone.is_cancelled()
         {
             match self

@@ -561,3 +561,81 @@ async fn ask_user_may_offer_choices_and_the_model_gets_the_choice_picked() {
     assert_eq!(done.task.expect("task").result, "Making coffee.");
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn a_running_task_paused_stops_at_its_round_boundary_and_goes_on_from_there_once_resumed() {
+    let llm = llm(vec![
+        Step::call("current_time", json!({})),
+        Step::say("done after the pause"),
+    ])
+    .await;
+    // The first round's answer waits until the pause was asked for.
+    llm.hold("default");
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "work in two rounds", |_| {}).await;
+    bed.llm
+        .wait_for(WAIT, |_| true)
+        .await
+        .expect("round 1 is in flight");
+    let asked = bed
+        .client()
+        .await
+        .pause_task(pb::PauseTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .expect("pause")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(
+        asked.state,
+        pb::TaskState::Running as i32,
+        "not stopped mid-round"
+    );
+    assert!(asked.pause_requested);
+    bed.llm.release("default");
+    bed.wait_state(&id, pb::TaskState::Paused, WAIT).await;
+    assert_eq!(
+        bed.llm.requests().len(),
+        1,
+        "the round after the boundary does not start while paused"
+    );
+    let task: hark_core::domain::TaskId = id.parse().expect("id");
+    let row = bed.store.get_task(task).await.expect("task");
+    assert!(row.worker_id.is_none(), "a paused task holds no worker");
+    assert_eq!(row.rounds, 1, "round 1 was stored before the pause");
+
+    bed.client()
+        .await
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .expect("resume");
+    bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let requests = bed.llm.requests();
+    assert_eq!(requests.len(), 2);
+    let results = tool_results(&requests[1].body);
+    assert_eq!(
+        results.len(),
+        1,
+        "round 2 goes on with round 1's tool result"
+    );
+    let events: Vec<String> = bed
+        .store
+        .transitions_of(task)
+        .await
+        .expect("audit")
+        .into_iter()
+        .map(|t| t.event)
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "create", "claim", "pause", "release", "resume", "claim", "finish"
+        ]
+    );
+    bed.stop().await;
+}

@@ -84,6 +84,10 @@ enum TaskCommand {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Pause a task: at once when it waits or is queued, at the end of its round when it runs.
+    Pause { id: String },
+    /// Resume a paused task.
+    Resume { id: String },
     /// Answer a task's open question (or, with --question, a question by its id).
     Answer {
         /// A task id (or prefix), or with --question a question id.
@@ -464,6 +468,36 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 println!("{}", task_json(&task));
             } else {
                 println!("cancelled {}", task.id);
+            }
+        }
+        TaskCommand::Pause { id } => {
+            let task = api
+                .pause_task(pb::PauseTaskRequest { task_id: id })
+                .await
+                .map_err(explain)?
+                .into_inner()
+                .task
+                .context("the server returned no task")?;
+            if json_out {
+                println!("{}", task_json(&task));
+            } else if task.pause_requested {
+                println!("{} pauses at the end of its round", task.id);
+            } else {
+                println!("paused {}", task.id);
+            }
+        }
+        TaskCommand::Resume { id } => {
+            let task = api
+                .resume_task(pb::ResumeTaskRequest { task_id: id })
+                .await
+                .map_err(explain)?
+                .into_inner()
+                .task
+                .context("the server returned no task")?;
+            if json_out {
+                println!("{}", task_json(&task));
+            } else {
+                println!("resumed {}", task.id);
             }
         }
         TaskCommand::Answer {

@@ -350,6 +350,44 @@ impl TaskService for Api {
     }
 
     #[tracing::instrument(skip_all)]
+    async fn pause_task(
+        &self,
+        request: Request<pb::PauseTaskRequest>,
+    ) -> Result<Response<pb::PauseTaskResponse>, Status> {
+        let task = self
+            .resolve("task_id", &request.into_inner().task_id)
+            .await?;
+        let paused = self
+            .shared
+            .store
+            .pause(task.id, "api")
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::PauseTaskResponse {
+            task: Some(convert::task(&paused, None)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn resume_task(
+        &self,
+        request: Request<pb::ResumeTaskRequest>,
+    ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
+        let task = self
+            .resolve("task_id", &request.into_inner().task_id)
+            .await?;
+        let resumed = self
+            .shared
+            .store
+            .resume(task.id, "api")
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::ResumeTaskResponse {
+            task: Some(convert::task(&resumed, None)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
     async fn answer_question(
         &self,
         request: Request<pb::AnswerQuestionRequest>,
@@ -458,7 +496,7 @@ impl TaskService for Api {
                 response.event = Some(convert::event(&task, "ask", Some(*asked)));
                 return Ok(Response::new(response));
             }
-            if task.state.is_terminal() {
+            if task.state.is_terminal() || task.state == TaskState::Paused {
                 response.event = Some(convert::event(&task, "current", None));
                 return Ok(Response::new(response));
             }
@@ -738,6 +776,20 @@ impl TaskService for Starting {
         &self,
         _: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn pause_task(
+        &self,
+        _: Request<pb::PauseTaskRequest>,
+    ) -> Result<Response<pb::PauseTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn resume_task(
+        &self,
+        _: Request<pb::ResumeTaskRequest>,
+    ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
         Err(starting())
     }
 

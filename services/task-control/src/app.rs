@@ -105,6 +105,9 @@ impl App {
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
         let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
             .with_relay(relay)
+            .with_policy(hark_core::domain::decide::Policy {
+                max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
+            })
             .with_questionnaire_steps();
         Ok(Self {
             shared: Shared {

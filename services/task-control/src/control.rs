@@ -153,7 +153,14 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
         Some(ControlOp::Claim) => claim(shared, payload, lease_ms).await.encode_to_vec(),
         Some(ControlOp::Heartbeat) => heartbeat(shared, payload, lease_ms).await.encode_to_vec(),
         Some(ControlOp::Ask) => ask(shared, payload).await.encode_to_vec(),
-        Some(ControlOp::Checkpoint) => ack(checkpoint(shared, payload).await),
+        Some(ControlOp::Checkpoint) => match checkpoint(shared, payload).await {
+            Ok(pause) => pb::ControlAck {
+                refusal: None,
+                pause,
+            }
+            .encode_to_vec(),
+            Err(refusal) => ack(Err(refusal)),
+        },
         Some(ControlOp::Complete) => ack(complete(shared, payload).await),
         Some(ControlOp::Fail) => ack(fail(shared, payload).await),
         Some(ControlOp::Release) => ack(release(shared, payload).await),
@@ -166,6 +173,7 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
 fn ack(result: Result<(), Option<pb::Refusal>>) -> Vec<u8> {
     pb::ControlAck {
         refusal: result.err().flatten(),
+        ..Default::default()
     }
     .encode_to_vec()
 }
@@ -274,7 +282,8 @@ async fn heartbeat(shared: &Shared, payload: &[u8], lease: Duration) -> pb::Hear
     }
 }
 
-async fn checkpoint(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
+/// Stores a round; whether the task is to pause at this boundary.
+async fn checkpoint(shared: &Shared, payload: &[u8]) -> Result<bool, Option<pb::Refusal>> {
     let request: pb::CheckpointRequest = decode(payload)?;
     let lease = lease_of(request.lease.as_ref())?;
     let (number, messages) =

@@ -81,6 +81,8 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         finished_at: row.finished_at.map(timestamp),
         open_question: open_question.map(question),
         questionnaire: row.questionnaire().iter().map(form_question).collect(),
+        pause_requested: row.pause_requested,
+        paused_at: row.paused_at.map(timestamp),
     }
 }
 

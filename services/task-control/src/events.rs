@@ -58,10 +58,10 @@ fn state_of(event: &pb::TaskEvent) -> Option<TaskState> {
 }
 
 /// Whether `event` is what an answer to `answered` waits for: the task asked another question,
-/// or ended.
+/// or ended, or stands paused (it goes on only once resumed).
 fn asked_again_or_ended(event: &pb::TaskEvent, answered: QuestionId) -> bool {
     match state_of(event) {
-        Some(state) if state.is_terminal() => true,
+        Some(state) if state.is_terminal() || state == TaskState::Paused => true,
         Some(TaskState::WaitingInput) => event
             .question
             .as_ref()

@@ -7,7 +7,8 @@
 //! - [`api`] serves `hark.v1.TaskService` over gRPC, with health and reflection.
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
-//! - [`render`] writes the short texts hark puts into chats.
+//! - [`effects`] turns what a decision makes happen into outbox messages: run jobs, chat text
+//!   (written by [`render`]) and task events.
 //! - [`watchers`] hands task events to the `WatchTask` streams of this process; [`events`] says
 //!   what a task's event carries, waits for the next one after an answer, and streams many tasks'.
 
@@ -16,6 +17,7 @@ pub mod app;
 pub mod chat;
 pub mod control;
 pub mod convert;
+pub mod effects;
 pub mod events;
 pub mod render;
 pub mod shared;

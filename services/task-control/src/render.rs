@@ -90,6 +90,30 @@ pub fn cancelled(task: TaskId, reason: &str) -> String {
     }
 }
 
+/// The chat message for a question whose deadline passed: the task goes on without an answer
+/// (`resumed`) or failed.
+pub fn expired(task: TaskId, handle: &str, waited: std::time::Duration, resumed: bool) -> String {
+    let outcome = if resumed {
+        "the task goes on without it"
+    } else {
+        "the task failed"
+    };
+    format!(
+        "[task {} · #{handle}] no answer within {}; {outcome}.",
+        task.short(),
+        human(waited)
+    )
+}
+
+/// The reminder of a question that closes in `left`.
+pub fn reminder(task: TaskId, handle: &str, question: &str, left: std::time::Duration) -> String {
+    format!(
+        "[task {} · #{handle}] still waiting for your answer ({} left): {question}",
+        task.short(),
+        human(left)
+    )
+}
+
 /// `text` cut to `max` characters, with `…` when cut, on one line.
 pub fn clip(text: &str, max: usize) -> String {
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");

@@ -440,6 +440,42 @@ async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat_and_th
 }
 
 #[tokio::test]
+async fn a_waiting_task_is_paused_and_resumed_from_the_chat_by_its_owner_only() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "plan a party").await;
+    tc.claim_and_ask("How many guests?", 0).await;
+    tc.out_containing("How many guests?").await;
+    let short = task_id(&id).short();
+
+    tc.say(GROUP, "200", &format!("/task pause {short}")).await;
+    tc.out_containing("You have no task").await;
+    tc.say(GROUP, "100", &format!("/task pause {short}")).await;
+    tc.out_containing("Paused task").await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::Paused);
+
+    // The answer is kept while paused; the task goes on only once resumed.
+    tc.say(GROUP, "100", "twelve").await;
+    tc.out_containing("goes on with your answer once resumed")
+        .await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::Paused);
+    let questions = tc.store.questions_of(task.id).await.expect("questions");
+    assert_eq!(questions[0].outcome, QuestionOutcome::Answered);
+    assert_eq!(questions[0].answer.as_deref(), Some("twelve"));
+
+    tc.say(GROUP, "100", &format!("/task resume {short}")).await;
+    tc.out_containing("Resumed task").await;
+    assert_eq!(
+        tc.store.get_task(task_id(&id)).await.expect("task").state,
+        TaskState::Pending
+    );
+    tc.say(GROUP, "100", &format!("/task resume {short}")).await;
+    tc.out_containing("is not paused").await;
+    tc.stop().await;
+}
+
+#[tokio::test]
 async fn chat_commands_answer_plainly_and_respect_roles() {
     let tc = TestControl::start_with(|c| {
         c.permission.default_role = hark_core::domain::Role::Guest;

@@ -6,7 +6,12 @@
 //! running ──lease expired──▶ pending (attempt + 1, resumes from the last checkpoint)
 //! running ──released by a stopping worker──▶ pending (same attempt, from the last checkpoint)
 //! any non-terminal ──cancel──▶ cancelled          waiting_input ──expiry(fail)──▶ failed
+//! pending, waiting_input ──pause──▶ paused ──resume──▶ waiting_input (question open) or pending
+//! running ──pause──▶ running, then paused at its next round boundary (ask, hand-back, lost lease)
 //! ```
+//!
+//! Pauses depend on what a state carries (a requested pause, an open question), so they are
+//! decided by [`super::decide`], which uses this table for every other move.
 //!
 //! Storage persists a transition as a compare-and-set on `(state, generation)`; this module only
 //! decides whether a move is allowed and where it leads.
@@ -26,16 +31,19 @@ pub enum TaskState {
     Running,
     /// A question is open; no worker holds the task.
     WaitingInput,
+    /// Held still by its owner: no worker holds it and its deadlines do not run.
+    Paused,
     Completed,
     Failed,
     Cancelled,
 }
 
 impl TaskState {
-    pub const ALL: [TaskState; 6] = [
+    pub const ALL: [TaskState; 7] = [
         TaskState::Pending,
         TaskState::Running,
         TaskState::WaitingInput,
+        TaskState::Paused,
         TaskState::Completed,
         TaskState::Failed,
         TaskState::Cancelled,
@@ -54,6 +62,7 @@ impl TaskState {
             TaskState::Pending => "pending",
             TaskState::Running => "running",
             TaskState::WaitingInput => "waiting_input",
+            TaskState::Paused => "paused",
             TaskState::Completed => "completed",
             TaskState::Failed => "failed",
             TaskState::Cancelled => "cancelled",
@@ -65,6 +74,7 @@ impl TaskState {
             TaskState::Pending => pb::TaskState::Pending,
             TaskState::Running => pb::TaskState::Running,
             TaskState::WaitingInput => pb::TaskState::WaitingInput,
+            TaskState::Paused => pb::TaskState::Paused,
             TaskState::Completed => pb::TaskState::Completed,
             TaskState::Failed => pb::TaskState::Failed,
             TaskState::Cancelled => pb::TaskState::Cancelled,
@@ -78,6 +88,7 @@ impl TaskState {
             pb::TaskState::Pending => TaskState::Pending,
             pb::TaskState::Running => TaskState::Running,
             pb::TaskState::WaitingInput => TaskState::WaitingInput,
+            pb::TaskState::Paused => TaskState::Paused,
             pb::TaskState::Completed => TaskState::Completed,
             pb::TaskState::Failed => TaskState::Failed,
             pb::TaskState::Cancelled => TaskState::Cancelled,
@@ -94,7 +105,7 @@ impl fmt::Display for TaskState {
 /// The state name was not one of [`TaskState::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "`{0}` is not a task state: expected pending, running, waiting_input, completed, failed or cancelled"
+    "`{0}` is not a task state: expected pending, running, waiting_input, paused, completed, failed or cancelled"
 )]
 pub struct UnknownState(pub String);
 
@@ -203,10 +214,16 @@ pub enum Event {
     /// checkpoint, and no attempt is counted.
     Release,
     Cancel,
+    /// The owner paused the task (or asked a running one to pause at its next round boundary).
+    Pause,
+    /// The owner resumed a paused task.
+    Resume,
+    /// The owner was reminded of the open question; the task does not move.
+    Remind,
 }
 
 impl Event {
-    pub const ALL: [Event; 11] = [
+    pub const ALL: [Event; 14] = [
         Event::Claim,
         Event::Ask,
         Event::Answer,
@@ -218,6 +235,9 @@ impl Event {
         Event::LeaseExpired,
         Event::Release,
         Event::Cancel,
+        Event::Pause,
+        Event::Resume,
+        Event::Remind,
     ];
 
     /// A short name for logs and the audit table.
@@ -234,6 +254,9 @@ impl Event {
             Event::LeaseExpired => "lease_expired",
             Event::Release => "release",
             Event::Cancel => "cancel",
+            Event::Pause => "pause",
+            Event::Resume => "resume",
+            Event::Remind => "remind",
         }
     }
 }
@@ -264,7 +287,7 @@ pub fn transition(from: TaskState, event: Event) -> Result<TaskState, Transition
         (S::Running, E::Finish) => S::Completed,
         (S::Running, E::Fail) => S::Failed,
         (S::Running, E::LeaseExpired | E::Release) => S::Pending,
-        (S::Pending | S::Running | S::WaitingInput, E::Cancel) => S::Cancelled,
+        (S::Pending | S::Running | S::WaitingInput | S::Paused, E::Cancel) => S::Cancelled,
         _ => return Err(TransitionError { from, event }),
     };
     Ok(to)
@@ -381,6 +404,7 @@ mod tests {
         ),
         (S::WaitingInput, E::Expire(TimeoutPolicy::Fail), S::Failed),
         (S::WaitingInput, E::Cancel, S::Cancelled),
+        (S::Paused, E::Cancel, S::Cancelled),
     ];
 
     #[test]

@@ -4,6 +4,7 @@
 //! newtypes of [`ids`]; inside hark nothing re-validates a string. [`lifecycle`] holds the task
 //! state machine of DESIGN.md as one transition function.
 
+pub mod decide;
 pub mod duration;
 pub mod form;
 pub mod ids;

@@ -17,6 +17,8 @@ pub enum Command {
     },
     Status(TaskRef),
     Cancel(TaskRef),
+    Pause(TaskRef),
+    Resume(TaskRef),
     History(TaskRef),
     Tell(TaskRef, String),
     Help,
@@ -63,6 +65,8 @@ pub fn parse(args: &str, word: &str) -> Result<Command, String> {
         }
         "status" | "show" => need_id(rest, "status <id>").map(|(t, _)| Command::Status(t)),
         "cancel" | "stop" => need_id(rest, "cancel <id>").map(|(t, _)| Command::Cancel(t)),
+        "pause" | "hold" => need_id(rest, "pause <id>").map(|(t, _)| Command::Pause(t)),
+        "resume" | "continue" => need_id(rest, "resume <id>").map(|(t, _)| Command::Resume(t)),
         "history" | "log" => need_id(rest, "history <id>").map(|(t, _)| Command::History(t)),
         "tell" => {
             let (task, text) = need_id(rest, "tell <id> <instruction>")?;
@@ -134,6 +138,7 @@ pub fn help(word: &str) -> String {
          {word} list [all] [state] — your tasks (all: everyone's, admins)\n\
          {word} status <id> — one task\n\
          {word} cancel <id> — stop a task\n\
+         {word} pause <id> / {word} resume <id> — hold a task still, and let it go on\n\
          {word} history <id> — its last rounds and questions\n\
          {word} tell <id> <instruction> — tell a task something\n\
          To answer a question, just reply here; with several open, quote one or start with its #handle."
@@ -220,6 +225,15 @@ mod tests {
             parse("history 0190a3f2", "/task"),
             Ok(Command::History(_))
         ));
+        assert!(matches!(
+            parse("pause 0190a3f2", "/task"),
+            Ok(Command::Pause(_))
+        ));
+        assert!(matches!(
+            parse("resume 0190a3f2", "/task"),
+            Ok(Command::Resume(_))
+        ));
+        assert!(parse("pause", "/task").unwrap_err().contains("usage"));
         assert!(matches!(
             parse("tell 0190a3f2 use metric units", "/task"),
             Ok(Command::Tell(_, text)) if text == "use metric units"

@@ -309,7 +309,14 @@ async fn apply(
                 .map(|t| &t.question)
                 .filter(|q| q.id != question.id)
                 .collect();
-            let mut ack = format!("Got it — task {} continues.", task.id.short());
+            let mut ack = if task.state == TaskState::Paused {
+                format!(
+                    "Got it — task {} is paused, and goes on with your answer once resumed.",
+                    task.id.short()
+                )
+            } else {
+                format!("Got it — task {} continues.", task.id.short())
+            };
             if !others.is_empty() {
                 let handles: Vec<String> =
                     others.iter().map(|q| format!("#{}", q.handle)).collect();
@@ -475,6 +482,44 @@ async fn run_command(
                         Err(e) => return Err(e),
                     }
                 }
+            }
+        }
+        Command::Pause(reference) => match visible_task(shared, &reference, &sender, role).await? {
+            Err(text) => text,
+            Ok(task) => match shared.store.pause(task.id, sender.as_str()).await {
+                Ok(now) if now.state == TaskState::Paused => format!(
+                    "Paused task {}. Resume it with {word} resume {}.",
+                    now.id.short(),
+                    now.id.short()
+                ),
+                Ok(now) => format!(
+                    "Task {} pauses when its current round ends. Resume it with {word} resume {}.",
+                    now.id.short(),
+                    now.id.short()
+                ),
+                Err(store::Error::Already { state, .. }) => {
+                    format!("Task {} is already {state}.", task.id.short())
+                }
+                Err(store::Error::WrongState { state, .. }) => {
+                    format!("Task {} cannot be paused: it is {state}.", task.id.short())
+                }
+                Err(e) => return Err(e),
+            },
+        },
+        Command::Resume(reference) => {
+            match visible_task(shared, &reference, &sender, role).await? {
+                Err(text) => text,
+                Ok(task) => match shared.store.resume(task.id, sender.as_str()).await {
+                    Ok(now) if now.state == TaskState::WaitingInput => format!(
+                        "Resumed task {}: it waits for your answer again.",
+                        now.id.short()
+                    ),
+                    Ok(now) => format!("Resumed task {}.", now.id.short()),
+                    Err(store::Error::Already { .. } | store::Error::WrongState { .. }) => {
+                        format!("Task {} is not paused ({}).", task.id.short(), task.state)
+                    }
+                    Err(e) => return Err(e),
+                },
             }
         }
         Command::Tell(reference, instruction) => {

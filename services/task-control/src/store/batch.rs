@@ -8,9 +8,10 @@
 use std::{sync::Mutex, time::Duration};
 
 use futures_util::future::BoxFuture;
-use hark_core::domain::{Event, QuestionId, TaskId};
+use hark_core::domain::{Event, QuestionId, TaskId, TaskState, TimeoutPolicy, decide};
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
+use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -186,7 +187,11 @@ pub(super) struct AnswerRequest {
     pub(super) generation: i64,
     pub(super) question: QuestionId,
     pub(super) answer: Answer,
-    pub(super) job: OutboxMessage,
+    /// Where the decision found the task and where it moves it.
+    pub(super) from: TaskState,
+    pub(super) to: TaskState,
+    /// The run the move queues; none for a paused task, which runs once resumed.
+    pub(super) job: Option<OutboxMessage>,
 }
 
 /// Where an answer goes: the question `question`, or the open question of `task`; with whether
@@ -411,7 +416,7 @@ impl Store {
             .await?;
         let events = rows
             .iter()
-            .map(|r| self.event_msg(&r.row.task, Event::Claim.as_str(), None))
+            .map(|r| self.effects.event(&r.row.task, Event::Claim.as_str(), None))
             .collect();
         self.published(events);
         Ok(in_order(batch.len(), cas_rows(rows)))
@@ -478,7 +483,7 @@ impl Store {
             if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
                 sent.extend(request.outbox.iter().cloned());
             }
-            sent.push(self.event_msg(task, Event::Finish.as_str(), None));
+            sent.push(self.effects.event(task, Event::Finish.as_str(), None));
         }
         self.published(sent);
         Ok(in_order(batch.len(), cas_rows(rows)))
@@ -568,7 +573,7 @@ impl Store {
         for row in rows {
             if let Some(i) = batch.iter().position(|r| r.id == row.id) {
                 sent.push(batch[i].job.clone());
-                sent.push(self.event_msg(&row, "create", None));
+                sent.push(self.effects.event(&row, "create", None));
                 created[i] = Created::New(Box::new(row));
             }
         }
@@ -629,11 +634,13 @@ impl Store {
     async fn answer_batch(&self, batch: &[AnswerRequest]) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
             "WITH c AS (
-                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[])
-                    WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound, c_ord)
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                                     $12::text[], $13::text[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound,
+                                         c_from, c_to, c_ord)
             ), t AS (
                 UPDATE tasks SET
-                    state = 'pending',
+                    state = c.c_to,
                     generation = generation + 1,
                     updated_at = now(),
                     worker_id = NULL,
@@ -641,13 +648,13 @@ impl Store {
                     running_since = NULL,
                     finished_at = NULL
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
-            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound
+            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'waiting_input', state, 'answer', generation, c_answerer, '' FROM t
+                SELECT id, c_from, state, $14, generation, c_answerer, '' FROM t
             ), answered AS (
                 UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_text, inbound_message_id = t.c_inbound
@@ -665,7 +672,7 @@ impl Store {
             )
             SELECT t.*, t.c_ord AS ord FROM t"
         );
-        let out = OutboxColumns::of(batch.iter().map(|r| std::slice::from_ref(&r.job)));
+        let out = OutboxColumns::of(batch.iter().map(|r| r.job.as_slice()));
         let query = sqlx::query_as(sql)
             .bind(column(batch, |r| r.task.as_uuid()))
             .bind(column(batch, |r| r.generation))
@@ -673,14 +680,20 @@ impl Store {
             .bind(column(batch, |r| r.answer.answerer.as_str()))
             .bind(column(batch, |r| r.answer.text.as_str()))
             .bind(column(batch, |r| r.answer.inbound_key.as_deref()));
-        let rows: Vec<OrderedTask> = out.bind_to(query).fetch_all(&self.pool).await?;
+        let rows: Vec<OrderedTask> = out
+            .bind_to(query)
+            .bind(column(batch, |r| r.from.as_str()))
+            .bind(column(batch, |r| r.to.as_str()))
+            .bind(Event::Answer.as_str())
+            .fetch_all(&self.pool)
+            .await?;
         hark_core::failpoint::hit("answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
         let mut sent = Vec::with_capacity(batch.len() * 2);
         for (request, task) in batch.iter().zip(&won) {
             if let Some(task) = task {
-                sent.push(request.job.clone());
-                sent.push(self.event_msg(task, Event::Answer.as_str(), None));
+                sent.extend(request.job.clone());
+                sent.push(self.effects.event(task, Event::Answer.as_str(), None));
             }
         }
         self.published(sent);
@@ -709,7 +722,9 @@ impl Store {
                                          c_choices, c_ord)
             ), t AS (
                 UPDATE tasks SET
-                    state = 'waiting_input',
+                    state = CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END,
+                    paused_at = CASE WHEN tasks.pause_requested THEN now() END,
+                    pause_requested = false,
                     generation = generation + 1,
                     updated_at = now(),
                     ", run_ms_update!(), ",
@@ -726,7 +741,7 @@ impl Store {
             ", c.*
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'running', state, 'ask', generation, c_worker, c_text FROM t
+                SELECT id, $22, state, $23, generation, c_worker, c_text FROM t
             ), closed AS (
                 UPDATE questions q SET outcome = 'superseded', closed_at = now()
                 FROM t WHERE q.task_id = t.id AND q.outcome = 'open'
@@ -785,11 +800,31 @@ impl Store {
             }))
             .bind(consumed_ords)
             .bind(consumed_ids);
+        // Where an ask leads, decided for a task with and without a pause waiting for it.
+        let asked = |pause_requested| {
+            let running = decide::Task {
+                state: decide::State::Running { pause_requested },
+                on_timeout: TimeoutPolicy::Resume,
+                attempt: 1,
+            };
+            decide::decide(
+                &running,
+                &decide::Command::Ask,
+                OffsetDateTime::now_utc(),
+                self.policy,
+            )
+            .map(|d| d.to.as_str())
+            .map_err(|r| Error::Internal(format!("an ask was refused: {r}")))
+        };
         let rows: Vec<BatchRow> = out
             .bind_to(query)
             .bind(column(batch, |r| {
                 (!r.input.choices.is_empty()).then_some(Json(&r.input.choices))
             }))
+            .bind(asked(false)?)
+            .bind(asked(true)?)
+            .bind(TaskState::Running.as_str())
+            .bind(Event::Ask.as_str())
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();
@@ -800,7 +835,10 @@ impl Store {
             };
             sent.extend(request.outbox.iter().cloned());
             let question = request.asked(task, r.row.asked_deadline);
-            sent.push(self.event_msg(task, Event::Ask.as_str(), Some(question)));
+            sent.push(
+                self.effects
+                    .event(task, Event::Ask.as_str(), Some(question)),
+            );
         }
         self.published(sent);
         Ok(in_order(batch.len(), cas_rows(rows))

@@ -248,7 +248,8 @@ impl Store {
             Step::Finish(output) => {
                 let outbox = chat
                     .map(|route| {
-                        self.chat_msgs(&route, &render::completed(task, output), None, None)
+                        self.effects
+                            .chat(&route, &render::completed(task, output), None, None)
                     })
                     .unwrap_or_default();
                 self.decide(FormFinish {
@@ -269,7 +270,7 @@ impl Store {
                     let outbox = chat
                         .as_ref()
                         .map(|route| {
-                            self.question_msgs(
+                            self.effects.question(
                                 route,
                                 task,
                                 id,
@@ -320,7 +321,7 @@ impl Store {
         let Some((row, next)) = row else {
             return self.answer_lost(question.id, answer).await;
         };
-        self.published(vec![self.event_msg(
+        self.published(vec![self.effects.event(
             &row,
             last_event.as_str(),
             next.clone(),

@@ -11,7 +11,7 @@ macro_rules! task_columns {
     () => {
         "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
     attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
-    created_at, updated_at, finished_at, questionnaire"
+    created_at, updated_at, finished_at, questionnaire, pause_requested, paused_at"
     };
 }
 
@@ -29,7 +29,7 @@ macro_rules! run_ms_update {
 /// index lookup.
 macro_rules! active_states {
     () => {
-        "'pending', 'running', 'waiting_input'"
+        "'pending', 'running', 'waiting_input', 'paused'"
     };
 }
 
@@ -103,6 +103,8 @@ pub enum Error {
         id: String,
         outcome: QuestionOutcome,
     },
+    #[error("task {task} is already {state}")]
+    Already { task: String, state: TaskState },
     #[error("task {task} is {state}: it cannot take `{event}`")]
     WrongState {
         task: String,
@@ -162,6 +164,7 @@ impl hark_core::error::Classified for Error {
             | Error::NotAChoice { .. } => Kind::Invalid,
             Error::TaskNotFound(_) | Error::QuestionNotFound(_) => Kind::NotFound,
             Error::NoOpenQuestion { .. }
+            | Error::Already { .. }
             | Error::QuestionClosed { .. }
             | Error::WrongState { .. } => Kind::Conflict,
             Error::LeaseLost { .. } | Error::Cancelled { .. } | Error::StaleJob { .. } => {
@@ -222,7 +225,7 @@ mod tests {
             .map(TaskState::as_str)
             .collect();
         assert_eq!(listed, active);
-        let migration = include_str!("../../migrations/20261201000001_active_by_owner.sql");
+        let migration = include_str!("../../migrations/20261201000004_pause.sql");
         assert!(
             migration.contains(&format!("WHERE state IN ({})", active_states!())),
             "the partial index has the same predicate"
@@ -236,6 +239,23 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         use hark_core::error::Classified as _;
         self.kind().is_retryable()
+    }
+
+    /// What a refused decision tells the caller.
+    fn refused(task: impl ToString, refusal: hark_core::domain::decide::Refusal) -> Self {
+        use hark_core::domain::decide::Refusal;
+        match refusal {
+            Refusal::WrongState { from, event } => Error::WrongState {
+                task: task.to_string(),
+                state: from,
+                event,
+            },
+            Refusal::Already(state) => Error::Already {
+                task: task.to_string(),
+                state,
+            },
+            Refusal::NotDue => Error::Busy(format!("task {}: not due yet", task.to_string())),
+        }
     }
 
     fn wrong_state(task: impl ToString, err: TransitionError) -> Self {
@@ -254,8 +274,10 @@ pub struct Store {
     names: hark_core::bus::Names,
     /// Woken after every commit that wrote to the outbox, so the relay publishes at once.
     outbox_ready: std::sync::Arc<tokio::sync::Notify>,
-    /// The label put before a question's context in the chat.
-    context_label: String,
+    /// What decisions' effects become.
+    effects: crate::effects::Effects,
+    /// The limits decisions follow.
+    policy: hark_core::domain::decide::Policy,
     /// Where committed outbox messages go to be published at once, when a relay runs here.
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
@@ -322,9 +344,10 @@ impl Store {
     ) -> Self {
         Self {
             pool,
+            effects: crate::effects::Effects::new(names.clone(), context_label),
+            policy: hark_core::domain::decide::Policy { max_attempts: 3 },
             names,
             outbox_ready: Default::default(),
-            context_label: context_label.into(),
             relay: None,
             routes: Default::default(),
             claims: Default::default(),
@@ -337,6 +360,12 @@ impl Store {
             form_finishes: Default::default(),
             form_steps: false,
         }
+    }
+
+    /// Decides by `policy` (`task.max_attempts` and the like).
+    pub fn with_policy(mut self, policy: hark_core::domain::decide::Policy) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// Takes a questionnaire's next step with each answer, in the answer's own statement.

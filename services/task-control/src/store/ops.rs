@@ -5,13 +5,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hark_core::{
-    bus::Names,
-    codec,
-    domain::{
-        Event, Handle, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
-        form::FormQuestion, transition,
-    },
+use hark_core::domain::{
+    Event, Handle, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    decide::{self, Command, Decision, Effect},
+    form::FormQuestion,
 };
 use hark_proto::v1 as pb;
 use sqlx::{Arguments as _, AssertSqlSafe, PgConnection, postgres::PgArguments, types::Json};
@@ -140,22 +137,31 @@ pub struct OutboxMessage {
     pub trace: Option<String>,
 }
 
-/// One compare-and-set transition.
+/// One compare-and-set: a decision applied to the task it was decided for, if the task is still
+/// where the decision started.
 #[derive(Debug)]
 pub(super) struct Cas<'a> {
     pub(super) task: TaskId,
-    pub(super) from: TaskState,
     pub(super) generation: i64,
-    pub(super) event: Event,
+    pub(super) decision: Decision,
     /// When set, the row's worker must be this one (lease-guarded writes).
     pub(super) worker_guard: Option<&'a str>,
-    pub(super) error: Option<&'a str>,
-    pub(super) attempt_inc: i32,
+    /// When set, the row's requested pause must be this (the decision depended on it).
+    pub(super) pause_guard: Option<bool>,
     pub(super) actor: &'a str,
     pub(super) detail: &'a str,
     pub(super) outbox: Vec<OutboxMessage>,
-    /// Close the task's open questions with this outcome in the same statement.
-    pub(super) close_questions: Option<QuestionOutcome>,
+}
+
+/// A task with its open question, when it has one.
+#[derive(Debug, sqlx::FromRow)]
+struct WithOpenQuestion {
+    #[sqlx(flatten)]
+    task: TaskRow,
+    q_handle: Option<String>,
+    q_text: Option<String>,
+    q_asked_at: Option<OffsetDateTime>,
+    q_deadline: Option<OffsetDateTime>,
 }
 
 /// The row a compare-and-set returns: the task, and for a claim what a worker needs to run it.
@@ -171,141 +177,21 @@ pub(super) struct CasRow {
 }
 
 impl<'a> Cas<'a> {
-    pub(super) fn new(
-        task: TaskId,
-        from: TaskState,
-        generation: i64,
-        event: Event,
-        actor: &'a str,
-    ) -> Self {
+    pub(super) fn new(task: TaskId, generation: i64, decision: Decision, actor: &'a str) -> Self {
         Self {
             task,
-            from,
             generation,
-            event,
+            decision,
             worker_guard: None,
-            error: None,
-            attempt_inc: 0,
+            pause_guard: None,
             actor,
             detail: "",
             outbox: Vec::new(),
-            close_questions: None,
         }
     }
 }
 
 impl Store {
-    /// The event of a move that won: `row` as it is now, `cause`, and the question it waits on.
-    pub(super) fn event_msg(
-        &self,
-        row: &TaskRow,
-        cause: &str,
-        question: Option<pb::Question>,
-    ) -> OutboxMessage {
-        OutboxMessage {
-            subject: self.names.task_event(row.id),
-            msg_id: Names::task_event_msg_id(row.id, row.generation as u64),
-            payload: codec::encode(crate::convert::event(row, cause, question)),
-            durable: false,
-            trace: hark_core::trace::outgoing(),
-        }
-    }
-
-    pub(super) fn run_msg(
-        &self,
-        task: TaskId,
-        generation: i64,
-        reason: pb::RunReason,
-    ) -> OutboxMessage {
-        let job = pb::RunJob {
-            task_id: task.to_string(),
-            generation: generation as u64,
-            reason: reason as i32,
-            ..Default::default()
-        };
-        OutboxMessage {
-            subject: self.names.task_run(),
-            msg_id: Names::run_job_msg_id(task, generation as u64),
-            payload: codec::encode(job),
-            durable: true,
-            trace: hark_core::trace::outgoing(),
-        }
-    }
-
-    /// Chat messages for `route`, one per part of `text`. `None` when the route's names cannot
-    /// form a subject (they were checked when the task was created, so this does not happen).
-    pub(super) fn chat_msgs(
-        &self,
-        route: &ChatRoute,
-        text: &str,
-        question: Option<QuestionId>,
-        reply_to: Option<&str>,
-    ) -> Vec<OutboxMessage> {
-        let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
-            tracing::warn!(
-                platform = route.platform,
-                bot = route.bot_id,
-                "chat route cannot form a subject"
-            );
-            return Vec::new();
-        };
-        let pieces = if question.is_some() {
-            vec![text.to_owned()]
-        } else {
-            render::parts(text)
-        };
-        pieces
-            .into_iter()
-            .map(|piece| {
-                let id = Uuid::now_v7().to_string();
-                let message = pb::OutboundMessage {
-                    id: id.clone(),
-                    route: Some(pb::ChatRoute {
-                        platform: route.platform.clone(),
-                        bot_id: route.bot_id.clone(),
-                        stream: route.stream.clone(),
-                        origin_message_id: route.origin_message_id.clone().unwrap_or_default(),
-                    }),
-                    text: piece,
-                    reply_to_message_id: reply_to.unwrap_or_default().to_owned(),
-                    question_id: question.map(|q| q.to_string()).unwrap_or_default(),
-                    ..Default::default()
-                };
-                OutboxMessage {
-                    subject: subject.clone(),
-                    msg_id: id,
-                    payload: codec::encode(message),
-                    durable: true,
-                    trace: hark_core::trace::outgoing(),
-                }
-            })
-            .collect()
-    }
-
-    /// The chat message that asks a question, quoting the message that created its task.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn question_msgs(
-        &self,
-        route: &ChatRoute,
-        task: TaskId,
-        question: QuestionId,
-        handle: &str,
-        text: &str,
-        context: &str,
-        choices: &[String],
-    ) -> Vec<OutboxMessage> {
-        let text = render::with_choices(
-            render::question(task, handle, text, context, &self.context_label),
-            choices,
-        );
-        self.chat_msgs(
-            route,
-            &text,
-            Some(question),
-            route.origin_message_id.as_deref(),
-        )
-    }
-
     /// Moves a task by one event if it is still at `(from, generation)`. Returns the new row,
     /// or `None` when another writer got there first. The audit row and the outbox messages are
     /// written by the same statement, so they exist exactly when the move won.
@@ -325,17 +211,18 @@ impl Store {
         mut change: Cas<'_>,
         sent: &mut Vec<OutboxMessage>,
     ) -> Result<Option<CasRow>, Error> {
-        let to = transition(change.from, change.event)
-            .map_err(|e| Error::wrong_state(change.task, e))?;
         let outbox = std::mem::take(&mut change.outbox);
         let mut s = Statement::default();
-        let sql = cas_sql(&mut s, &change, to, &outbox);
+        let sql = cas_sql(&mut s, &change, &outbox);
         let row = sqlx::query_as_with::<_, CasRow, _>(AssertSqlSafe(sql), s.arguments()?)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = &row {
             sent.extend(outbox);
-            sent.push(self.event_msg(&row.task, change.event.as_str(), None));
+            sent.push(
+                self.effects
+                    .event(&row.task, change.decision.event.as_str(), None),
+            );
         }
         Ok(row)
     }
@@ -386,7 +273,7 @@ impl Store {
             .decide(super::batch::CreateRequest {
                 id,
                 new: new.clone(),
-                job: self.run_msg(id, 1, pb::RunReason::Start),
+                job: self.effects.run(id, 1, pb::RunReason::Start),
             })
             .await?;
         if let super::batch::Created::New(task) = created {
@@ -690,19 +577,20 @@ impl Store {
         self.instructions_of(lease.task).await
     }
 
-    /// Stores one round under the lease. Storing the same round again changes nothing.
+    /// Stores one round under the lease. Storing the same round again changes nothing. Returns
+    /// whether a pause waits for the task: the round is its boundary.
     pub async fn checkpoint(
         &self,
         lease: &Lease,
         round: i32,
         messages: &serde_json::Value,
         consumed_instructions: &[Uuid],
-    ) -> Result<(), Error> {
-        let held: bool = sqlx::query_scalar(
+    ) -> Result<bool, Error> {
+        let (held, pause): (bool, bool) = sqlx::query_as(
             "WITH t AS (
                 UPDATE tasks SET rounds = greatest(rounds, $4), updated_at = now()
-                WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
-                RETURNING id
+                WHERE id = $1 AND state = $7 AND generation = $2 AND worker_id = $3
+                RETURNING id, pause_requested
             ), c AS (
                 INSERT INTO checkpoints (task_id, round, messages) SELECT id, $4, $5 FROM t
                 ON CONFLICT DO NOTHING
@@ -710,7 +598,7 @@ impl Store {
                 UPDATE instructions SET consumed_round = $4
                 WHERE task_id = $1 AND id = ANY($6) AND consumed_round IS NULL AND EXISTS (SELECT 1 FROM t)
             )
-            SELECT EXISTS (SELECT 1 FROM t)",
+            SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT pause_requested FROM t), false)",
         )
         .bind(lease.task.as_uuid())
         .bind(lease.generation)
@@ -718,10 +606,11 @@ impl Store {
         .bind(round)
         .bind(Json(messages))
         .bind(consumed_instructions)
+        .bind(TaskState::Running.as_str())
         .fetch_one(&self.pool)
         .await?;
         if held {
-            Ok(())
+            Ok(pause)
         } else {
             Err(self.refusal(lease).await)
         }
@@ -740,7 +629,7 @@ impl Store {
         for _ in 0..8 {
             let handle = Handle::random().to_string();
             let outbox = match &chat {
-                Some(route) => self.question_msgs(
+                Some(route) => self.effects.question(
                     route,
                     lease.task,
                     question_id,
@@ -892,9 +781,36 @@ impl Store {
             .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
         // The task moves only from the generation just read. A question is only ever closed
         // together with a move of its task, so when this move wins the question is still open.
-        transition(state, Event::Answer).map_err(|e| Error::wrong_state(task_id, e))?;
+        let Some(open) = question_row.open() else {
+            return Err(Error::QuestionClosed {
+                id: question.to_string(),
+                outcome: question_row.outcome,
+            });
+        };
+        let now = OffsetDateTime::now_utc();
+        let lifecycle = decide::Task {
+            state: match state {
+                TaskState::WaitingInput => decide::State::WaitingInput { question: open },
+                TaskState::Paused => decide::State::Paused {
+                    since: now,
+                    question: Some(open),
+                },
+                TaskState::Pending => decide::State::Pending,
+                TaskState::Running => decide::State::Running {
+                    pause_requested: false,
+                },
+                TaskState::Completed => decide::State::Completed,
+                TaskState::Failed => decide::State::Failed,
+                TaskState::Cancelled => decide::State::Cancelled,
+            },
+            on_timeout: TimeoutPolicy::Resume,
+            attempt: 1,
+        };
+        let decision = decide::decide(&lifecycle, &Command::Answer, now, self.policy)
+            .map_err(|r| Error::refused(task_id, r))?;
         if let Some(Json(questions)) = task_questionnaire.filter(|_| self.form_steps)
             && !questions.is_empty()
+            && decision.to == TaskState::Pending
         {
             let last = form_last_round.map(|Json(round)| round);
             return self
@@ -907,7 +823,11 @@ impl Store {
                 generation,
                 question,
                 answer: answer.clone(),
-                job: self.run_msg(task_id, generation + 1, pb::RunReason::ResumeReply),
+                from: decision.from,
+                to: decision.to,
+                job: decision
+                    .run()
+                    .map(|reason| self.effects.run(task_id, generation + 1, reason)),
             })
             .await?;
         let Some(task) = won else {
@@ -963,47 +883,163 @@ impl Store {
         )
     }
 
-    /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
-    /// is told, in one statement. Retries when another transition races it, since a cancel must
-    /// win eventually.
-    pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
+    /// The task as it is now and what `command` does to it: the row, with its open question
+    /// when its state carries one.
+    pub(super) async fn decide_now(
+        &self,
+        task: TaskId,
+        command: &Command<'_>,
+    ) -> Result<(TaskRow, Decision), Error> {
+        // The task and its open question from one snapshot, so that an answer committing in
+        // between cannot leave a waiting task without its question.
+        let sql = concat!(
+            "SELECT ",
+            task_columns!(),
+            ", q.handle AS q_handle, q.text AS q_text, q.asked_at AS q_asked_at,
+                q.deadline AS q_deadline
+             FROM tasks LEFT JOIN LATERAL (
+                 SELECT handle, text, asked_at, deadline FROM questions
+                 WHERE task_id = tasks.id AND outcome = $2 ORDER BY asked_at DESC LIMIT 1
+             ) q ON true
+             WHERE tasks.id = $1"
+        );
+        let found = sqlx::query_as::<_, WithOpenQuestion>(sql)
+            .bind(task.as_uuid())
+            .bind(QuestionOutcome::Open.as_str())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or_else(|| Error::TaskNotFound(task.to_string()))?;
+        let question = match (found.q_handle, found.q_asked_at) {
+            (Some(handle), Some(asked_at)) => Some(decide::OpenQuestion {
+                handle,
+                text: found.q_text.unwrap_or_default(),
+                asked_at,
+                deadline: found.q_deadline,
+            }),
+            _ => None,
+        };
+        let row = found.task;
+        let lifecycle = row.lifecycle(question).ok_or_else(|| {
+            Error::Internal(format!("task {task} waits without an open question"))
+        })?;
+        let decision = decide::decide(&lifecycle, command, OffsetDateTime::now_utc(), self.policy)
+            .map_err(|r| Error::refused(task, r))?;
+        Ok((row, decision))
+    }
+
+    /// Applies `decision`, taken on `row`, as one compare-and-set that also writes the messages
+    /// its effects imply. `None` when another writer moved the task first.
+    pub(super) async fn apply(
+        &self,
+        row: &TaskRow,
+        decision: Decision,
+        actor: &str,
+        detail: &str,
+        worker_guard: Option<&str>,
+    ) -> Result<Option<TaskRow>, Error> {
+        let outbox = self.effects.of(
+            row.id,
+            row.generation + 1,
+            row.chat().as_ref(),
+            None,
+            &decision,
+        );
+        let mut change = Cas::new(row.id, row.generation, decision, actor);
+        change.pause_guard = Some(row.pause_requested);
+        change.worker_guard = worker_guard;
+        change.detail = detail;
+        change.outbox = outbox;
+        let mut sent = Vec::new();
+        let won = {
+            let mut conn = self.pool.acquire().await?;
+            self.cas(&mut conn, change, &mut sent).await?
+        };
+        if won.is_some() {
+            self.published(sent);
+        }
+        Ok(won)
+    }
+
+    /// Decides `command` and applies it, deciding again when another writer moved the task
+    /// first: a cancel, a pause or a resume must win eventually.
+    async fn command(
+        &self,
+        task: TaskId,
+        command: Command<'_>,
+        actor: &str,
+        detail: &str,
+    ) -> Result<TaskRow, Error> {
         for _ in 0..16 {
-            let current = self.get_task(task).await?;
-            let mut sent = Vec::new();
-            let mut change = Cas::new(
-                task,
-                current.state,
-                current.generation,
-                Event::Cancel,
-                actor,
-            );
-            change.detail = reason;
-            change.error = Some(if reason.is_empty() {
-                "cancelled"
-            } else {
-                reason
-            });
-            change.close_questions = Some(QuestionOutcome::Cancelled);
-            if let Some(route) = current.chat() {
-                change.outbox.extend(self.chat_msgs(
-                    &route,
-                    &render::cancelled(task, reason),
-                    None,
-                    None,
-                ));
-            }
-            let won = {
-                let mut conn = self.pool.acquire().await?;
-                self.cas(&mut conn, change, &mut sent).await?
-            };
-            if let Some(row) = won {
-                self.published(sent);
+            let (row, decision) = self.decide_now(task, &command).await?;
+            if let Some(row) = self.apply(&row, decision, actor, detail, None).await? {
                 return Ok(row);
             }
         }
         Err(Error::Busy(format!(
-            "cancelling task {task} kept losing races"
+            "task {task}: `{}` kept losing races",
+            command.event(TimeoutPolicy::Resume)
         )))
+    }
+
+    /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
+    /// is told, in one statement.
+    pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
+        self.command(task, Command::Cancel { reason }, actor, reason)
+            .await
+    }
+
+    /// Pauses a task: a pending or waiting one at once, a running one at its next round
+    /// boundary. A paused task holds no worker, and its question's deadline stands still.
+    pub async fn pause(&self, task: TaskId, actor: &str) -> Result<TaskRow, Error> {
+        self.command(task, Command::Pause, actor, "").await
+    }
+
+    /// Resumes a paused task: it waits on its open question again, its deadline moved on by
+    /// the time it stood still, or, with none open, it is queued to run.
+    pub async fn resume(&self, task: TaskId, actor: &str) -> Result<TaskRow, Error> {
+        self.command(task, Command::Resume, actor, "").await
+    }
+
+    /// Decides a lease-guarded `command` of the worker holding `lease` and applies it.
+    async fn leased(
+        &self,
+        lease: &Lease,
+        command: Command<'_>,
+        detail: &str,
+    ) -> Result<TaskRow, Error> {
+        let row = self.get_task(lease.task).await?;
+        if row.state != TaskState::Running
+            || row.generation != lease.generation
+            || row.worker_id.as_deref() != Some(lease.worker_id.as_str())
+        {
+            return Err(self.refusal(lease).await);
+        }
+        let lifecycle = row
+            .lifecycle(None)
+            .ok_or_else(|| Error::Internal(format!("task {} has no lifecycle", lease.task)))?;
+        let decision = decide::decide(&lifecycle, &command, OffsetDateTime::now_utc(), self.policy)
+            .map_err(|r| Error::refused(lease.task, r))?;
+        match self
+            .apply(
+                &row,
+                decision,
+                &lease.worker_id,
+                detail,
+                Some(&lease.worker_id),
+            )
+            .await?
+        {
+            Some(row) => Ok(row),
+            // A pause requested meanwhile changes what a hand-back does: decide again.
+            None if matches!(command, Command::Release) => {
+                let now = self.get_task(lease.task).await?;
+                if now.state == TaskState::Running && now.generation == lease.generation {
+                    return Box::pin(self.leased(lease, command, detail)).await;
+                }
+                Err(self.refusal(lease).await)
+            }
+            None => Err(self.refusal(lease).await),
+        }
     }
 
     /// Ends a running task with its final answer, sent to its chat.
@@ -1015,7 +1051,10 @@ impl Store {
     ) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
         let outbox = chat
-            .map(|route| self.chat_msgs(&route, &render::completed(lease.task, result), None, None))
+            .map(|route| {
+                self.effects
+                    .chat(&route, &render::completed(lease.task, result), None, None)
+            })
             .unwrap_or_default();
         let won = self
             .decide(super::batch::CompleteRequest {
@@ -1033,56 +1072,14 @@ impl Store {
 
     /// Ends a running task as failed, telling its chat why.
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
-        let chat = self.chat_of(lease.task).await?;
-        let mut conn = self.pool.acquire().await?;
-        let mut sent = Vec::new();
-        let mut change = Cas::new(
-            lease.task,
-            TaskState::Running,
-            lease.generation,
-            Event::Fail,
-            &lease.worker_id,
-        );
-        change.worker_guard = Some(&lease.worker_id);
-        change.error = Some(error);
-        change.detail = error;
-        if let Some(route) = chat {
-            change.outbox.extend(self.chat_msgs(
-                &route,
-                &render::failed(lease.task, error),
-                None,
-                None,
-            ));
-        }
-        let Some(row) = self.cas(&mut conn, change, &mut sent).await? else {
-            return Err(self.refusal(lease).await);
-        };
-        self.published(sent);
-        Ok(row)
+        self.leased(lease, Command::Fail { error }, error).await
     }
 
-    /// Hands a running task back from a worker that stops: it is queued again at once to
-    /// continue from its last checkpoint, and its attempts are not counted up.
+    /// Hands a running task back from a worker that stops at a round boundary: it is queued
+    /// again at once to continue from its last checkpoint, and its attempts are not counted up;
+    /// or, when a pause was asked of it, it pauses.
     pub async fn release(&self, lease: &Lease, reason: &str) -> Result<TaskRow, Error> {
-        let mut conn = self.pool.acquire().await?;
-        let mut sent = Vec::new();
-        let mut change = Cas::new(
-            lease.task,
-            TaskState::Running,
-            lease.generation,
-            Event::Release,
-            &lease.worker_id,
-        );
-        change.worker_guard = Some(&lease.worker_id);
-        change.detail = reason;
-        change
-            .outbox
-            .push(self.run_msg(lease.task, lease.generation + 1, pb::RunReason::Handover));
-        let Some(row) = self.cas(&mut conn, change, &mut sent).await? else {
-            return Err(self.refusal(lease).await);
-        };
-        self.published(sent);
-        Ok(row)
+        self.leased(lease, Command::Release, reason).await
     }
 
     /// Queues a progress message to the task's chat, if the lease still holds. With an
@@ -1091,7 +1088,7 @@ impl Store {
         let Some(route) = self.chat_of(lease.task).await? else {
             return Ok(false);
         };
-        let messages = self.chat_msgs(&route, text, None, None);
+        let messages = self.effects.chat(&route, text, None, None);
         let (subjects, msg_ids, payloads, traces) = columns(messages.clone());
         let (held, queued): (bool, bool) = sqlx::query_as(
             "WITH t AS (
@@ -1221,34 +1218,52 @@ impl Statement {
 
 /// The compare-and-set statement of `change`: the task's move, its audit row, and only the
 /// parts `change` asks for.
-fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxMessage]) -> String {
+fn cas_sql(s: &mut Statement, change: &Cas<'_>, outbox: &[OutboxMessage]) -> String {
+    let decision = &change.decision;
+    let (from_state, to) = (decision.from, decision.to);
     let id = s.bind(change.task.as_uuid());
-    let from = s.bind(change.from.as_str());
+    let from = s.bind(from_state.as_str());
     let generation = s.bind(change.generation);
     let mut set = format!(
-        concat!(
-            "state = {}, generation = generation + 1, updated_at = now(), ",
-            run_ms_update!()
-        ),
-        s.bind(to.as_str())
+        "updated_at = now(), pause_requested = {}",
+        s.bind(decision.pause_requested)
     );
-    // Claims, the only move into `running`, are decided in batches (see `batch`).
-    debug_assert_ne!(to, TaskState::Running, "claims do not go through cas");
-    set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
-    if change.attempt_inc != 0 {
-        set += &format!(", attempt = attempt + {}", s.bind(change.attempt_inc));
+    // A decision that does not move the task (a pause requested of a running one) leaves its
+    // generation, and so its worker's lease, as they are.
+    if decision.moves() {
+        set += &format!(
+            concat!(
+                ", state = {}, generation = generation + 1, ",
+                run_ms_update!()
+            ),
+            s.bind(to.as_str())
+        );
+        // Claims, the only move into `running`, are decided in batches (see `batch`).
+        debug_assert_ne!(to, TaskState::Running, "claims do not go through cas");
+        set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
+        set += if to == TaskState::Paused {
+            ", paused_at = now()"
+        } else {
+            ", paused_at = NULL"
+        };
+        set += if to.is_terminal() {
+            ", finished_at = now()"
+        } else {
+            ", finished_at = NULL"
+        };
     }
-    if let Some(error) = change.error {
+    if decision.counts_attempt() {
+        set += ", attempt = attempt + 1";
+    }
+    if let Some(error) = decision.error() {
         set += &format!(", error = {}", s.bind(error));
     }
-    set += if to.is_terminal() {
-        ", finished_at = now()"
-    } else {
-        ", finished_at = NULL"
-    };
     let mut guard = format!("id = {id} AND state = {from} AND generation = {generation}");
     if let Some(worker) = change.worker_guard {
         guard += &format!(" AND worker_id = {}", s.bind(worker));
+    }
+    if let Some(pause) = change.pause_guard {
+        guard += &format!(" AND pause_requested = {}", s.bind(pause));
     }
     let mut sql = format!(
         "WITH t AS (UPDATE tasks SET {set} WHERE {guard} RETURNING {columns})
@@ -1256,7 +1271,7 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
             INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
             SELECT id, {from}, state, {event}, generation, {actor}, {detail} FROM t)",
         columns = task_columns!(),
-        event = s.bind(change.event.as_str()),
+        event = s.bind(decision.event.as_str()),
         actor = s.bind(change.actor),
         detail = s.bind(change.detail),
     );
@@ -1273,13 +1288,26 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, to: TaskState, outbox: &[OutboxM
             s.bind(traces)
         );
     }
-    if let Some(outcome) = change.close_questions {
+    if let Some(outcome) = decision.closes() {
         sql += &format!(
             ", closed AS (
                 UPDATE questions SET outcome = {}, closed_at = now()
-                WHERE task_id = {id} AND outcome = 'open' AND EXISTS (SELECT 1 FROM t))",
-            s.bind(outcome.as_str())
+                WHERE task_id = {id} AND outcome = {open} AND EXISTS (SELECT 1 FROM t))",
+            s.bind(outcome.as_str()),
+            open = s.bind(QuestionOutcome::Open.as_str()),
         );
+    }
+    for effect in &decision.effects {
+        if let Effect::ShiftDeadline(by) = effect {
+            sql += &format!(
+                ", shifted AS (
+                    UPDATE questions SET deadline = deadline + {} * interval '1 millisecond'
+                    WHERE task_id = {id} AND outcome = {open} AND deadline IS NOT NULL
+                      AND EXISTS (SELECT 1 FROM t))",
+                s.bind(i64::try_from(by.as_millis()).unwrap_or(i64::MAX)),
+                open = s.bind(QuestionOutcome::Open.as_str()),
+            );
+        }
     }
     sql += " SELECT t.*, NULL::timestamptz AS asked_deadline,
             NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions

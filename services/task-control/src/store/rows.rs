@@ -46,9 +46,42 @@ pub struct TaskRow {
     pub finished_at: Option<OffsetDateTime>,
     /// The questions of a questionnaire; `None` for an agent task.
     pub questionnaire: Option<Json<Vec<FormQuestion>>>,
+    /// A running task that is to pause at its next round boundary.
+    pub pause_requested: bool,
+    /// When a paused task stopped.
+    pub paused_at: Option<OffsetDateTime>,
 }
 
 impl TaskRow {
+    /// The task as the lifecycle decides on it, with its open question when it waits on one.
+    pub fn lifecycle(
+        &self,
+        question: Option<hark_core::domain::decide::OpenQuestion>,
+    ) -> Option<hark_core::domain::decide::Task> {
+        use hark_core::domain::decide::State;
+        let state = match self.state {
+            TaskState::Pending => State::Pending,
+            TaskState::Running => State::Running {
+                pause_requested: self.pause_requested,
+            },
+            TaskState::WaitingInput => State::WaitingInput {
+                question: question?,
+            },
+            TaskState::Paused => State::Paused {
+                since: self.paused_at.unwrap_or(self.updated_at),
+                question,
+            },
+            TaskState::Completed => State::Completed,
+            TaskState::Failed => State::Failed,
+            TaskState::Cancelled => State::Cancelled,
+        };
+        Some(hark_core::domain::decide::Task {
+            state,
+            on_timeout: self.on_timeout,
+            attempt: self.attempt,
+        })
+    }
+
     /// The questions of a questionnaire, none for an agent task.
     pub fn questionnaire(&self) -> &[FormQuestion] {
         self.questionnaire.as_ref().map_or(&[], |q| q.0.as_slice())
@@ -98,6 +131,18 @@ pub struct QuestionRow {
 }
 
 impl QuestionRow {
+    /// The question as the lifecycle sees it, when it is open.
+    pub fn open(&self) -> Option<hark_core::domain::decide::OpenQuestion> {
+        self.outcome
+            .is_open()
+            .then(|| hark_core::domain::decide::OpenQuestion {
+                handle: self.handle.clone(),
+                text: self.text.clone(),
+                asked_at: self.asked_at,
+                deadline: self.deadline,
+            })
+    }
+
     /// The question as a statement that applied `answer` at `at` left it.
     pub fn answered_with(&mut self, answer: &super::Answer, at: OffsetDateTime) {
         self.outcome = QuestionOutcome::Answered;

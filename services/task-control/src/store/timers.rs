@@ -4,25 +4,40 @@
 
 use std::time::Duration;
 
-use hark_core::domain::{Event, TaskId, TaskState, TimeoutPolicy};
-use hark_proto::v1 as pb;
+use hark_core::domain::{
+    TaskId, TaskState, TimeoutPolicy,
+    decide::{self, Command, Decision},
+};
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{ChatRoute, Error, OutboxMessage, QuestionRow, Store, ops::Cas};
 use crate::render;
 
+/// A question just marked reminded, with the database's clock.
+#[derive(Debug, sqlx::FromRow)]
+struct Reminded {
+    #[sqlx(flatten)]
+    question: QuestionRow,
+    db_now: OffsetDateTime,
+}
+
 #[derive(Debug, sqlx::FromRow)]
 struct DueQuestion {
-    question_id: Uuid,
     handle: String,
+    text: String,
+    asked_at: OffsetDateTime,
+    deadline: Option<OffsetDateTime>,
     task_id: Uuid,
     generation: i64,
+    attempt: i32,
     on_timeout: String,
-    waited_ms: i64,
     platform: Option<String>,
     bot_id: Option<String>,
     stream: Option<String>,
     chat_message_id: Option<String>,
+    /// The database's clock, which every deadline is set by.
+    db_now: OffsetDateTime,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -30,9 +45,24 @@ struct DueTask {
     id: Uuid,
     generation: i64,
     attempt: i32,
+    on_timeout: String,
+    pause_requested: bool,
     platform: Option<String>,
     bot_id: Option<String>,
     stream: Option<String>,
+    db_now: OffsetDateTime,
+}
+
+impl DueTask {
+    fn lifecycle(&self) -> decide::Task {
+        decide::Task {
+            state: decide::State::Running {
+                pause_requested: self.pause_requested,
+            },
+            on_timeout: self.on_timeout.parse().unwrap_or_default(),
+            attempt: self.attempt,
+        }
+    }
 }
 
 fn route(
@@ -56,73 +86,58 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueQuestion>(
-            "SELECT q.id AS question_id, q.handle, t.id AS task_id, t.generation, t.on_timeout,
-                    (extract(epoch FROM q.deadline - q.asked_at) * 1000)::bigint AS waited_ms,
-                    t.platform, t.bot_id, t.stream, q.chat_message_id
+            "SELECT q.handle, q.text, q.asked_at, q.deadline, t.id AS task_id, t.generation,
+                    t.attempt, t.on_timeout, t.platform, t.bot_id, t.stream, q.chat_message_id,
+                    now() AS db_now
              FROM questions q JOIN tasks t ON t.id = q.task_id
              WHERE q.outcome = 'open' AND q.deadline IS NOT NULL AND q.deadline <= now()
-               AND t.state = 'waiting_input'
+               AND t.state = $2
              ORDER BY q.deadline
              LIMIT $1
              FOR UPDATE OF t SKIP LOCKED",
         )
         .bind(limit)
+        .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let mut expired = 0;
         for q in due {
             let task = TaskId::from_uuid(q.task_id);
-            let policy: TimeoutPolicy = q.on_timeout.parse().unwrap_or_default();
-            let waited = render::human(Duration::from_millis(
-                u64::try_from(q.waited_ms).unwrap_or(0),
-            ));
-            let outcome = match policy {
-                TimeoutPolicy::Resume => "the task goes on without it",
-                TimeoutPolicy::Fail => "the task failed",
-                TimeoutPolicy::Never => {
-                    tracing::warn!(%task, "a question of a task without deadlines had one; leaving it open");
+            let lifecycle = decide::Task {
+                state: decide::State::WaitingInput {
+                    question: decide::OpenQuestion {
+                        handle: q.handle.clone(),
+                        text: q.text.clone(),
+                        asked_at: q.asked_at,
+                        deadline: q.deadline,
+                    },
+                },
+                on_timeout: q.on_timeout.parse().unwrap_or_default(),
+                attempt: q.attempt,
+            };
+            let decision = match decide::decide(&lifecycle, &Command::Expire, q.db_now, self.policy)
+            {
+                Ok(decision) => decision,
+                Err(refusal) => {
+                    tracing::warn!(%task, %refusal, "an open question past its deadline stays open");
                     continue;
                 }
             };
-            let note = format!(
-                "[task {} · #{}] no answer within {waited}; {outcome}.",
-                task.short(),
-                q.handle
-            );
-            let mut change = Cas::new(
+            let chat = route(&q.platform, &q.bot_id, &q.stream);
+            let outbox = self.effects.of(
                 task,
-                TaskState::WaitingInput,
-                q.generation,
-                Event::Expire(policy),
-                "timer",
+                q.generation + 1,
+                chat.as_ref(),
+                q.chat_message_id.as_deref(),
+                &decision,
             );
-            if policy == TimeoutPolicy::Resume {
-                change.outbox.push(self.run_msg(
-                    task,
-                    q.generation + 1,
-                    pb::RunReason::ResumeTimeout,
-                ));
+            let error = decision.error().unwrap_or_default().to_owned();
+            let mut change = Cas::new(task, q.generation, decision, "timer");
+            change.detail = &error;
+            change.outbox = outbox;
+            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
+                expired += 1;
             }
-            let error = format!("no answer within {waited}");
-            if policy == TimeoutPolicy::Fail {
-                change.error = Some(&error);
-            }
-            if let Some(route) = route(&q.platform, &q.bot_id, &q.stream) {
-                change.outbox.extend(self.chat_msgs(
-                    &route,
-                    &note,
-                    None,
-                    q.chat_message_id.as_deref(),
-                ));
-            }
-            if self.cas(&mut tx, change, &mut sent).await?.is_none() {
-                continue;
-            }
-            sqlx::query("UPDATE questions SET outcome = 'expired', closed_at = now() WHERE id = $1 AND outcome = 'open'")
-                .bind(q.question_id)
-                .execute(&mut *tx)
-                .await?;
-            expired += 1;
         }
         tx.commit().await?;
         self.published(sent);
@@ -137,39 +152,51 @@ impl Store {
         }
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, QuestionRow>(concat!(
+        let due = sqlx::query_as::<_, Reminded>(concat!(
             "UPDATE questions SET reminded_at = now()
              WHERE id IN (
-                 SELECT id FROM questions
+                 SELECT id FROM questions q
                  WHERE outcome = 'open' AND reminded_at IS NULL AND deadline IS NOT NULL
                    AND stream IS NOT NULL AND deadline > now()
                    AND deadline - $1 * interval '1 millisecond' <= now()
+                   AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $3)
                  ORDER BY deadline LIMIT $2
                  FOR UPDATE SKIP LOCKED)
-             RETURNING ",
+             RETURNING now() AS db_now, ",
             question_columns!()
         ))
         .bind(before.as_millis() as i64)
         .bind(limit)
+        .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let mut outbox = Vec::new();
-        for q in &due {
+        for Reminded {
+            question: q,
+            db_now,
+        } in &due
+        {
             let Some(route) = route(&q.platform, &q.bot_id, &q.stream) else {
                 continue;
             };
-            let left = q
-                .deadline
-                .map(|d| (d - time::OffsetDateTime::now_utc()).unsigned_abs())
-                .unwrap_or_default();
-            let text = format!(
-                "[task {} · #{}] still waiting for your answer ({} left): {}",
-                q.task_id.short(),
-                q.handle,
-                render::human(left),
-                q.text
-            );
-            outbox.extend(self.chat_msgs(&route, &text, None, q.chat_message_id.as_deref()));
+            let Some(lifecycle) = q.open().map(|question| decide::Task {
+                state: decide::State::WaitingInput { question },
+                on_timeout: TimeoutPolicy::Resume,
+                attempt: 1,
+            }) else {
+                continue;
+            };
+            let command = Command::Remind { before };
+            let Ok(decision) = decide::decide(&lifecycle, &command, *db_now, self.policy) else {
+                continue;
+            };
+            outbox.extend(self.effects.of(
+                q.task_id,
+                0,
+                Some(&route),
+                q.chat_message_id.as_deref(),
+                &decision,
+            ));
         }
         self.enqueue(&mut tx, outbox, &mut sent).await?;
         tx.commit().await?;
@@ -184,39 +211,27 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueTask>(
-            "SELECT id, generation, attempt, platform, bot_id, stream FROM tasks
-             WHERE state = 'running' AND lease_until < now()
+            "SELECT id, generation, attempt, on_timeout, pause_requested, platform, bot_id, stream,
+                    now() AS db_now
+             FROM tasks
+             WHERE state = $2 AND lease_until < now()
              ORDER BY lease_until LIMIT $1
              FOR UPDATE SKIP LOCKED",
         )
         .bind(limit)
+        .bind(TaskState::Running.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let mut moved = 0;
+        let policy = decide::Policy { max_attempts };
         for t in due {
-            let task = TaskId::from_uuid(t.id);
-            let error = format!(
-                "the task lost its worker {} times (task.max_attempts = {max_attempts})",
-                t.attempt
-            );
-            let change = if t.attempt >= max_attempts {
-                self.timer_fails(&t, &error)
-            } else {
-                let mut change = Cas::new(
-                    task,
-                    TaskState::Running,
-                    t.generation,
-                    Event::LeaseExpired,
-                    "timer",
-                );
-                change.attempt_inc = 1;
-                change
-                    .outbox
-                    .push(self.run_msg(task, t.generation + 1, pb::RunReason::Recover));
-                change
-            };
-            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
-                moved += 1;
+            match decide::decide(&t.lifecycle(), &Command::LeaseExpired, t.db_now, policy) {
+                Ok(decision) => {
+                    if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
+                        moved += 1;
+                    }
+                }
+                Err(refusal) => tracing::warn!(task = %t.id, %refusal, "a lapsed lease stays"),
             }
         }
         tx.commit().await?;
@@ -237,14 +252,17 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueTask>(
-            "SELECT id, generation, attempt, platform, bot_id, stream FROM tasks
-             WHERE state = 'running'
+            "SELECT id, generation, attempt, on_timeout, pause_requested, platform, bot_id, stream,
+                    now() AS db_now
+             FROM tasks
+             WHERE state = $3
                AND run_ms + extract(epoch FROM now() - coalesce(running_since, now())) * 1000 > $1
              LIMIT $2
              FOR UPDATE SKIP LOCKED",
         )
         .bind(max.as_millis() as i64)
         .bind(limit)
+        .bind(TaskState::Running.as_str())
         .fetch_all(&mut *tx)
         .await?;
         let error = format!(
@@ -253,8 +271,10 @@ impl Store {
         );
         let mut failed = Vec::new();
         for t in due {
-            let change = self.timer_fails(&t, &error);
-            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
+            let command = Command::Fail { error: &error };
+            let decision = decide::decide(&t.lifecycle(), &command, t.db_now, self.policy)
+                .map_err(|r| Error::refused(t.id, r))?;
+            if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
                 failed.push(TaskId::from_uuid(t.id));
             }
         }
@@ -263,17 +283,24 @@ impl Store {
         Ok(failed)
     }
 
-    /// A timer failing the running task `t` with `error`, its chat told why.
-    fn timer_fails<'a>(&self, t: &DueTask, error: &'a str) -> Cas<'a> {
+    /// Applies a timer's `decision` on the running task `t`; whether it won.
+    async fn timer_applies(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        t: &DueTask,
+        decision: Decision,
+        sent: &mut Vec<OutboxMessage>,
+    ) -> Result<bool, Error> {
         let task = TaskId::from_uuid(t.id);
-        let mut change = Cas::new(task, TaskState::Running, t.generation, Event::Fail, "timer");
-        change.error = Some(error);
-        change.detail = error;
-        if let Some(route) = route(&t.platform, &t.bot_id, &t.stream) {
-            change
-                .outbox
-                .extend(self.chat_msgs(&route, &render::failed(task, error), None, None));
-        }
-        change
+        let chat = route(&t.platform, &t.bot_id, &t.stream);
+        let outbox = self
+            .effects
+            .of(task, t.generation + 1, chat.as_ref(), None, &decision);
+        let detail = decision.error().unwrap_or_default().to_owned();
+        let mut change = Cas::new(task, t.generation, decision, "timer");
+        change.pause_guard = Some(t.pause_requested);
+        change.detail = &detail;
+        change.outbox = outbox;
+        Ok(self.cas(conn, change, sent).await?.is_some())
     }
 }

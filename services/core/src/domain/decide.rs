@@ -1,0 +1,861 @@
+//! The lifecycle as one pure function: [`decide`] takes a task as the store read it, a command,
+//! the time and the policy, and returns the next state with the effects the move implies, or a
+//! refusal. It does no I/O, so every pair of state and command, expiry and reminders included, is
+//! tested without a database or a clock.
+//!
+//! The store applies a [`Decision`] as one compare-and-set on `(state, generation)`; the effects
+//! become chat text, protobuf and subjects in task-control's `effects` module.
+
+use std::{fmt, time::Duration};
+
+use hark_proto::v1 as pb;
+use time::OffsetDateTime;
+
+use super::{Event, QuestionOutcome, TaskState, TimeoutPolicy, transition};
+
+/// The limits a decision follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Runs a task may lose to expired leases before it fails (`task.max_attempts`).
+    pub max_attempts: i32,
+}
+
+/// A question that is open, as far as the lifecycle cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenQuestion {
+    pub handle: String,
+    pub text: String,
+    pub asked_at: OffsetDateTime,
+    pub deadline: Option<OffsetDateTime>,
+}
+
+/// Where a task stands, with what each state carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Queued for a worker.
+    Pending,
+    /// Held by a worker; `pause_requested` once someone asked it to pause at its next round
+    /// boundary.
+    Running {
+        pause_requested: bool,
+    },
+    /// Waiting on its open question.
+    WaitingInput {
+        question: OpenQuestion,
+    },
+    /// Held still since `since`: no worker holds it and its deadlines do not run. `question` is
+    /// the open question it goes back to waiting on when resumed; without one it is queued.
+    Paused {
+        since: OffsetDateTime,
+        question: Option<OpenQuestion>,
+    },
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl State {
+    pub fn name(&self) -> TaskState {
+        match self {
+            State::Pending => TaskState::Pending,
+            State::Running { .. } => TaskState::Running,
+            State::WaitingInput { .. } => TaskState::WaitingInput,
+            State::Paused { .. } => TaskState::Paused,
+            State::Completed => TaskState::Completed,
+            State::Failed => TaskState::Failed,
+            State::Cancelled => TaskState::Cancelled,
+        }
+    }
+}
+
+/// What the lifecycle knows of a task when it decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    pub state: State,
+    pub on_timeout: TimeoutPolicy,
+    /// 1 for the first run, +1 for each run lost to an expired lease.
+    pub attempt: i32,
+}
+
+/// Something asked of a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command<'a> {
+    /// A worker takes the task.
+    Claim,
+    /// The agent asks the owner; the question is asked whether or not a pause waits.
+    Ask,
+    /// The owner answered the open question.
+    Answer,
+    /// The timer found the open question's deadline passed.
+    Expire,
+    /// The timer reminds the owner when the deadline is less than `before` away.
+    Remind {
+        before: Duration,
+    },
+    /// The agent gave its final answer.
+    Finish {
+        result: &'a str,
+    },
+    /// The run failed for good.
+    Fail {
+        error: &'a str,
+    },
+    /// The worker's lease ran out.
+    LeaseExpired,
+    /// The worker holding the task stops and hands it back at a round boundary.
+    Release,
+    Cancel {
+        reason: &'a str,
+    },
+    Pause,
+    Resume,
+}
+
+impl Command<'_> {
+    /// The event a move by this command records, given the task's expiry policy.
+    pub fn event(&self, on_timeout: TimeoutPolicy) -> Event {
+        match self {
+            Command::Claim => Event::Claim,
+            Command::Ask => Event::Ask,
+            Command::Answer => Event::Answer,
+            Command::Expire => Event::Expire(on_timeout),
+            Command::Remind { .. } => Event::Remind,
+            Command::Finish { .. } => Event::Finish,
+            Command::Fail { .. } => Event::Fail,
+            Command::LeaseExpired => Event::LeaseExpired,
+            Command::Release => Event::Release,
+            Command::Cancel { .. } => Event::Cancel,
+            Command::Pause => Event::Pause,
+            Command::Resume => Event::Resume,
+        }
+    }
+}
+
+/// What a chat is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Say {
+    /// The task finished with this output.
+    Completed {
+        result: String,
+    },
+    Failed {
+        error: String,
+    },
+    Cancelled {
+        reason: String,
+    },
+    /// The question `handle` got no answer within `waited`; the task goes on (`resumed`) or
+    /// failed.
+    Expired {
+        handle: String,
+        waited: Duration,
+        resumed: bool,
+    },
+    /// The question `handle`, asking `question`, closes in `left`.
+    Reminder {
+        handle: String,
+        question: String,
+        left: Duration,
+    },
+}
+
+/// Something a decision makes happen besides the move itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Queue a run of the task at its new generation.
+    QueueRun(pb::RunReason),
+    /// Tell the task's chat.
+    Say(Say),
+    /// Close the task's open question with this outcome.
+    CloseQuestion(QuestionOutcome),
+    /// Tell the worker holding the task to stop now.
+    HintStop,
+    /// Record why the task ended.
+    RecordError(String),
+    /// Count one more attempt.
+    CountAttempt,
+    /// Move the open question's deadline later by this much: the time the task stood paused.
+    ShiftDeadline(Duration),
+}
+
+/// A move the lifecycle allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub event: Event,
+    pub from: TaskState,
+    pub to: TaskState,
+    /// Whether the task is to pause at its next round boundary after the move. The worker
+    /// holding it learns so from the answer to its next checkpoint, which is that boundary.
+    pub pause_requested: bool,
+    pub effects: Vec<Effect>,
+}
+
+impl Decision {
+    /// Whether the move changes the state (and so the generation); a decision that does not
+    /// only records something of the task, such as a requested pause or a reminder.
+    pub fn moves(&self) -> bool {
+        self.from != self.to
+    }
+
+    /// The chat messages the decision sends.
+    pub fn said(&self) -> impl Iterator<Item = &Say> {
+        self.effects.iter().filter_map(|e| match e {
+            Effect::Say(say) => Some(say),
+            _ => None,
+        })
+    }
+
+    /// The run the decision queues, if any.
+    pub fn run(&self) -> Option<pb::RunReason> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::QueueRun(reason) => Some(*reason),
+            _ => None,
+        })
+    }
+
+    /// The outcome the decision closes the open question with, if any.
+    pub fn closes(&self) -> Option<QuestionOutcome> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::CloseQuestion(outcome) => Some(*outcome),
+            _ => None,
+        })
+    }
+
+    /// The error the decision records, if any.
+    pub fn error(&self) -> Option<&str> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::RecordError(error) => Some(error.as_str()),
+            _ => None,
+        })
+    }
+
+    pub fn counts_attempt(&self) -> bool {
+        self.effects.contains(&Effect::CountAttempt)
+    }
+
+    pub fn hints(&self) -> Option<Effect> {
+        self.effects
+            .iter()
+            .find(|e| matches!(e, Effect::HintStop))
+            .cloned()
+    }
+}
+
+/// Why a command was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The lifecycle has no such move from this state.
+    WrongState { from: TaskState, event: Event },
+    /// The command is early: the deadline (or the reminder's moment) has not come.
+    NotDue,
+    /// The task is already where the command would take it (a second pause, say).
+    Already(TaskState),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::WrongState { from, event } => {
+                write!(f, "a task that is {from} cannot take `{event}`")
+            }
+            Refusal::NotDue => f.write_str("it is not due yet"),
+            Refusal::Already(state) => write!(f, "the task is already {state}"),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Decides what `command` does to `task` at `now`.
+pub fn decide(
+    task: &Task,
+    command: &Command<'_>,
+    now: OffsetDateTime,
+    policy: Policy,
+) -> Result<Decision, Refusal> {
+    use Command as C;
+    use State as S;
+    let from = task.state.name();
+    let event = command.event(task.on_timeout);
+    let refuse = || Refusal::WrongState { from, event };
+    let to = |state: TaskState, effects: Vec<Effect>| Decision {
+        event,
+        from,
+        to: state,
+        pause_requested: false,
+        effects,
+    };
+    let table = |event: Event| transition(from, event).map_err(|_| refuse());
+    Ok(match (&task.state, command) {
+        // A pause asked while running takes hold at the round boundary: the ask, or the hand-back.
+        (S::Running { pause_requested }, C::Ask) => {
+            to(pause_or(*pause_requested, table(event)?), vec![])
+        }
+        (S::Running { pause_requested }, C::Release) => {
+            if *pause_requested {
+                to(TaskState::Paused, vec![])
+            } else {
+                to(
+                    table(event)?,
+                    vec![Effect::QueueRun(pb::RunReason::Handover)],
+                )
+            }
+        }
+        (S::Running { pause_requested }, C::LeaseExpired) => {
+            if task.attempt >= policy.max_attempts {
+                let error = format!(
+                    "the task lost its worker {} times (task.max_attempts = {})",
+                    task.attempt, policy.max_attempts
+                );
+                return decide(task, &C::Fail { error: &error }, now, policy).map(|mut d| {
+                    d.event = Event::Fail;
+                    d
+                });
+            }
+            let mut effects = vec![Effect::CountAttempt];
+            let to_state = if *pause_requested {
+                TaskState::Paused
+            } else {
+                effects.push(Effect::QueueRun(pb::RunReason::Recover));
+                table(event)?
+            };
+            to(to_state, effects)
+        }
+        (S::Pending, C::Claim)
+        | (S::Running { .. }, C::Finish { .. })
+        | (S::Running { .. }, C::Fail { .. }) => {
+            let effects = match command {
+                C::Finish { result } => vec![Effect::Say(Say::Completed {
+                    result: (*result).to_owned(),
+                })],
+                C::Fail { error } => vec![
+                    Effect::RecordError((*error).to_owned()),
+                    Effect::Say(Say::Failed {
+                        error: (*error).to_owned(),
+                    }),
+                ],
+                _ => vec![],
+            };
+            to(table(event)?, effects)
+        }
+        (S::WaitingInput { .. }, C::Answer) => to(
+            table(event)?,
+            vec![Effect::QueueRun(pb::RunReason::ResumeReply)],
+        ),
+        // A paused task still records its answer, and runs once resumed.
+        (
+            S::Paused {
+                question: Some(_), ..
+            },
+            C::Answer,
+        ) => to(TaskState::Paused, vec![]),
+        (S::WaitingInput { question }, C::Expire) => {
+            let Some(deadline) = question.deadline else {
+                return Err(refuse());
+            };
+            if now < deadline {
+                return Err(Refusal::NotDue);
+            }
+            let waited = (deadline - question.asked_at).unsigned_abs();
+            let waited = Duration::from_secs(waited.as_secs());
+            let resumed = task.on_timeout == TimeoutPolicy::Resume;
+            let mut effects = vec![
+                Effect::CloseQuestion(QuestionOutcome::Expired),
+                Effect::Say(Say::Expired {
+                    handle: question.handle.clone(),
+                    waited,
+                    resumed,
+                }),
+            ];
+            if resumed {
+                effects.push(Effect::QueueRun(pb::RunReason::ResumeTimeout));
+            } else {
+                effects.push(Effect::RecordError(format!(
+                    "no answer within {}",
+                    super::HumanDuration(waited)
+                )));
+            }
+            to(table(event)?, effects)
+        }
+        (S::WaitingInput { question }, C::Remind { before }) => {
+            let Some(deadline) = question.deadline else {
+                return Err(Refusal::NotDue);
+            };
+            if before.is_zero() || now >= deadline || deadline - *before > now {
+                return Err(Refusal::NotDue);
+            }
+            let left = (deadline - now).unsigned_abs();
+            to(
+                from,
+                vec![Effect::Say(Say::Reminder {
+                    handle: question.handle.clone(),
+                    question: question.text.clone(),
+                    left: Duration::from_secs(left.as_secs()),
+                })],
+            )
+        }
+        (
+            S::Pending | S::Running { .. } | S::WaitingInput { .. } | S::Paused { .. },
+            C::Cancel { reason },
+        ) => {
+            let mut effects = vec![
+                Effect::RecordError(if reason.trim().is_empty() {
+                    "cancelled".to_owned()
+                } else {
+                    (*reason).to_owned()
+                }),
+                Effect::Say(Say::Cancelled {
+                    reason: (*reason).to_owned(),
+                }),
+            ];
+            if matches!(
+                task.state,
+                S::WaitingInput { .. }
+                    | S::Paused {
+                        question: Some(_),
+                        ..
+                    }
+            ) {
+                effects.insert(0, Effect::CloseQuestion(QuestionOutcome::Cancelled));
+            }
+            if matches!(task.state, S::Running { .. }) {
+                effects.push(Effect::HintStop);
+            }
+            to(TaskState::Cancelled, effects)
+        }
+        (S::Pending | S::WaitingInput { .. }, C::Pause) => to(TaskState::Paused, vec![]),
+        (
+            S::Running {
+                pause_requested: false,
+            },
+            C::Pause,
+        ) => Decision {
+            pause_requested: true,
+            ..to(TaskState::Running, vec![])
+        },
+        (
+            S::Running {
+                pause_requested: true,
+            }
+            | S::Paused { .. },
+            C::Pause,
+        ) => {
+            return Err(Refusal::Already(TaskState::Paused));
+        }
+        (S::Paused { since, question }, C::Resume) => {
+            let paused = (now - *since).unsigned_abs();
+            match question {
+                Some(question) => {
+                    let mut effects = vec![];
+                    if question.deadline.is_some() && !paused.is_zero() {
+                        effects.push(Effect::ShiftDeadline(paused));
+                    }
+                    to(TaskState::WaitingInput, effects)
+                }
+                None => to(
+                    TaskState::Pending,
+                    vec![Effect::QueueRun(pb::RunReason::Unpause)],
+                ),
+            }
+        }
+        // A resume of a task whose pause has not taken hold yet withdraws the pause.
+        (
+            S::Running {
+                pause_requested: true,
+            },
+            C::Resume,
+        ) => to(TaskState::Running, vec![]),
+        (
+            S::Running {
+                pause_requested: false,
+            }
+            | S::Pending
+            | S::WaitingInput { .. },
+            C::Resume,
+        ) => {
+            return Err(Refusal::Already(from));
+        }
+        _ => return Err(refuse()),
+    })
+}
+
+/// `Paused` when a pause waits, else `to`.
+fn pause_or(pause_requested: bool, to: TaskState) -> TaskState {
+    if pause_requested {
+        TaskState::Paused
+    } else {
+        to
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: Policy = Policy { max_attempts: 3 };
+
+    fn at(seconds: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
+    }
+
+    fn question(deadline: Option<i64>) -> OpenQuestion {
+        OpenQuestion {
+            handle: "a3f9".into(),
+            text: "Which city?".into(),
+            asked_at: at(0),
+            deadline: deadline.map(at),
+        }
+    }
+
+    fn task(state: State) -> Task {
+        Task {
+            state,
+            on_timeout: TimeoutPolicy::Resume,
+            attempt: 1,
+        }
+    }
+
+    /// One task in every state, and in the variants of a state that decide differently.
+    fn every_state() -> Vec<State> {
+        vec![
+            State::Pending,
+            State::Running {
+                pause_requested: false,
+            },
+            State::Running {
+                pause_requested: true,
+            },
+            State::WaitingInput {
+                question: question(Some(600)),
+            },
+            State::Paused {
+                since: at(10),
+                question: Some(question(Some(600))),
+            },
+            State::Paused {
+                since: at(10),
+                question: None,
+            },
+            State::Completed,
+            State::Failed,
+            State::Cancelled,
+        ]
+    }
+
+    fn every_command() -> Vec<Command<'static>> {
+        vec![
+            Command::Claim,
+            Command::Ask,
+            Command::Answer,
+            Command::Expire,
+            Command::Remind {
+                before: Duration::from_secs(60),
+            },
+            Command::Finish { result: "done" },
+            Command::Fail { error: "broke" },
+            Command::LeaseExpired,
+            Command::Release,
+            Command::Cancel { reason: "" },
+            Command::Pause,
+            Command::Resume,
+        ]
+    }
+
+    /// What each pair leads to, written down by hand: the state after, or `None` when refused.
+    /// Timed commands are decided at a moment when they are due (`now` is after the deadline for
+    /// an expiry, inside the reminder window for a reminder).
+    fn expected(state: &State, command: &Command<'_>) -> Option<TaskState> {
+        use Command as C;
+        use TaskState as T;
+        let running = |pause: bool| State::Running {
+            pause_requested: pause,
+        };
+        Some(match (state, command) {
+            (State::Pending, C::Claim) => T::Running,
+            (State::Pending, C::Cancel { .. }) => T::Cancelled,
+            (State::Pending, C::Pause) => T::Paused,
+            (s, C::Ask) if *s == running(false) => T::WaitingInput,
+            (s, C::Ask) if *s == running(true) => T::Paused,
+            (State::Running { .. }, C::Finish { .. }) => T::Completed,
+            (State::Running { .. }, C::Fail { .. }) => T::Failed,
+            (s, C::LeaseExpired | C::Release) if *s == running(false) => T::Pending,
+            (s, C::LeaseExpired | C::Release) if *s == running(true) => T::Paused,
+            (State::Running { .. }, C::Cancel { .. }) => T::Cancelled,
+            (s, C::Pause) if *s == running(false) => T::Running,
+            (s, C::Resume) if *s == running(true) => T::Running,
+            (State::WaitingInput { .. }, C::Answer | C::Expire) => T::Pending,
+            (State::WaitingInput { .. }, C::Remind { .. }) => T::WaitingInput,
+            (State::WaitingInput { .. }, C::Cancel { .. }) => T::Cancelled,
+            (State::WaitingInput { .. }, C::Pause) => T::Paused,
+            (
+                State::Paused {
+                    question: Some(_), ..
+                },
+                C::Answer,
+            ) => T::Paused,
+            (
+                State::Paused {
+                    question: Some(_), ..
+                },
+                C::Resume,
+            ) => T::WaitingInput,
+            (State::Paused { question: None, .. }, C::Resume) => T::Pending,
+            (State::Paused { .. }, C::Cancel { .. }) => T::Cancelled,
+            _ => return None,
+        })
+    }
+
+    fn due_moment(command: &Command<'_>) -> OffsetDateTime {
+        match command {
+            Command::Expire => at(600),
+            Command::Remind { .. } => at(570),
+            _ => at(100),
+        }
+    }
+
+    #[test]
+    fn every_state_and_command_pair_follows_the_table() {
+        let mut checked = 0;
+        for state in every_state() {
+            for command in every_command() {
+                let got = decide(&task(state.clone()), &command, due_moment(&command), POLICY);
+                match (got, expected(&state, &command)) {
+                    (Ok(d), Some(want)) => {
+                        assert_eq!(d.to, want, "{state:?} + {command:?}");
+                        assert_eq!(d.from, state.name());
+                    }
+                    (Err(_), None) => {}
+                    (got, want) => {
+                        panic!("{state:?} + {command:?} gave {got:?}, expected {want:?}")
+                    }
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, every_state().len() * every_command().len());
+    }
+
+    #[test]
+    fn moves_agree_with_the_transition_table() {
+        for state in every_state() {
+            for command in every_command() {
+                let Ok(d) = decide(&task(state.clone()), &command, due_moment(&command), POLICY)
+                else {
+                    continue;
+                };
+                // Pauses are decided here only; every other move is one of the table's.
+                let pausing = d.to == TaskState::Paused
+                    || d.from == TaskState::Paused
+                    || d.event == Event::Pause
+                    || d.event == Event::Resume;
+                if d.moves() && !pausing {
+                    assert_eq!(
+                        transition(d.from, d.event),
+                        Ok(d.to),
+                        "{state:?} + {command:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn runs_are_queued_exactly_when_a_task_becomes_runnable() {
+        for state in every_state() {
+            for command in every_command() {
+                let Ok(d) = decide(&task(state.clone()), &command, due_moment(&command), POLICY)
+                else {
+                    continue;
+                };
+                let queued = d.run().is_some();
+                assert_eq!(
+                    queued,
+                    d.to == TaskState::Pending,
+                    "{state:?} + {command:?}: {d:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_open_question_is_closed_when_its_task_ends_or_goes_on() {
+        let waiting = task(State::WaitingInput {
+            question: question(Some(600)),
+        });
+        let cancel = decide(&waiting, &Command::Cancel { reason: "" }, at(1), POLICY).unwrap();
+        assert_eq!(cancel.closes(), Some(QuestionOutcome::Cancelled));
+        assert_eq!(cancel.error(), Some("cancelled"));
+        let expire = decide(&waiting, &Command::Expire, at(600), POLICY).unwrap();
+        assert_eq!(expire.closes(), Some(QuestionOutcome::Expired));
+        // The answer closes its question in its own statement.
+        let answer = decide(&waiting, &Command::Answer, at(1), POLICY).unwrap();
+        assert_eq!(answer.closes(), None);
+        let pending = decide(
+            &task(State::Pending),
+            &Command::Cancel { reason: "x" },
+            at(1),
+            POLICY,
+        )
+        .unwrap();
+        assert_eq!(pending.closes(), None);
+        assert_eq!(pending.error(), Some("x"));
+    }
+
+    #[test]
+    fn expiry_waits_for_the_deadline_and_follows_the_policy() {
+        let mut waiting = task(State::WaitingInput {
+            question: question(Some(600)),
+        });
+        assert_eq!(
+            decide(&waiting, &Command::Expire, at(599), POLICY),
+            Err(Refusal::NotDue)
+        );
+        let resumed = decide(&waiting, &Command::Expire, at(600), POLICY).unwrap();
+        assert_eq!(resumed.to, TaskState::Pending);
+        assert_eq!(resumed.event, Event::Expire(TimeoutPolicy::Resume));
+        assert_eq!(resumed.run(), Some(pb::RunReason::ResumeTimeout));
+        assert!(resumed.said().any(|s| *s
+            == Say::Expired {
+                handle: "a3f9".into(),
+                waited: Duration::from_secs(600),
+                resumed: true
+            }));
+        waiting.on_timeout = TimeoutPolicy::Fail;
+        let failed = decide(&waiting, &Command::Expire, at(9_000), POLICY).unwrap();
+        assert_eq!(failed.to, TaskState::Failed);
+        assert_eq!(failed.error(), Some("no answer within 10m"));
+        assert_eq!(failed.run(), None);
+        let no_deadline = task(State::WaitingInput {
+            question: question(None),
+        });
+        assert!(decide(&no_deadline, &Command::Expire, at(1_000_000), POLICY).is_err());
+    }
+
+    #[test]
+    fn a_reminder_comes_only_inside_its_window() {
+        let waiting = task(State::WaitingInput {
+            question: question(Some(600)),
+        });
+        let before = Duration::from_secs(60);
+        let remind = |now| decide(&waiting, &Command::Remind { before }, at(now), POLICY);
+        assert_eq!(remind(539), Err(Refusal::NotDue));
+        assert_eq!(remind(600), Err(Refusal::NotDue));
+        let d = remind(570).unwrap();
+        assert!(!d.moves());
+        assert_eq!(
+            d.said().collect::<Vec<_>>(),
+            vec![&Say::Reminder {
+                handle: "a3f9".into(),
+                question: "Which city?".into(),
+                left: Duration::from_secs(30)
+            }]
+        );
+        assert_eq!(
+            decide(
+                &waiting,
+                &Command::Remind {
+                    before: Duration::ZERO
+                },
+                at(570),
+                POLICY
+            ),
+            Err(Refusal::NotDue)
+        );
+    }
+
+    #[test]
+    fn a_lost_lease_is_retried_until_the_attempts_run_out() {
+        let mut running = task(State::Running {
+            pause_requested: false,
+        });
+        let retried = decide(&running, &Command::LeaseExpired, at(1), POLICY).unwrap();
+        assert_eq!(retried.to, TaskState::Pending);
+        assert!(retried.counts_attempt());
+        assert_eq!(retried.run(), Some(pb::RunReason::Recover));
+        running.attempt = 3;
+        let failed = decide(&running, &Command::LeaseExpired, at(1), POLICY).unwrap();
+        assert_eq!(failed.to, TaskState::Failed);
+        assert_eq!(failed.event, Event::Fail);
+        assert_eq!(
+            failed.error(),
+            Some("the task lost its worker 3 times (task.max_attempts = 3)")
+        );
+    }
+
+    #[test]
+    fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
+        let running = task(State::Running {
+            pause_requested: false,
+        });
+        let asked = decide(&running, &Command::Pause, at(1), POLICY).unwrap();
+        assert!(!asked.moves());
+        assert!(asked.pause_requested);
+        assert_eq!(asked.hints(), None);
+        let waiting_pause = task(State::Running {
+            pause_requested: true,
+        });
+        assert_eq!(
+            decide(&waiting_pause, &Command::Pause, at(1), POLICY),
+            Err(Refusal::Already(TaskState::Paused))
+        );
+        let released = decide(&waiting_pause, &Command::Release, at(2), POLICY).unwrap();
+        assert_eq!(released.to, TaskState::Paused);
+        assert_eq!(released.run(), None);
+        let asked_then = decide(&waiting_pause, &Command::Ask, at(2), POLICY).unwrap();
+        assert_eq!(asked_then.to, TaskState::Paused);
+        // A resume before the boundary withdraws the pause.
+        let withdrawn = decide(&waiting_pause, &Command::Resume, at(2), POLICY).unwrap();
+        assert!(!withdrawn.moves());
+        assert!(!withdrawn.pause_requested);
+    }
+
+    #[test]
+    fn a_paused_question_keeps_its_answer_and_its_deadline_stands_still() {
+        let paused = task(State::Paused {
+            since: at(100),
+            question: Some(question(Some(600))),
+        });
+        assert_eq!(
+            decide(&paused, &Command::Expire, at(700), POLICY),
+            Err(Refusal::WrongState {
+                from: TaskState::Paused,
+                event: Event::Expire(TimeoutPolicy::Resume)
+            })
+        );
+        let answered = decide(&paused, &Command::Answer, at(200), POLICY).unwrap();
+        assert_eq!(answered.to, TaskState::Paused);
+        assert_eq!(answered.run(), None);
+        let resumed = decide(&paused, &Command::Resume, at(400), POLICY).unwrap();
+        assert_eq!(resumed.to, TaskState::WaitingInput);
+        assert_eq!(
+            resumed.effects,
+            vec![Effect::ShiftDeadline(Duration::from_secs(300))]
+        );
+        let answered_while_paused = task(State::Paused {
+            since: at(100),
+            question: None,
+        });
+        let resumed = decide(&answered_while_paused, &Command::Resume, at(400), POLICY).unwrap();
+        assert_eq!(resumed.to, TaskState::Pending);
+        assert_eq!(resumed.run(), Some(pb::RunReason::Unpause));
+    }
+
+    #[test]
+    fn only_a_running_task_is_told_to_stop() {
+        for state in every_state() {
+            let Ok(d) = decide(
+                &task(state.clone()),
+                &Command::Cancel { reason: "" },
+                at(1),
+                POLICY,
+            ) else {
+                continue;
+            };
+            assert_eq!(
+                d.hints().is_some(),
+                matches!(state, State::Running { .. }),
+                "{state:?}"
+            );
+        }
+    }
+}

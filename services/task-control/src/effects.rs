@@ -1,0 +1,207 @@
+//! What a decision's effects become: chat text, protobuf and subjects, as the outbox messages the
+//! store writes with the move. The store decides and applies; it formats nothing itself.
+
+use hark_core::{
+    bus::Names,
+    codec,
+    domain::{
+        QuestionId, TaskId,
+        decide::{Decision, Effect, Say},
+    },
+};
+use hark_proto::v1 as pb;
+use uuid::Uuid;
+
+use crate::{
+    render,
+    store::{ChatRoute, OutboxMessage, TaskRow},
+};
+
+/// Turns effects into messages. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Effects {
+    names: Names,
+    /// The label put before a question's context in the chat.
+    context_label: String,
+}
+
+impl Effects {
+    pub fn new(names: Names, context_label: impl Into<String>) -> Self {
+        Self {
+            names,
+            context_label: context_label.into(),
+        }
+    }
+
+    /// The messages `decision` sends for `task` once its move to `generation` commits: its run
+    /// job and what its chat is told (as a reply to `reply_to`, when given). The task event is
+    /// added by the store, from the row the move returned.
+    pub fn of(
+        &self,
+        task: TaskId,
+        generation: i64,
+        chat: Option<&ChatRoute>,
+        reply_to: Option<&str>,
+        decision: &Decision,
+    ) -> Vec<OutboxMessage> {
+        let mut out = Vec::new();
+        for effect in &decision.effects {
+            match effect {
+                Effect::QueueRun(reason) => out.push(self.run(task, generation, *reason)),
+                Effect::Say(say) => {
+                    if let Some(route) = chat {
+                        out.extend(self.chat(route, &text(task, say), None, reply_to));
+                    }
+                }
+                // Applied by the statement itself, or by the caller (a stop hint).
+                Effect::CloseQuestion(_)
+                | Effect::HintStop
+                | Effect::RecordError(_)
+                | Effect::CountAttempt
+                | Effect::ShiftDeadline(_) => {}
+            }
+        }
+        out
+    }
+
+    /// The event of a move that won: `row` as it is now, `cause`, and the question it waits on.
+    pub fn event(
+        &self,
+        row: &TaskRow,
+        cause: &str,
+        question: Option<pb::Question>,
+    ) -> OutboxMessage {
+        OutboxMessage {
+            subject: self.names.task_event(row.id),
+            msg_id: Names::task_event_msg_id(row.id, row.generation as u64),
+            payload: codec::encode(crate::convert::event(row, cause, question)),
+            durable: false,
+            trace: hark_core::trace::outgoing(),
+        }
+    }
+
+    /// The job that runs `task` at `generation`.
+    pub fn run(&self, task: TaskId, generation: i64, reason: pb::RunReason) -> OutboxMessage {
+        let job = pb::RunJob {
+            task_id: task.to_string(),
+            generation: generation as u64,
+            reason: reason as i32,
+            ..Default::default()
+        };
+        OutboxMessage {
+            subject: self.names.task_run(),
+            msg_id: Names::run_job_msg_id(task, generation as u64),
+            payload: codec::encode(job),
+            durable: true,
+            trace: hark_core::trace::outgoing(),
+        }
+    }
+
+    /// Chat messages for `route`, one per part of `text`. None when the route's names cannot
+    /// form a subject (they were checked when the task was created, so this does not happen).
+    pub fn chat(
+        &self,
+        route: &ChatRoute,
+        text: &str,
+        question: Option<QuestionId>,
+        reply_to: Option<&str>,
+    ) -> Vec<OutboxMessage> {
+        let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
+            tracing::warn!(
+                platform = route.platform,
+                bot = route.bot_id,
+                "chat route cannot form a subject"
+            );
+            return Vec::new();
+        };
+        let pieces = if question.is_some() {
+            vec![text.to_owned()]
+        } else {
+            render::parts(text)
+        };
+        pieces
+            .into_iter()
+            .map(|piece| {
+                let id = Uuid::now_v7().to_string();
+                let message = pb::OutboundMessage {
+                    id: id.clone(),
+                    route: Some(pb::ChatRoute {
+                        platform: route.platform.clone(),
+                        bot_id: route.bot_id.clone(),
+                        stream: route.stream.clone(),
+                        origin_message_id: route.origin_message_id.clone().unwrap_or_default(),
+                    }),
+                    text: piece,
+                    reply_to_message_id: reply_to.unwrap_or_default().to_owned(),
+                    question_id: question.map(|q| q.to_string()).unwrap_or_default(),
+                    ..Default::default()
+                };
+                OutboxMessage {
+                    subject: subject.clone(),
+                    msg_id: id,
+                    payload: codec::encode(message),
+                    durable: true,
+                    trace: hark_core::trace::outgoing(),
+                }
+            })
+            .collect()
+    }
+
+    /// The chat message that asks a question, quoting the message that created its task.
+    #[allow(clippy::too_many_arguments)]
+    pub fn question(
+        &self,
+        route: &ChatRoute,
+        task: TaskId,
+        question: QuestionId,
+        handle: &str,
+        text: &str,
+        context: &str,
+        choices: &[String],
+    ) -> Vec<OutboxMessage> {
+        let text = render::with_choices(
+            render::question(task, handle, text, context, &self.context_label),
+            choices,
+        );
+        self.chat(
+            route,
+            &text,
+            Some(question),
+            route.origin_message_id.as_deref(),
+        )
+    }
+
+    /// The chat message of a finished task.
+    pub fn completed(&self, route: &ChatRoute, task: TaskId, result: &str) -> Vec<OutboxMessage> {
+        self.chat(
+            route,
+            &text(
+                task,
+                &Say::Completed {
+                    result: result.to_owned(),
+                },
+            ),
+            None,
+            None,
+        )
+    }
+}
+
+/// What a chat is told, as text.
+pub fn text(task: TaskId, say: &Say) -> String {
+    match say {
+        Say::Completed { result } => render::completed(task, result),
+        Say::Failed { error } => render::failed(task, error),
+        Say::Cancelled { reason } => render::cancelled(task, reason),
+        Say::Expired {
+            handle,
+            waited,
+            resumed,
+        } => render::expired(task, handle, *waited, *resumed),
+        Say::Reminder {
+            handle,
+            question,
+            left,
+        } => render::reminder(task, handle, question, *left),
+    }
+}

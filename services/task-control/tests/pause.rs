@@ -1,0 +1,398 @@
+//! Pausing and resuming tasks, against the real Postgres: every state a pause can meet, what an
+//! answer, a deadline and a lost lease do to a paused task, and that a paused task holds no
+//! worker.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestDb;
+use hark_control::store::{Answer, AskInput, ChatRoute, Error, NewTask, Store, TaskRow};
+use hark_core::{
+    codec,
+    domain::{Owner, QuestionOutcome, TaskState, TimeoutPolicy},
+};
+use hark_proto::v1 as pb;
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn owner() -> Owner {
+    "qq:10001".parse().expect("owner")
+}
+
+async fn new_task(store: &Store) -> TaskRow {
+    store
+        .create_task(&NewTask {
+            owner: owner(),
+            goal: "plan a trip".into(),
+            chat: Some(ChatRoute {
+                platform: "qq".into(),
+                bot_id: "42".into(),
+                stream: "group:777".into(),
+                origin_message_id: Some("m-1".into()),
+            }),
+            ask_timeout: Duration::from_secs(600),
+            on_timeout: TimeoutPolicy::Resume,
+            request_id: None,
+            active_limit: 0,
+            questionnaire: None,
+        })
+        .await
+        .expect("task created")
+}
+
+fn ask_input(round: i32) -> AskInput {
+    AskInput {
+        round,
+        messages: json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "call-1",
+            "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]),
+        consumed_instructions: vec![],
+        tool_call_id: "call-1".into(),
+        question: "Which city?".into(),
+        context: String::new(),
+        timeout: None,
+        choices: vec![],
+    }
+}
+
+fn answer(text: &str) -> Answer {
+    Answer {
+        answerer: "qq:10001".into(),
+        text: text.into(),
+        inbound_key: Some(format!("qq:42:{text}")),
+    }
+}
+
+/// The run jobs in the outbox, as (generation, reason), for `task`.
+async fn run_jobs(store: &Store, task: &TaskRow) -> Vec<(u64, i32)> {
+    store
+        .outbox_batch(10_000)
+        .await
+        .expect("outbox")
+        .into_iter()
+        .filter(|e| e.subject == store.names().task_run())
+        .filter_map(|e| {
+            let job: pb::RunJob = codec::decode(&e.payload).expect("run job decodes");
+            (job.task_id == task.id.to_string()).then_some((job.generation, job.reason))
+        })
+        .collect()
+}
+
+/// A task claimed by `w1` that asked "Which city?".
+async fn waiting(store: &Store) -> TaskRow {
+    let task = new_task(store).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    store
+        .ask(&claimed.lease, &ask_input(1))
+        .await
+        .expect("ask succeeds");
+    store.get_task(task.id).await.expect("task")
+}
+
+#[tokio::test]
+async fn a_paused_question_keeps_its_answer_and_the_task_runs_only_once_resumed() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = waiting(store).await;
+    let paused = store.pause(task.id, "qq:10001").await.expect("pause");
+    assert_eq!(paused.state, TaskState::Paused);
+    assert!(paused.paused_at.is_some());
+    assert!(paused.worker_id.is_none(), "a paused task holds no worker");
+    let jobs_before = run_jobs(store, &task).await;
+
+    // The owner answers while it is paused: the answer is recorded, and nothing runs.
+    let question = store
+        .open_question_of(task.id)
+        .await
+        .expect("read")
+        .expect("the question stays open while paused");
+    store
+        .answer(question.id, &answer("Paris"))
+        .await
+        .expect("an answer to a paused task is recorded");
+    let after = store.get_task(task.id).await.expect("task");
+    assert_eq!(after.state, TaskState::Paused);
+    let q = store.get_question(question.id).await.expect("question");
+    assert_eq!(q.outcome, QuestionOutcome::Answered);
+    assert_eq!(q.answer.as_deref(), Some("Paris"));
+    assert_eq!(
+        run_jobs(store, &task).await,
+        jobs_before,
+        "no run is queued while paused"
+    );
+
+    // Resumed, it runs with the answer.
+    let resumed = store.resume(task.id, "qq:10001").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::Pending);
+    assert!(resumed.paused_at.is_none());
+    let jobs = run_jobs(store, &task).await;
+    assert!(
+        jobs.contains(&(resumed.generation as u64, pb::RunReason::Unpause as i32)),
+        "{jobs:?}"
+    );
+    let claimed = store
+        .claim(task.id, resumed.generation, "w2", LEASE)
+        .await
+        .expect("the resumed task is claimed");
+    let resume = claimed.resume.expect("the claim carries the answer");
+    assert_eq!(resume.text, "Paris");
+    assert!(!resume.expired);
+
+    let events: Vec<String> = store
+        .transitions_of(task.id)
+        .await
+        .expect("audit")
+        .into_iter()
+        .map(|t| t.event)
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "create", "claim", "ask", "pause", "answer", "resume", "claim"
+        ]
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = waiting(store).await;
+    store.pause(task.id, "api").await.expect("pause");
+    let question = store
+        .open_question_of(task.id)
+        .await
+        .expect("read")
+        .expect("open");
+    let deadline = question.deadline.expect("the question has a deadline");
+
+    // The deadline passes while paused: nothing expires and no reminder goes out.
+    sqlx::query("UPDATE questions SET deadline = now() - interval '1 second' WHERE id = $1")
+        .bind(question.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("deadline moved into the past");
+    assert_eq!(store.expire_due(100).await.expect("sweep"), 0);
+    assert_eq!(
+        store
+            .remind_due(Duration::from_secs(3600), 100)
+            .await
+            .expect("sweep"),
+        0
+    );
+    let still = store.get_question(question.id).await.expect("question");
+    assert_eq!(still.outcome, QuestionOutcome::Open);
+
+    // Put the deadline back, and let the task have stood still for an hour.
+    sqlx::query("UPDATE questions SET deadline = $2 WHERE id = $1")
+        .bind(question.id.as_uuid())
+        .bind(deadline)
+        .execute(store.pool())
+        .await
+        .expect("deadline restored");
+    sqlx::query("UPDATE tasks SET paused_at = paused_at - interval '1 hour' WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("paused an hour ago");
+    let resumed = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::WaitingInput);
+    let moved = store
+        .get_question(question.id)
+        .await
+        .expect("question")
+        .deadline
+        .expect("deadline");
+    let by = moved - deadline;
+    assert!(
+        by >= time::Duration::hours(1)
+            && by < time::Duration::hours(1) + time::Duration::minutes(1),
+        "the deadline moved on by the hour paused, not {by}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    let asked = store.pause(task.id, "api").await.expect("pause");
+    assert_eq!(
+        asked.state,
+        TaskState::Running,
+        "it is not stopped mid-round"
+    );
+    assert!(asked.pause_requested);
+    assert_eq!(
+        asked.generation, claimed.lease.generation,
+        "the worker's lease still holds"
+    );
+    assert!(matches!(
+        store.pause(task.id, "api").await,
+        Err(Error::Already { .. })
+    ));
+
+    // The round ends: the checkpoint tells the worker to stop, and its hand-back pauses.
+    let pause = store
+        .checkpoint(
+            &claimed.lease,
+            1,
+            &json!([{"role": "assistant", "content": "step"}]),
+            &[],
+        )
+        .await
+        .expect("checkpoint under the lease");
+    assert!(pause, "the checkpoint tells the worker to pause");
+    let jobs_before = run_jobs(store, &task).await;
+    let paused = store
+        .release(&claimed.lease, "paused by its owner")
+        .await
+        .expect("release");
+    assert_eq!(paused.state, TaskState::Paused);
+    assert!(!paused.pause_requested);
+    assert!(paused.worker_id.is_none() && paused.lease_until.is_none());
+    assert_eq!(run_jobs(store, &task).await, jobs_before, "no run queued");
+
+    let resumed = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::Pending);
+    let claimed = store
+        .claim(task.id, resumed.generation, "w2", LEASE)
+        .await
+        .expect("claimed again");
+    assert_eq!(claimed.rounds.len(), 1, "it goes on from its checkpoint");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_ask_while_a_pause_waits_asks_and_pauses() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    store.pause(task.id, "api").await.expect("pause requested");
+    let question = store
+        .ask(&claimed.lease, &ask_input(1))
+        .await
+        .expect("the ask is taken");
+    let now = store.get_task(task.id).await.expect("task");
+    assert_eq!(now.state, TaskState::Paused);
+    assert!(now.paused_at.is_some() && !now.pause_requested);
+    assert_eq!(
+        store.get_question(question.id).await.expect("q").outcome,
+        QuestionOutcome::Open
+    );
+    let resumed = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::WaitingInput);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_resume_before_the_boundary_withdraws_the_pause() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    store.pause(task.id, "api").await.expect("pause requested");
+    let withdrawn = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(withdrawn.state, TaskState::Running);
+    assert!(!withdrawn.pause_requested);
+    let pause = store
+        .checkpoint(&claimed.lease, 1, &json!([]), &[])
+        .await
+        .expect("checkpoint");
+    assert!(!pause, "the run goes on");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_queued_task_pauses_at_once_and_its_old_job_is_refused() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store).await;
+    let paused = store.pause(task.id, "api").await.expect("pause");
+    assert_eq!(paused.state, TaskState::Paused);
+    assert!(
+        store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .is_err(),
+        "the job queued before the pause is stale"
+    );
+    assert!(matches!(
+        store.resume(task.id, "api").await.map(|t| t.state),
+        Ok(TaskState::Pending)
+    ));
+    assert!(matches!(
+        store.resume(task.id, "api").await,
+        Err(Error::Already { .. })
+    ));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_paused_task_is_cancelled_with_its_question() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = waiting(store).await;
+    store.pause(task.id, "api").await.expect("pause");
+    let question = store
+        .open_question_of(task.id)
+        .await
+        .expect("read")
+        .expect("open");
+    let cancelled = store
+        .cancel(task.id, "api", "not needed")
+        .await
+        .expect("cancel");
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert!(cancelled.paused_at.is_none());
+    assert_eq!(
+        store.get_question(question.id).await.expect("q").outcome,
+        QuestionOutcome::Cancelled
+    );
+    assert!(matches!(
+        store.pause(task.id, "api").await,
+        Err(Error::WrongState { .. })
+    ));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_lost_lease_with_a_pause_waiting_pauses_instead_of_queueing() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store).await;
+    store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    store.pause(task.id, "api").await.expect("pause requested");
+    sqlx::query("UPDATE tasks SET lease_until = now() - interval '1 second' WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("lease lapsed");
+    let jobs_before = run_jobs(store, &task).await;
+    assert_eq!(store.recover_leases(3, 100).await.expect("sweep"), 1);
+    let now = store.get_task(task.id).await.expect("task");
+    assert_eq!(now.state, TaskState::Paused);
+    assert_eq!(now.attempt, 2, "the lost run counts");
+    assert_eq!(run_jobs(store, &task).await, jobs_before);
+    db.drop().await;
+}

@@ -379,7 +379,7 @@ impl Store {
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)
             ), t AS (
                 UPDATE tasks SET
-                    state = 'running',
+                    state = ", sql_state!(running), ",
                     generation = generation + 1,
                     updated_at = now(),
                     worker_id = c.c_worker,
@@ -387,19 +387,19 @@ impl Store {
                     running_since = now(),
                     finished_at = NULL
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'pending' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(pending), " AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
             ", c.c_ord
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'pending', state, 'claim', generation, worker_id, '' FROM t
+                SELECT id, ", sql_state!(pending), ", state, ", sql_event!(claim), ", generation, worker_id, '' FROM t
             )
             SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
-                        'outcome', outcome, 'answer', answer,
+                        'outcome', outcome, ", sql_event!(answer), ", answer,
                         'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
                  FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
@@ -434,7 +434,7 @@ impl Store {
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_result, c_round, c_messages, c_ord)
             ), t AS (
                 UPDATE tasks SET
-                    state = 'completed',
+                    state = ", sql_state!(completed), ",
                     generation = generation + 1,
                     updated_at = now(),
                     ", run_ms_update!(), ",
@@ -445,14 +445,14 @@ impl Store {
                     result = c.c_result,
                     finished_at = now()
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'running' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(running), " AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker
                 RETURNING ",
             task_columns!(),
             ", c.c_ord, c.c_worker, c.c_round, c.c_messages
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'running', state, 'finish', generation, c_worker, '' FROM t
+                SELECT id, ", sql_state!(running), ", state, ", sql_event!(finish), ", generation, c_worker, '' FROM t
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
                 SELECT id, c_round, c_messages FROM t WHERE c_round IS NOT NULL
@@ -514,7 +514,7 @@ impl Store {
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
                                    on_timeout, ask_timeout_s, request_id, questionnaire)
-                SELECT id, owner, platform, bot_id, stream, origin, goal, 'pending',
+                SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
                        on_timeout, ask_timeout_s, request_id, questionnaire
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
@@ -525,7 +525,7 @@ impl Store {
             "
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
-                SELECT id, NULL, 'pending', 'create', generation, owner FROM t
+                SELECT id, NULL, ", sql_state!(pending), ", ", sql_event!(create), ", generation, owner FROM t
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
@@ -734,7 +734,7 @@ impl Store {
                     rounds = greatest(rounds, c.c_round),
                     finished_at = NULL
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'running' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(running), " AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker
                 RETURNING ",
             task_columns!(),

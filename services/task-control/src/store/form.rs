@@ -28,7 +28,7 @@ enum Step<'a> {
 /// request's columns `c_*`): the answered question, the applied inbound id, the step's round and
 /// the audit of the answer and the claim, and then of `$event` into `$to` with `$detail`.
 macro_rules! answered_and_audit {
-    ($to:literal, $event:literal, $detail:literal) => {
+    ($to:expr, $event:expr, $detail:literal) => {
         concat!(
             "answered AS (
                 UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
@@ -43,9 +43,9 @@ macro_rules! answered_and_audit {
                 ON CONFLICT DO NOTHING
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, 'waiting_input', 'pending', 'answer', generation - 2, c_answerer, '' FROM t
-                UNION ALL SELECT id, 'pending', 'running', 'claim', generation - 1, 'task-control', '' FROM t
-                UNION ALL SELECT id, 'running', ",
+                SELECT id, ", sql_state!(waiting_input), ", ", sql_state!(pending), ", ", sql_event!(answer), ", generation - 2, c_answerer, '' FROM t
+                UNION ALL SELECT id, ", sql_state!(pending), ", ", sql_state!(running), ", ", sql_event!(claim), ", generation - 1, 'task-control', '' FROM t
+                UNION ALL SELECT id, ", sql_state!(running), ", ",
             $to,
             ", ",
             $event,
@@ -346,15 +346,15 @@ impl Store {
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
                                          c_choices, c_ord)
             ), t AS (
-                UPDATE tasks SET state = 'waiting_input', generation = generation + 3,
+                UPDATE tasks SET state = ", sql_state!(waiting_input), ", generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(waiting_input), " AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!("'waiting_input'", "'ask'", "c_text"),
+            answered_and_audit!(sql_state!(waiting_input), sql_event!(ask), "c_text"),
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, deadline)
@@ -414,16 +414,16 @@ impl Store {
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_output, c_ord)
             ), t AS (
-                UPDATE tasks SET state = 'completed', generation = generation + 3,
+                UPDATE tasks SET state = ", sql_state!(completed), ", generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), result = c.c_output,
                     finished_at = now()
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = 'waiting_input' AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(waiting_input), " AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!("'completed'", "'finish'", "''"),
+            answered_and_audit!(sql_state!(completed), sql_event!(finish), "''"),
             ", out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t

@@ -24,12 +24,65 @@ macro_rules! run_ms_update {
     };
 }
 
+/// A task state's name as a SQL literal: the one place SQL gets state names from. A test checks
+/// each against [`TaskState::as_str`](hark_core::domain::TaskState::as_str).
+macro_rules! sql_state {
+    (pending) => {
+        "'pending'"
+    };
+    (running) => {
+        "'running'"
+    };
+    (waiting_input) => {
+        "'waiting_input'"
+    };
+    (paused) => {
+        "'paused'"
+    };
+    (completed) => {
+        "'completed'"
+    };
+    (failed) => {
+        "'failed'"
+    };
+    (cancelled) => {
+        "'cancelled'"
+    };
+}
+
+/// An event's name as a SQL literal, as [`sql_state`] is for states.
+macro_rules! sql_event {
+    (create) => {
+        "'create'"
+    };
+    (claim) => {
+        "'claim'"
+    };
+    (ask) => {
+        "'ask'"
+    };
+    (answer) => {
+        "'answer'"
+    };
+    (finish) => {
+        "'finish'"
+    };
+}
+
 /// The states of a task that has not ended, as a SQL list. The partial index
 /// `tasks_active_by_owner` has the same predicate, so counting an owner's active tasks is an
 /// index lookup.
 macro_rules! active_states {
     () => {
-        "'pending', 'running', 'waiting_input', 'paused'"
+        concat!(
+            sql_state!(pending),
+            ", ",
+            sql_state!(running),
+            ", ",
+            sql_state!(waiting_input),
+            ", ",
+            sql_state!(paused)
+        )
     };
 }
 
@@ -211,7 +264,34 @@ pub fn kind_of_sqlx(error: &sqlx::Error) -> Kind {
 
 #[cfg(test)]
 mod tests {
-    use hark_core::domain::TaskState;
+    use hark_core::domain::{Event, TaskState};
+
+    #[test]
+    fn the_state_and_event_names_in_sql_are_the_lifecycles_own() {
+        let states = [
+            sql_state!(pending),
+            sql_state!(running),
+            sql_state!(waiting_input),
+            sql_state!(paused),
+            sql_state!(completed),
+            sql_state!(failed),
+            sql_state!(cancelled),
+        ];
+        let named: Vec<String> = TaskState::ALL
+            .into_iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        assert_eq!(states.to_vec(), named);
+        for (literal, event) in [
+            (sql_event!(claim), Event::Claim),
+            (sql_event!(ask), Event::Ask),
+            (sql_event!(answer), Event::Answer),
+            (sql_event!(finish), Event::Finish),
+        ] {
+            assert_eq!(literal, format!("'{}'", event.as_str()));
+        }
+        assert_eq!(sql_event!(create), "'create'");
+    }
 
     #[test]
     fn the_active_states_in_sql_are_the_states_that_have_not_ended() {

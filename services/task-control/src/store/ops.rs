@@ -528,12 +528,14 @@ impl Store {
 
     /// The checkpointed rounds after `after`, for the worker that holds the task under `lease`.
     pub async fn rounds_after(&self, lease: &Lease, after: i32) -> Result<Vec<RoundRow>, Error> {
-        let rows: Vec<(Option<i32>, Option<Json<serde_json::Value>>)> = sqlx::query_as(
+        let rows: Vec<(Option<i32>, Option<Json<serde_json::Value>>)> = sqlx::query_as(concat!(
             "SELECT c.round, c.messages
              FROM tasks t LEFT JOIN checkpoints c ON c.task_id = t.id AND c.round > $4
-             WHERE t.id = $1 AND t.state = 'running' AND t.generation = $2 AND t.worker_id = $3
-             ORDER BY c.round",
-        )
+             WHERE t.id = $1 AND t.state = ",
+            sql_state!(running),
+            " AND t.generation = $2 AND t.worker_id = $3
+             ORDER BY c.round"
+        ))
         .bind(lease.task.as_uuid())
         .bind(lease.generation)
         .bind(&lease.worker_id)
@@ -560,10 +562,12 @@ impl Store {
         lease: &Lease,
         duration: Duration,
     ) -> Result<Vec<Instruction>, Error> {
-        let renewed = sqlx::query(
+        let renewed = sqlx::query(concat!(
             "UPDATE tasks SET lease_until = now() + $4 * interval '1 millisecond'
-             WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3",
-        )
+             WHERE id = $1 AND state = ",
+            sql_state!(running),
+            " AND generation = $2 AND worker_id = $3"
+        ))
         .bind(lease.task.as_uuid())
         .bind(lease.generation)
         .bind(&lease.worker_id)
@@ -1090,9 +1094,11 @@ impl Store {
         };
         let messages = self.effects.chat(&route, text, None, None);
         let (subjects, msg_ids, payloads, traces) = columns(messages.clone());
-        let (held, queued): (bool, bool) = sqlx::query_as(
+        let (held, queued): (bool, bool) = sqlx::query_as(concat!(
             "WITH t AS (
-                SELECT id FROM tasks WHERE id = $1 AND state = 'running' AND generation = $2 AND worker_id = $3
+                SELECT id FROM tasks WHERE id = $1 AND state = ",
+            sql_state!(running),
+            " AND generation = $2 AND worker_id = $3
             ), fresh AS (
                 INSERT INTO applied_inbound (key, task_id)
                 SELECT 'send:' || $7, id FROM t WHERE $7::text IS NOT NULL
@@ -1105,8 +1111,8 @@ impl Store {
                 WHERE EXISTS (SELECT 1 FROM t) AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM fresh))
                 RETURNING 1
             )
-            SELECT EXISTS (SELECT 1 FROM t), EXISTS (SELECT 1 FROM o)",
-        )
+            SELECT EXISTS (SELECT 1 FROM t), EXISTS (SELECT 1 FROM o)"
+        ))
         .bind(lease.task.as_uuid())
         .bind(lease.generation)
         .bind(&lease.worker_id)

@@ -21,18 +21,24 @@ impl Store {
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         // A task finished after it was created, so only tasks created before the cutoff can be
         // due: the scan walks the creation index from the oldest task.
-        let tasks = sqlx::query(
+        let tasks = sqlx::query(concat!(
             "WITH due AS (
                 SELECT id FROM tasks
                 WHERE created_at < now() - $1 * interval '1 millisecond'
-                  AND state IN ('completed', 'failed', 'cancelled')
+                  AND state IN (",
+            sql_state!(completed),
+            ", ",
+            sql_state!(failed),
+            ", ",
+            sql_state!(cancelled),
+            ")
                   AND finished_at < now() - $1 * interval '1 millisecond'
                 ORDER BY created_at
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
             )
-            DELETE FROM tasks USING due WHERE tasks.id = due.id",
-        )
+            DELETE FROM tasks USING due WHERE tasks.id = due.id"
+        ))
         .bind(keep_ms)
         .bind(limit)
         .execute(&self.pool)

@@ -166,6 +166,8 @@ impl Env {
                 format!("127.0.0.1:{}", self.gateway_port),
             ),
             ("HARK_LOG__FILTER".to_owned(), "info".to_owned()),
+            // The tests read the English texts (Chinese is the default on qq).
+            ("HARK_CHAT__LANGUAGE".to_owned(), "en".to_owned()),
             (
                 "HARK_GATEWAY__SPOOL_DIR".to_owned(),
                 self.spool_dir().display().to_string(),

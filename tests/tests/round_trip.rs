@@ -120,7 +120,7 @@ async fn a_question_asked_in_a_group_is_answered_there_by_its_owner_only() {
     assert_eq!(question.stream, "group:777");
     assert!(question.text.contains(&short));
     assert!(
-        question.text.contains("[上下文] for the weather report"),
+        question.text.contains("[context] for the weather report"),
         "{}",
         question.text
     );

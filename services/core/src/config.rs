@@ -313,19 +313,73 @@ pub struct ChatConfig {
     /// The command word; a message starting with it (or an alias) is a command, never an answer.
     pub command: String,
     pub command_aliases: Vec<String>,
-    /// Label put before a question's context in the chat.
+    /// The language hark writes in chats: `zh`, `en`, or `auto`: `zh` on the `qq` platform and
+    /// `en` elsewhere.
+    pub language: ChatLanguage,
+    /// Label put before a question's context in the chat; empty: the language's own
+    /// (`[上下文]`, `[context]`).
     pub context_label: String,
     /// Commands one sender may give a minute (in bursts of as many); more are refused with one
     /// short notice. `0`: no limit.
     pub commands_per_minute: u32,
 }
 
+/// A language hark writes chat messages in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    Zh,
+    En,
+}
+
+/// The `chat.language` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatLanguage {
+    /// Chinese on `qq`, English elsewhere.
+    #[default]
+    Auto,
+    Zh,
+    En,
+}
+
+impl ChatLanguage {
+    /// The one language set, if any.
+    pub fn fixed(self) -> Option<Language> {
+        match self {
+            ChatLanguage::Auto => None,
+            ChatLanguage::Zh => Some(Language::Zh),
+            ChatLanguage::En => Some(Language::En),
+        }
+    }
+}
+
+impl ChatConfig {
+    /// The language of chats on `platform`: `chat.language`, or with `auto`, `zh` on `qq` and
+    /// `en` elsewhere.
+    pub fn language_for(&self, platform: &str) -> Language {
+        Language::of(self.language.fixed(), platform)
+    }
+}
+
+impl Language {
+    /// `setting` when set, else `zh` on `qq` and `en` elsewhere.
+    pub fn of(setting: Option<Language>, platform: &str) -> Language {
+        setting.unwrap_or(if platform == "qq" {
+            Language::Zh
+        } else {
+            Language::En
+        })
+    }
+}
+
 impl Default for ChatConfig {
     fn default() -> Self {
         Self {
             command: "/task".into(),
-            command_aliases: Vec::new(),
-            context_label: "[上下文]".into(),
+            command_aliases: vec!["/任务".into()],
+            language: ChatLanguage::Auto,
+            context_label: String::new(),
             commands_per_minute: 20,
         }
     }

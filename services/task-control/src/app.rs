@@ -103,12 +103,16 @@ impl App {
             names,
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
-        let store = store::Store::new(pool, names.clone(), config.chat.context_label.clone())
-            .with_relay(relay)
-            .with_policy(hark_core::domain::decide::Policy {
-                max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
-            })
-            .with_questionnaire_steps();
+        let store = store::Store::new(
+            pool,
+            names.clone(),
+            crate::texts::Languages::new(&config.chat),
+        )
+        .with_relay(relay)
+        .with_policy(hark_core::domain::decide::Policy {
+            max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
+        })
+        .with_questionnaire_steps();
         Ok(Self {
             shared: Shared {
                 store,

@@ -15,22 +15,20 @@ use uuid::Uuid;
 use crate::{
     render,
     store::{ChatRoute, OutboxMessage, TaskRow},
+    texts::Languages,
 };
 
 /// Turns effects into messages. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Effects {
     names: Names,
-    /// The label put before a question's context in the chat.
-    context_label: String,
+    /// Which language each chat is written in.
+    languages: Languages,
 }
 
 impl Effects {
-    pub fn new(names: Names, context_label: impl Into<String>) -> Self {
-        Self {
-            names,
-            context_label: context_label.into(),
-        }
+    pub fn new(names: Names, languages: Languages) -> Self {
+        Self { names, languages }
     }
 
     /// The messages `decision` sends for `task` once its move to `generation` commits: its run
@@ -50,7 +48,8 @@ impl Effects {
                 Effect::QueueRun(reason) => out.push(self.run(task, generation, *reason)),
                 Effect::Say(say) => {
                     if let Some(route) = chat {
-                        out.extend(self.chat(route, &text(task, say), None, reply_to));
+                        let text = self.languages.of(&route.platform).say(task, say);
+                        out.extend(self.chat(route, &text, None, reply_to));
                     }
                 }
                 // Applied by the statement itself, or by the caller (a stop hint).
@@ -159,10 +158,9 @@ impl Effects {
         context: &str,
         choices: &[String],
     ) -> Vec<OutboxMessage> {
-        let text = render::with_choices(
-            render::question(task, handle, text, context, &self.context_label),
-            choices,
-        );
+        let texts = self.languages.of(&route.platform);
+        let label = self.languages.context_label(texts);
+        let text = texts.question(task, handle, text, context, label, choices);
         self.chat(
             route,
             &text,
@@ -173,35 +171,10 @@ impl Effects {
 
     /// The chat message of a finished task.
     pub fn completed(&self, route: &ChatRoute, task: TaskId, result: &str) -> Vec<OutboxMessage> {
-        self.chat(
-            route,
-            &text(
-                task,
-                &Say::Completed {
-                    result: result.to_owned(),
-                },
-            ),
-            None,
-            None,
-        )
-    }
-}
-
-/// What a chat is told, as text.
-pub fn text(task: TaskId, say: &Say) -> String {
-    match say {
-        Say::Completed { result } => render::completed(task, result),
-        Say::Failed { error } => render::failed(task, error),
-        Say::Cancelled { reason } => render::cancelled(task, reason),
-        Say::Expired {
-            handle,
-            waited,
-            resumed,
-        } => render::expired(task, handle, *waited, *resumed),
-        Say::Reminder {
-            handle,
-            question,
-            left,
-        } => render::reminder(task, handle, question, *left),
+        let say = Say::Completed {
+            result: result.to_owned(),
+        };
+        let text = self.languages.of(&route.platform).say(task, &say);
+        self.chat(route, &text, None, None)
     }
 }

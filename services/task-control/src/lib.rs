@@ -8,7 +8,7 @@
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
 //! - [`effects`] turns what a decision makes happen into outbox messages: run jobs, chat text
-//!   (written by [`render`]) and task events.
+//!   (in the language of [`texts`]) and task events.
 //! - [`watchers`] hands task events to the `WatchTask` streams of this process; [`events`] says
 //!   what a task's event carries, waits for the next one after an answer, and streams many tasks'.
 
@@ -22,6 +22,7 @@ pub mod events;
 pub mod render;
 pub mod shared;
 pub mod store;
+pub mod texts;
 pub mod timers;
 pub mod traced;
 pub mod watchers;

@@ -28,6 +28,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The texts of chats on `platform`, in their language.
+    pub fn texts(&self, platform: &str) -> crate::texts::Texts {
+        crate::texts::Texts::new(self.config.chat.language_for(platform))
+    }
+
     pub fn role_of(&self, owner: &Owner) -> Role {
         self.config.permission.role_of(owner)
     }

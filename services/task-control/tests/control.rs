@@ -476,6 +476,48 @@ async fn a_waiting_task_is_paused_and_resumed_from_the_chat_by_its_owner_only() 
 }
 
 #[tokio::test]
+async fn a_qq_chat_is_answered_in_chinese_and_takes_chinese_commands() {
+    // chat.language = "auto": Chinese on qq, the default command word and its Chinese alias.
+    let tc = TestControl::start_with(|c| c.chat.language = Default::default()).await;
+    tc.say(GROUP, "100", "/任务 新建 写一首关于秋天的诗").await;
+    let created = tc.out_containing("已创建任务").await;
+    let short = created
+        .text
+        .trim_start_matches("已创建任务 ")
+        .split('：')
+        .next()
+        .expect("the reply names the task")
+        .to_owned();
+    assert!(
+        created.text.ends_with("：写一首关于秋天的诗"),
+        "{}",
+        created.text
+    );
+
+    let (_, handle) = tc.claim_and_ask("要押韵吗？", 600).await;
+    let question = tc.out_containing("要押韵吗？").await;
+    assert!(
+        question
+            .text
+            .starts_with(&format!("[任务 {short} · #{handle}] 要押韵吗？")),
+        "{}",
+        question.text
+    );
+    tc.say(GROUP, "100", "要").await;
+    tc.out_containing(&format!("收到——任务 {short} 继续进行。"))
+        .await;
+
+    tc.say(GROUP, "100", &format!("/task 状态 {short}")).await;
+    let status = tc.out_containing("目标：写一首关于秋天的诗").await;
+    assert!(status.text.contains("排队中"), "{}", status.text);
+    tc.say(GROUP, "100", "/任务 飞").await;
+    tc.out_containing("没有 `飞` 这个命令").await;
+    tc.say(GROUP, "100", "/任务 帮助").await;
+    tc.out_containing("回答问题：直接在这里回复").await;
+    tc.stop().await;
+}
+
+#[tokio::test]
 async fn chat_commands_answer_plainly_and_respect_roles() {
     let tc = TestControl::start_with(|c| {
         c.permission.default_role = hark_core::domain::Role::Guest;

@@ -48,6 +48,7 @@ impl Bed {
         config.llm.max_retries = 3;
         config.llm.request_timeout = "20s".parse().expect("duration");
         config.worker.concurrency = 2;
+        config.chat.language = hark_core::config::ChatLanguage::En;
         tweak(&mut config);
         let app = App::build(config.clone())
             .await

@@ -3,6 +3,8 @@
 
 use hark_core::domain::{HumanDuration, TaskRef, TaskState, TimeoutPolicy};
 
+use crate::texts::Texts;
+
 /// A parsed chat command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
@@ -36,53 +38,64 @@ pub fn strip_command<'a>(text: &'a str, words: &[String]) -> Option<&'a str> {
     })
 }
 
-/// Parses the text after the command word. The error is a short usage line to send back.
-pub fn parse(args: &str, word: &str) -> Result<Command, String> {
+/// Parses the text after the command word. The error is a short usage line to send back, in the
+/// language of `t`. Verbs are taken in English or Chinese (`new` or `新建`).
+pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
     let (verb, rest) = split_word(args);
     let rest = rest.trim();
     let need_id = |rest: &str, usage: &str| -> Result<(TaskRef, String), String> {
         let (id, tail) = split_word(rest);
         if id.is_empty() {
-            return Err(format!("usage: {word} {usage}"));
+            return Err(t.usage(word, usage));
         }
-        let task = id.parse::<TaskRef>().map_err(|e| e.to_string())?;
+        let task = id
+            .parse::<TaskRef>()
+            .map_err(|e| t.bad_value("任务编号", &e.to_string()))?;
         Ok((task, tail.trim().to_owned()))
     };
     match verb.to_ascii_lowercase().as_str() {
-        "" | "help" | "h" | "?" => Ok(Command::Help),
-        "new" | "create" => parse_new(rest, word),
-        "list" | "ls" => {
+        "" | "help" | "h" | "?" | "帮助" => Ok(Command::Help),
+        "new" | "create" | "新建" | "创建" => parse_new(rest, word, t),
+        "list" | "ls" | "列表" | "列出" => {
             let mut all = false;
             let mut state = None;
             for token in rest.split_whitespace() {
-                if token.eq_ignore_ascii_case("all") {
+                if token.eq_ignore_ascii_case("all") || token == "全部" {
                     all = true;
                 } else {
-                    state = Some(token.parse::<TaskState>().map_err(|e| e.to_string())?);
+                    state = Some(t.parse_state(token).ok_or_else(|| {
+                        let e = token.parse::<TaskState>().map(|_| ()).unwrap_err();
+                        t.bad_value("状态", &e.to_string())
+                    })?);
                 }
             }
             Ok(Command::List { all, state })
         }
-        "status" | "show" => need_id(rest, "status <id>").map(|(t, _)| Command::Status(t)),
-        "cancel" | "stop" => need_id(rest, "cancel <id>").map(|(t, _)| Command::Cancel(t)),
-        "pause" | "hold" => need_id(rest, "pause <id>").map(|(t, _)| Command::Pause(t)),
-        "resume" | "continue" => need_id(rest, "resume <id>").map(|(t, _)| Command::Resume(t)),
-        "history" | "log" => need_id(rest, "history <id>").map(|(t, _)| Command::History(t)),
-        "tell" => {
+        "status" | "show" | "状态" | "查看" => {
+            need_id(rest, "status <id>").map(|(t, _)| Command::Status(t))
+        }
+        "cancel" | "stop" | "取消" => {
+            need_id(rest, "cancel <id>").map(|(t, _)| Command::Cancel(t))
+        }
+        "pause" | "hold" | "暂停" => need_id(rest, "pause <id>").map(|(t, _)| Command::Pause(t)),
+        "resume" | "continue" | "继续" | "恢复" => {
+            need_id(rest, "resume <id>").map(|(t, _)| Command::Resume(t))
+        }
+        "history" | "log" | "历史" | "记录" => {
+            need_id(rest, "history <id>").map(|(t, _)| Command::History(t))
+        }
+        "tell" | "告诉" | "补充" => {
             let (task, text) = need_id(rest, "tell <id> <instruction>")?;
             if text.is_empty() {
-                return Err(format!("usage: {word} tell <id> <instruction>"));
+                return Err(t.usage(word, "tell <id> <instruction>"));
             }
             Ok(Command::Tell(task, text))
         }
-        other => Err(format!(
-            "unknown command `{}`; try {word} help",
-            hark_core::domain::ids::shown(other)
-        )),
+        other => Err(t.unknown_command(word, &hark_core::domain::ids::shown(other))),
     }
 }
 
-fn parse_new(mut rest: &str, word: &str) -> Result<Command, String> {
+fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     let mut timeout = None;
     let mut on_timeout = None;
     loop {
@@ -90,21 +103,25 @@ fn parse_new(mut rest: &str, word: &str) -> Result<Command, String> {
         match flag {
             "--timeout" => {
                 let (value, tail) = split_word(tail);
-                let parsed: HumanDuration = value
-                    .parse()
-                    .map_err(|e: hark_core::domain::duration::DurationError| e.to_string())?;
+                let parsed: HumanDuration =
+                    value
+                        .parse()
+                        .map_err(|e: hark_core::domain::duration::DurationError| {
+                            t.bad_value("--timeout 的时长", &e.to_string())
+                        })?;
                 if parsed.is_zero() {
-                    return Err(
-                        "--timeout must be more than 0; use --on-timeout never for no deadline"
-                            .into(),
-                    );
+                    return Err(t.zero_timeout());
                 }
                 timeout = Some(parsed);
                 rest = tail;
             }
             "--on-timeout" => {
                 let (value, tail) = split_word(tail);
-                on_timeout = Some(value.parse::<TimeoutPolicy>().map_err(|e| e.to_string())?);
+                on_timeout = Some(
+                    value
+                        .parse::<TimeoutPolicy>()
+                        .map_err(|e| t.bad_value("--on-timeout 的取值", &e.to_string()))?,
+                );
                 rest = tail;
             }
             _ => break,
@@ -112,8 +129,9 @@ fn parse_new(mut rest: &str, word: &str) -> Result<Command, String> {
     }
     let goal = rest.trim();
     if goal.is_empty() {
-        return Err(format!(
-            "usage: {word} new [--timeout 30m] [--on-timeout resume|fail|never] <goal>"
+        return Err(t.usage(
+            word,
+            "new [--timeout 30m] [--on-timeout resume|fail|never] <goal>",
         ));
     }
     Ok(Command::New {
@@ -131,23 +149,57 @@ fn split_word(text: &str) -> (&str, &str) {
     }
 }
 
-/// The `help` text.
-pub fn help(word: &str) -> String {
-    format!(
-        "{word} new [--timeout 30m] [--on-timeout resume|fail|never] <goal> — start a task\n\
-         {word} list [all] [state] — your tasks (all: everyone's, admins)\n\
-         {word} status <id> — one task\n\
-         {word} cancel <id> — stop a task\n\
-         {word} pause <id> / {word} resume <id> — hold a task still, and let it go on\n\
-         {word} history <id> — its last rounds and questions\n\
-         {word} tell <id> <instruction> — tell a task something\n\
-         To answer a question, just reply here; with several open, quote one or start with its #handle."
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hark_core::config::Language;
+
+    const EN: Texts = Texts::new(Language::En);
+    const ZH: Texts = Texts::new(Language::Zh);
+
+    #[test]
+    fn chinese_verbs_and_states_parse_and_errors_are_chinese() {
+        assert!(
+            matches!(parse("新建 写一首诗", "/task", ZH), Ok(Command::New { goal, .. }) if goal == "写一首诗")
+        );
+        assert_eq!(
+            parse("列表 全部 等待回答", "/task", ZH),
+            Ok(Command::List {
+                all: true,
+                state: Some(TaskState::WaitingInput)
+            })
+        );
+        assert!(matches!(
+            parse("暂停 0190a3f2", "/task", ZH),
+            Ok(Command::Pause(_))
+        ));
+        assert!(matches!(
+            parse("继续 0190a3f2", "/task", ZH),
+            Ok(Command::Resume(_))
+        ));
+        assert!(matches!(
+            parse("取消 0190a3f2", "/task", ZH),
+            Ok(Command::Cancel(_))
+        ));
+        assert!(
+            matches!(parse("告诉 0190a3f2 用公制", "/task", ZH), Ok(Command::Tell(_, text)) if text == "用公制")
+        );
+        assert_eq!(parse("帮助", "/task", ZH), Ok(Command::Help));
+        assert_eq!(
+            parse("状态", "/task", ZH),
+            Err("用法：/task status <编号>".into())
+        );
+        assert!(
+            parse("飞", "/task", ZH)
+                .unwrap_err()
+                .starts_with("没有 `飞` 这个命令")
+        );
+        assert!(
+            parse("new --timeout 0s go", "/task", ZH)
+                .unwrap_err()
+                .contains("必须大于 0")
+        );
+    }
 
     fn words() -> Vec<String> {
         vec!["/task".into(), "/mt".into()]
@@ -169,7 +221,11 @@ mod tests {
     #[test]
     fn new_takes_flags_then_the_goal() {
         assert_eq!(
-            parse("new --timeout 90s --on-timeout fail plan a trip", "/task"),
+            parse(
+                "new --timeout 90s --on-timeout fail plan a trip",
+                "/task",
+                EN
+            ),
             Ok(Command::New {
                 timeout: Some(HumanDuration::from_secs(90)),
                 on_timeout: Some(TimeoutPolicy::Fail),
@@ -177,21 +233,21 @@ mod tests {
             })
         );
         assert_eq!(
-            parse("new  write a poem --timeout 5m", "/task"),
+            parse("new  write a poem --timeout 5m", "/task", EN),
             Ok(Command::New {
                 timeout: None,
                 on_timeout: None,
                 goal: "write a poem --timeout 5m".into()
             })
         );
-        assert!(parse("new", "/task").is_err());
+        assert!(parse("new", "/task", EN).is_err());
         assert!(
-            parse("new --timeout soon go", "/task")
+            parse("new --timeout soon go", "/task", EN)
                 .unwrap_err()
                 .contains("soon")
         );
         assert!(
-            parse("new --on-timeout maybe go", "/task")
+            parse("new --on-timeout maybe go", "/task", EN)
                 .unwrap_err()
                 .contains("maybe")
         );
@@ -200,57 +256,61 @@ mod tests {
     #[test]
     fn every_verb_parses_and_bad_input_gets_usage() {
         assert_eq!(
-            parse("list", "/task"),
+            parse("list", "/task", EN),
             Ok(Command::List {
                 all: false,
                 state: None
             })
         );
         assert_eq!(
-            parse("list all waiting_input", "/task"),
+            parse("list all waiting_input", "/task", EN),
             Ok(Command::List {
                 all: true,
                 state: Some(TaskState::WaitingInput)
             })
         );
         assert!(matches!(
-            parse("status 0190a3f2", "/task"),
+            parse("status 0190a3f2", "/task", EN),
             Ok(Command::Status(_))
         ));
         assert!(matches!(
-            parse("cancel 0190a3f2", "/task"),
+            parse("cancel 0190a3f2", "/task", EN),
             Ok(Command::Cancel(_))
         ));
         assert!(matches!(
-            parse("history 0190a3f2", "/task"),
+            parse("history 0190a3f2", "/task", EN),
             Ok(Command::History(_))
         ));
         assert!(matches!(
-            parse("pause 0190a3f2", "/task"),
+            parse("pause 0190a3f2", "/task", EN),
             Ok(Command::Pause(_))
         ));
         assert!(matches!(
-            parse("resume 0190a3f2", "/task"),
+            parse("resume 0190a3f2", "/task", EN),
             Ok(Command::Resume(_))
         ));
-        assert!(parse("pause", "/task").unwrap_err().contains("usage"));
+        assert!(parse("pause", "/task", EN).unwrap_err().contains("usage"));
         assert!(matches!(
-            parse("tell 0190a3f2 use metric units", "/task"),
+            parse("tell 0190a3f2 use metric units", "/task", EN),
             Ok(Command::Tell(_, text)) if text == "use metric units"
         ));
-        assert_eq!(parse("", "/task"), Ok(Command::Help));
-        assert!(parse("status", "/task").unwrap_err().contains("usage"));
+        assert_eq!(parse("", "/task", EN), Ok(Command::Help));
+        assert!(parse("status", "/task", EN).unwrap_err().contains("usage"));
         assert!(
-            parse("tell 0190a3f2", "/task")
+            parse("tell 0190a3f2", "/task", EN)
                 .unwrap_err()
                 .contains("usage")
         );
-        assert!(parse("status xyz!", "/task").unwrap_err().contains("xyz!"));
         assert!(
-            parse("fly", "/task")
+            parse("status xyz!", "/task", EN)
+                .unwrap_err()
+                .contains("xyz!")
+        );
+        assert!(
+            parse("fly", "/task", EN)
                 .unwrap_err()
                 .contains("unknown command")
         );
-        assert!(parse("list sleeping", "/task").is_err());
+        assert!(parse("list sleeping", "/task", EN).is_err());
     }
 }

@@ -12,12 +12,11 @@ pub mod route;
 
 use hark_core::{
     bus::Names,
-    domain::{Handle, Owner, QuestionOutcome, Role, StreamId, TaskRef, TaskState, text},
+    domain::{Handle, Owner, Role, StreamId, TaskRef, TaskState, text},
 };
 use hark_proto::v1 as pb;
 
 use crate::{
-    render,
     shared::Shared,
     store::{
         self, Answer, AnswerOutcome, AnswerTarget, ChatRoute, NewTask, QuestionRow, TaskFilter,
@@ -25,6 +24,8 @@ use crate::{
     },
 };
 use command::Command;
+
+use crate::texts::Texts;
 
 /// Rows `/task list` shows at most.
 const LIST_ROWS: i64 = 20;
@@ -116,19 +117,16 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
                 limit::Verdict::Allow => {}
                 limit::Verdict::RefuseAndTell => {
                     tracing::info!(%sender, "refusing commands over chat.commands_per_minute");
-                    let text = format!(
-                        "You are sending commands faster than {} a minute (chat.commands_per_minute); \
-                         the ones over it were ignored. Wait {} and try again.",
-                        chat.commands_per_minute,
-                        render::human(shared.commands.wait_hint())
-                    );
+                    let text = shared
+                        .texts(&inbound.platform)
+                        .too_many_commands(chat.commands_per_minute, shared.commands.wait_hint());
                     say(shared, &inbound, &text).await;
                     return Ok(());
                 }
                 limit::Verdict::RefuseQuietly => return Ok(()),
             }
         }
-        let reply = match command::parse(args, &chat.command) {
+        let reply = match command::parse(args, &chat.command, shared.texts(&inbound.platform)) {
             Ok(cmd) => run_command(shared, &inbound, cmd).await?,
             Err(usage) => Some(usage),
         };
@@ -154,6 +152,7 @@ async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
 
 async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
     let store = &shared.store;
+    let t = shared.texts(&inbound.platform);
     // Read with their tasks, so that the answer starts from them without reading again.
     let targets = store
         .open_questions_for_sender(
@@ -210,7 +209,7 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
         }
         route::Route::Closed(id) => {
             if let Some(question) = quoted.iter().chain(by_handle.iter()).find(|q| q.id == id) {
-                say(shared, inbound, &closed_text(question)).await;
+                say(shared, inbound, &closed_text(t, question)).await;
             }
             Ok(())
         }
@@ -224,7 +223,7 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
                         .owner
                         .is_sender(&inbound.platform, &inbound.user_id) =>
                 {
-                    closed_text(&question)
+                    closed_text(t, &question)
                 }
                 _ => return Ok(()),
             };
@@ -233,24 +232,16 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
         }
         route::Route::TooLate => {
             let handles: Vec<String> = open.iter().map(|q| format!("#{}", q.handle)).collect();
-            let text = format!(
-                "Your message reached me after the question it answered had closed, so it was not \
-                 passed on. To answer what is open now ({}), reply again.",
-                handles.join(", ")
-            );
+            let text = t.too_late(&handles);
             say(shared, inbound, &text).await;
             Ok(())
         }
         route::Route::AskWhich => {
-            let handles: Vec<String> = open
+            let open: Vec<(String, String)> = open
                 .iter()
-                .map(|q| format!("#{} ({})", q.handle, render::clip(&q.text, 30)))
+                .map(|q| (q.handle.clone(), q.text.clone()))
                 .collect();
-            let text = format!(
-                "I cannot tell which question your reply is for, so it was not passed on. Quote the \
-                 question itself, or start your reply with its handle: {}.",
-                handles.join(", ")
-            );
+            let text = t.ask_which(&open);
             say(shared, inbound, &text).await;
             Ok(())
         }
@@ -258,19 +249,8 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
     }
 }
 
-fn closed_text(question: &QuestionRow) -> String {
-    let why = match question.outcome {
-        QuestionOutcome::Answered => "it was already answered",
-        QuestionOutcome::Expired => "it expired",
-        QuestionOutcome::Cancelled => "its task was cancelled",
-        QuestionOutcome::Superseded => "a newer question replaced it",
-        QuestionOutcome::Open => "it is open",
-    };
-    format!(
-        "Question #{} of task {} is closed: {why}. Your message was not passed on.",
-        question.handle,
-        question.task_id.short()
-    )
+fn closed_text(t: Texts, question: &QuestionRow) -> String {
+    t.closed(question.task_id, &question.handle, question.outcome)
 }
 
 async fn apply(
@@ -280,12 +260,10 @@ async fn apply(
     text: &str,
     open: &[AnswerTarget],
 ) -> Result<(), store::Error> {
+    let t = shared.texts(&inbound.platform);
     // An answer too long to keep is refused, and the question stays open for a shorter one.
     if let Err(e) = text::optional_text(text, text::MAX_TEXT_BYTES) {
-        let reply = format!(
-            "Your answer to #{} {e}; it was not passed on, and the question is still open.",
-            question.handle
-        );
+        let reply = t.answer_refused(&question.handle, &e.to_string());
         say(shared, inbound, &reply).await;
         return Ok(());
     }
@@ -304,30 +282,13 @@ async fn apply(
     match applied {
         Ok(AnswerOutcome::Applied { task, .. }) => {
             tracing::info!(task = %task.id, question = %question.id, "answer applied");
-            let others: Vec<&QuestionRow> = open
+            let others: Vec<String> = open
                 .iter()
                 .map(|t| &t.question)
                 .filter(|q| q.id != question.id)
+                .map(|q| q.handle.clone())
                 .collect();
-            let mut ack = if task.state == TaskState::Paused {
-                format!(
-                    "Got it — task {} is paused, and goes on with your answer once resumed.",
-                    task.id.short()
-                )
-            } else {
-                format!("Got it — task {} continues.", task.id.short())
-            };
-            if !others.is_empty() {
-                let handles: Vec<String> =
-                    others.iter().map(|q| format!("#{}", q.handle)).collect();
-                ack.push_str(&format!(
-                    " {} more question{} wait{} for you here ({}): quote one, or start your reply with its #handle.",
-                    others.len(),
-                    if others.len() == 1 { "" } else { "s" },
-                    if others.len() == 1 { "s" } else { "" },
-                    handles.join(", ")
-                ));
-            }
+            let ack = t.got_it(task.id, task.state == TaskState::Paused, &others);
             say(shared, inbound, &ack).await;
             Ok(())
         }
@@ -335,16 +296,13 @@ async fn apply(
         Err(store::Error::NotAChoice {
             handle, choices, ..
         }) => {
-            let reply = format!(
-                "#{handle} takes one of: {}. Reply with a number or a choice; the question is still open.",
-                hark_core::domain::form::numbered(&choices)
-            );
+            let reply = t.not_a_choice(&handle, &choices);
             say(shared, inbound, &reply).await;
             Ok(())
         }
         Err(store::Error::QuestionClosed { .. }) => {
             let now = shared.store.get_question(question.id).await?;
-            say(shared, inbound, &closed_text(&now)).await;
+            say(shared, inbound, &closed_text(t, &now)).await;
             Ok(())
         }
         Err(e) if e.is_retryable() => Err(e),
@@ -361,27 +319,24 @@ async fn run_command(
     inbound: &Inbound,
     cmd: Command,
 ) -> Result<Option<String>, store::Error> {
+    let t = shared.texts(&inbound.platform);
     let Some(sender) = inbound.owner() else {
-        return Ok(Some(
-            "Commands need to know which platform you are on, and this chat did not say.".into(),
-        ));
+        return Ok(Some(t.no_platform()));
     };
     let role = shared.role_of(&sender);
     let word = &shared.config.chat.command;
     let reply = match cmd {
-        Command::Help => command::help(word),
+        Command::Help => t.help(word),
         Command::New {
             timeout,
             on_timeout,
             goal,
         } => {
             if role < Role::User {
-                return Ok(Some(format!(
-                    "You cannot create tasks (your role is {role}). An admin can add {sender} to permission.users."
-                )));
+                return Ok(Some(t.cannot_create(role, sender.as_str())));
             }
             if let Err(e) = text::text(&goal, text::MAX_TEXT_BYTES) {
-                return Ok(Some(format!("The goal {e}; no task was created.")));
+                return Ok(Some(t.goal_refused(&e.to_string())));
             }
             let limit = shared.config.task.max_active_per_owner;
             let created = shared
@@ -398,22 +353,16 @@ async fn run_command(
                 })
                 .await;
             match created {
-                Ok(task) => format!(
-                    "Task {} created: {}",
-                    task.id.short(),
-                    render::clip(&task.goal, 60)
-                ),
-                Err(store::Error::TooManyActive { active, .. }) => format!(
-                    "No new task: you have {active} tasks that have not ended, and {limit} is the most \
-                     one person may have (task.max_active_per_owner). Cancel one with {word} cancel <id>, \
-                     or wait for one to finish."
-                ),
+                Ok(task) => t.created(task.id, &task.goal),
+                Err(store::Error::TooManyActive { active, .. }) => {
+                    t.too_many_active(active, limit, word)
+                }
                 Err(e) => return Err(e),
             }
         }
         Command::List { all, state } => {
             if all && role < Role::Admin {
-                return Ok(Some("Only admins can list everyone's tasks.".into()));
+                return Ok(Some(t.admins_only_list()));
             }
             let tasks = shared
                 .store
@@ -425,21 +374,17 @@ async fn run_command(
                 })
                 .await?;
             if tasks.is_empty() {
-                "No tasks.".into()
+                t.no_tasks()
             } else {
                 tasks
                     .iter()
-                    .map(|t| {
-                        let who = if all {
-                            format!(" {}", t.owner)
-                        } else {
-                            String::new()
-                        };
-                        format!(
-                            "{} {}{who} {}",
-                            t.id.short(),
-                            t.state,
-                            render::clip(&t.goal, 40)
+                    .map(|task| {
+                        let owner = task.owner.to_string();
+                        t.list_line(
+                            task.id,
+                            task.state,
+                            all.then_some(owner.as_str()),
+                            &task.goal,
                         )
                     })
                     .collect::<Vec<_>>()
@@ -447,24 +392,23 @@ async fn run_command(
             }
         }
         Command::Status(reference) => {
-            match visible_task(shared, &reference, &sender, role).await? {
+            match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(text) => text,
-                Ok(task) => status_text(shared, &task).await?,
+                Ok(task) => status_text(shared, t, &task).await?,
             }
         }
-        Command::History(reference) => match visible_task(shared, &reference, &sender, role).await?
-        {
-            Err(text) => text,
-            Ok(task) => history_text(shared, &task).await?,
-        },
-        Command::Cancel(reference) => {
-            match visible_task(shared, &reference, &sender, role).await? {
+        Command::History(reference) => {
+            match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(text) => text,
-                Ok(task) if task.state.is_terminal() => {
-                    format!("Task {} already ended ({}).", task.id.short(), task.state)
-                }
+                Ok(task) => history_text(shared, t, &task).await?,
+            }
+        }
+        Command::Cancel(reference) => {
+            match visible_task(shared, t, &reference, &sender, role).await? {
+                Err(text) => text,
+                Ok(task) if task.state.is_terminal() => t.already_ended(task.id, task.state),
                 Ok(task) => {
-                    let reason = format!("cancelled by {sender}");
+                    let reason = t.cancelled_by(sender.as_str());
                     match shared.store.cancel(task.id, sender.as_str(), &reason).await {
                         Ok(_) => {
                             shared.cancel_hint(task.id).await;
@@ -474,49 +418,35 @@ async fn run_command(
                             if same_chat {
                                 return Ok(None);
                             }
-                            format!("Cancelled task {}.", task.id.short())
+                            t.cancelled_reply(task.id)
                         }
                         Err(store::Error::WrongState { state, .. }) => {
-                            format!("Task {} already ended ({state}).", task.id.short())
+                            t.already_ended(task.id, state)
                         }
                         Err(e) => return Err(e),
                     }
                 }
             }
         }
-        Command::Pause(reference) => match visible_task(shared, &reference, &sender, role).await? {
-            Err(text) => text,
-            Ok(task) => match shared.store.pause(task.id, sender.as_str()).await {
-                Ok(now) if now.state == TaskState::Paused => format!(
-                    "Paused task {}. Resume it with {word} resume {}.",
-                    now.id.short(),
-                    now.id.short()
-                ),
-                Ok(now) => format!(
-                    "Task {} pauses when its current round ends. Resume it with {word} resume {}.",
-                    now.id.short(),
-                    now.id.short()
-                ),
-                Err(store::Error::Already { state, .. }) => {
-                    format!("Task {} is already {state}.", task.id.short())
-                }
-                Err(store::Error::WrongState { state, .. }) => {
-                    format!("Task {} cannot be paused: it is {state}.", task.id.short())
-                }
-                Err(e) => return Err(e),
-            },
-        },
+        Command::Pause(reference) => {
+            match visible_task(shared, t, &reference, &sender, role).await? {
+                Err(text) => text,
+                Ok(task) => match shared.store.pause(task.id, sender.as_str()).await {
+                    Ok(now) if now.state == TaskState::Paused => t.paused(now.id, word),
+                    Ok(now) => t.pause_requested(now.id, word),
+                    Err(store::Error::Already { state, .. }) => t.already(task.id, state),
+                    Err(store::Error::WrongState { state, .. }) => t.cannot_pause(task.id, state),
+                    Err(e) => return Err(e),
+                },
+            }
+        }
         Command::Resume(reference) => {
-            match visible_task(shared, &reference, &sender, role).await? {
+            match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(text) => text,
                 Ok(task) => match shared.store.resume(task.id, sender.as_str()).await {
-                    Ok(now) if now.state == TaskState::WaitingInput => format!(
-                        "Resumed task {}: it waits for your answer again.",
-                        now.id.short()
-                    ),
-                    Ok(now) => format!("Resumed task {}.", now.id.short()),
+                    Ok(now) => t.resumed(now.id, now.state == TaskState::WaitingInput),
                     Err(store::Error::Already { .. } | store::Error::WrongState { .. }) => {
-                        format!("Task {} is not paused ({}).", task.id.short(), task.state)
+                        t.not_paused(task.id, task.state)
                     }
                     Err(e) => return Err(e),
                 },
@@ -524,9 +454,9 @@ async fn run_command(
         }
         Command::Tell(reference, instruction) => {
             if let Err(e) = text::text(&instruction, text::MAX_TEXT_BYTES) {
-                return Ok(Some(format!("The instruction {e}; it was not passed on.")));
+                return Ok(Some(t.instruction_refused(&e.to_string())));
             }
-            match visible_task(shared, &reference, &sender, role).await? {
+            match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(reply) => reply,
                 Ok(task) => {
                     if let Some(key) = inbound.key()
@@ -539,20 +469,10 @@ async fn run_command(
                         .tell(task.id, &instruction, sender.as_str())
                         .await
                     {
-                        Ok((_, TellDelivery::NextRound)) => {
-                            format!(
-                                "Told task {}: it sees this at its next round.",
-                                task.id.short()
-                            )
-                        }
-                        Ok((_, TellDelivery::OnResume)) => {
-                            format!(
-                                "Told task {}: it sees this when it resumes.",
-                                task.id.short()
-                            )
-                        }
+                        Ok((_, TellDelivery::NextRound)) => t.told(task.id, true),
+                        Ok((_, TellDelivery::OnResume)) => t.told(task.id, false),
                         Err(store::Error::WrongState { state, .. }) => {
-                            format!("Task {} already ended ({state}).", task.id.short())
+                            t.already_ended(task.id, state)
                         }
                         Err(e) => return Err(e),
                     }
@@ -567,6 +487,7 @@ async fn run_command(
 /// is the reply explaining why not.
 async fn visible_task(
     shared: &Shared,
+    t: Texts,
     reference: &TaskRef,
     sender: &Owner,
     role: Role,
@@ -576,12 +497,8 @@ async fn visible_task(
     let visible_to = (role < Role::Admin).then_some(sender);
     match shared.store.resolve_task(reference, visible_to).await {
         Ok(task) if task.owner == *sender || role == Role::Admin => Ok(Ok(task)),
-        Ok(_) | Err(store::Error::TaskNotFound(_)) => {
-            Ok(Err(format!("You have no task {}.", display_ref(reference))))
-        }
-        Err(store::Error::AmbiguousTask { prefix, count }) => Ok(Err(format!(
-            "`{prefix}` matches {count} of the tasks you can see; give more of the id."
-        ))),
+        Ok(_) | Err(store::Error::TaskNotFound(_)) => Ok(Err(t.no_task(&display_ref(reference)))),
+        Err(store::Error::AmbiguousTask { prefix, count }) => Ok(Err(t.ambiguous(&prefix, count))),
         Err(e) => Err(e),
     }
 }
@@ -593,65 +510,35 @@ fn display_ref(reference: &TaskRef) -> String {
     }
 }
 
-async fn status_text(shared: &Shared, task: &TaskRow) -> Result<String, store::Error> {
-    let mut out = format!(
-        "Task {} · {} · round {} · attempt {}\ngoal: {}",
-        task.id.short(),
-        task.state,
-        task.rounds,
-        task.attempt,
-        render::clip(&task.goal, 200)
-    );
-    if task.state == TaskState::WaitingInput
+async fn status_text(shared: &Shared, t: Texts, task: &TaskRow) -> Result<String, store::Error> {
+    let mut out = t.status_head(task.id, task.state, task.rounds, task.attempt, &task.goal);
+    if matches!(task.state, TaskState::WaitingInput | TaskState::Paused)
         && let Some(q) = shared.store.open_question_of(task.id).await?
     {
-        out.push_str(&format!(
-            "\nwaiting on #{}: {}",
-            q.handle,
-            render::clip(&q.text, 200)
-        ));
-        if let Some(deadline) = q.deadline {
-            let left = (deadline - time::OffsetDateTime::now_utc()).unsigned_abs();
-            out.push_str(&format!(" ({} left)", render::human(left)));
-        }
+        let left = q
+            .deadline
+            .filter(|_| task.state == TaskState::WaitingInput)
+            .map(|deadline| (deadline - time::OffsetDateTime::now_utc()).unsigned_abs());
+        out.push_str(&t.status_waiting(&q.handle, &q.text, left));
     }
     if let Some(result) = &task.result {
-        out.push_str(&format!("\nresult: {}", render::clip(result, 300)));
+        out.push_str(&t.status_result(result));
     }
     if let Some(error) = &task.error {
-        out.push_str(&format!("\nerror: {}", render::clip(error, 300)));
+        out.push_str(&t.status_error(error));
     }
     Ok(out)
 }
 
-async fn history_text(shared: &Shared, task: &TaskRow) -> Result<String, store::Error> {
+async fn history_text(shared: &Shared, t: Texts, task: &TaskRow) -> Result<String, store::Error> {
     let rounds = shared.store.rounds_of(task.id).await?;
     let questions = shared.store.questions_of(task.id).await?;
-    let mut lines = vec![format!(
-        "Task {} · {} · {} rounds",
-        task.id.short(),
-        task.state,
-        rounds.len()
-    )];
+    let mut lines = vec![t.history_head(task.id, task.state, rounds.len())];
     for round in rounds.iter().rev().take(10).rev() {
-        lines.push(format!(
-            "round {}: {}",
-            round.round,
-            render::round_summary(&round.messages.0)
-        ));
+        lines.push(t.history_round(round.round, &round.messages.0));
     }
     for q in questions.iter().rev().take(10).rev() {
-        let answer = match q.outcome {
-            QuestionOutcome::Answered => {
-                format!(" → {}", render::clip(q.answer.as_deref().unwrap_or(""), 60))
-            }
-            other => format!(" ({other})"),
-        };
-        lines.push(format!(
-            "#{} {}{answer}",
-            q.handle,
-            render::clip(&q.text, 80)
-        ));
+        lines.push(t.history_question(&q.handle, &q.text, q.outcome, q.answer.as_deref()));
     }
     Ok(lines.join("\n"))
 }

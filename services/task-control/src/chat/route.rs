@@ -316,6 +316,19 @@ mod tests {
     }
 
     #[test]
+    fn the_handle_is_found_in_a_quoted_question_of_either_language() {
+        assert_eq!(
+            handle_in("[任务 1a2b3c4d · #beef] 要押韵吗？").as_deref(),
+            Some("beef")
+        );
+        assert_eq!(
+            handle_in("[task 1a2b3c4d · #beef] Rhyme?").as_deref(),
+            Some("beef")
+        );
+        assert_eq!(handle_in("#beef rhyme"), None);
+    }
+
+    #[test]
     fn a_handle_picks_its_question_and_otherwise_the_oldest_answers() {
         let open = [
             question("aaaa", "qq:100", QuestionOutcome::Open),

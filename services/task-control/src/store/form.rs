@@ -16,7 +16,6 @@ use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
     batch::{BatchQuery, Batched, Batches, OutboxColumns, column, in_order},
 };
-use crate::render;
 
 /// What an answer to a questionnaire leads to.
 enum Step<'a> {
@@ -247,10 +246,7 @@ impl Store {
         let row = match &step {
             Step::Finish(output) => {
                 let outbox = chat
-                    .map(|route| {
-                        self.effects
-                            .chat(&route, &render::completed(task, output), None, None)
-                    })
+                    .map(|route| self.effects.completed(&route, task, output))
                     .unwrap_or_default();
                 self.decide(FormFinish {
                     answered: answered(messages),

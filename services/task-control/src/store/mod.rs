@@ -420,11 +420,11 @@ impl Store {
     pub fn new(
         pool: sqlx::PgPool,
         names: hark_core::bus::Names,
-        context_label: impl Into<String>,
+        languages: crate::texts::Languages,
     ) -> Self {
         Self {
             pool,
-            effects: crate::effects::Effects::new(names.clone(), context_label),
+            effects: crate::effects::Effects::new(names.clone(), languages),
             policy: hark_core::domain::decide::Policy { max_attempts: 3 },
             names,
             outbox_ready: Default::default(),

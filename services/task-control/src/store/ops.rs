@@ -1055,10 +1055,7 @@ impl Store {
     ) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
         let outbox = chat
-            .map(|route| {
-                self.effects
-                    .chat(&route, &render::completed(lease.task, result), None, None)
-            })
+            .map(|route| self.effects.completed(&route, lease.task, result))
             .unwrap_or_default();
         let won = self
             .decide(super::batch::CompleteRequest {

@@ -79,6 +79,9 @@ impl TestControl {
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
         config.permission.admins = vec!["qq:1".parse().expect("owner")];
         config.permission.users = vec![];
+        // The tests read the English texts; the Chinese ones are tested where they are written
+        // and by a test that leaves the language unset.
+        config.chat.language = hark_core::config::ChatLanguage::En;
         tweak(&mut config);
         let names = db.store.names().clone();
         let app = App::build(config).await.expect("task-control builds");

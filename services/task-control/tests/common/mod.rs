@@ -29,7 +29,11 @@ impl TestDb {
         store::migrate(&pool).await.expect("migrations run");
         let names = Names::new(format!("t{}", &name[10..]).parse().expect("namespace"));
         Self {
-            store: Store::new(pool, names, "[上下文]"),
+            store: Store::new(
+                pool,
+                names,
+                hark_control::texts::Languages::new(&Default::default()),
+            ),
             name,
         }
     }

@@ -263,8 +263,10 @@ impl Names {
 
     // Deduplication ids.
 
-    pub fn chat_in_msg_id(platform: &str, bot_id: &str, message_id: &str) -> String {
-        format!("{platform}:{bot_id}:{message_id}")
+    /// The key of one inbound chat message: its platform, bot, stream and id, since on some
+    /// platforms (Telegram) a message id is unique only within its chat.
+    pub fn chat_in_msg_id(platform: &str, bot_id: &str, stream: &str, message_id: &str) -> String {
+        format!("{platform}:{bot_id}:{stream}:{message_id}")
     }
 
     pub fn run_job_msg_id(task: TaskId, generation: u64) -> String {

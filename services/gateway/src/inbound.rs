@@ -39,8 +39,12 @@ const NOTICE_EVERY: Duration = Duration::from_secs(60);
 /// The spooled message for `message`, in the current trace.
 pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, bus::Error> {
     let subject = names.chat_in(&message.platform)?;
-    let msg_id =
-        bus::Names::chat_in_msg_id(&message.platform, &message.bot_id, &message.message_id);
+    let msg_id = bus::Names::chat_in_msg_id(
+        &message.platform,
+        &message.bot_id,
+        &message.stream,
+        &message.message_id,
+    );
     Ok(Spooled {
         seq: 0,
         subject,

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::control::{GROUP, TestControl};
+use common::control::{GROUP, OTHER_GROUP, TestControl};
 use hark_core::{
     bus::ControlOp,
     codec,
@@ -514,6 +514,33 @@ async fn a_qq_chat_is_answered_in_chinese_and_takes_chinese_commands() {
     tc.out_containing("没有 `飞` 这个命令").await;
     tc.say(GROUP, "100", "/任务 帮助").await;
     tc.out_containing("回答问题：直接在这里回复").await;
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn one_message_id_in_two_chats_is_two_messages() {
+    // Platforms such as Telegram number messages per chat: the same id in two groups is two
+    // different messages, and each answers the question of its own group.
+    let tc = TestControl::start().await;
+    let first = tc.new_task_in_chat(GROUP, "100", "plan a party").await;
+    tc.claim_and_ask("How many guests?", 0).await;
+    tc.out_containing("How many guests?").await;
+    let second = tc
+        .new_task_in_chat(OTHER_GROUP, "100", "plan a picnic")
+        .await;
+    tc.claim_and_ask("Which park?", 0).await;
+    tc.out_containing("Which park?").await;
+
+    tc.say_as(GROUP, "100", "twelve", "7").await;
+    tc.out_containing("continues").await;
+    tc.say_as(OTHER_GROUP, "100", "the big one", "7").await;
+    tc.out_containing("continues").await;
+    for (id, answer) in [(&first, "twelve"), (&second, "the big one")] {
+        let task = tc.store.get_task(task_id(id)).await.expect("task");
+        assert_eq!(task.state, TaskState::Pending, "{answer}");
+        let questions = tc.store.questions_of(task.id).await.expect("questions");
+        assert_eq!(questions[0].answer.as_deref(), Some(answer));
+    }
     tc.stop().await;
 }
 

@@ -1326,3 +1326,52 @@ async fn a_fresh_database_gets_statistics_at_once_and_growth_is_analyzed_without
     assert!(all.vacuumed.is_empty(), "{all:?}");
     db.drop().await;
 }
+
+#[tokio::test]
+async fn keys_written_before_they_named_their_stream_are_rewritten_to_name_it() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let (task, question) = waiting_task(store).await;
+    // As an earlier version wrote them: `platform:bot:message_id`.
+    sqlx::query(
+        "INSERT INTO applied_inbound (key, task_id, question_id) VALUES ('qq:42:m-9', $1, $2),
+                ('api:r-1', $1, NULL)",
+    )
+    .bind(task.id.as_uuid())
+    .bind(question.as_uuid())
+    .execute(store.pool())
+    .await
+    .expect("old keys");
+    sqlx::query("UPDATE tasks SET request_id = 'qq:42:m-1' WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("old request id");
+    let migration = include_str!("../migrations/20261201000005_keys_by_stream.sql");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(migration))
+        .execute(store.pool())
+        .await
+        .expect("the migration runs");
+    let mut keys: Vec<String> = sqlx::query_scalar("SELECT key FROM applied_inbound")
+        .fetch_all(store.pool())
+        .await
+        .expect("keys");
+    keys.sort();
+    assert_eq!(keys, ["api:r-1", "qq:42:group:777:m-9"]);
+    let request: Option<String> = sqlx::query_scalar("SELECT request_id FROM tasks WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .fetch_one(store.pool())
+        .await
+        .expect("request id");
+    assert_eq!(request.as_deref(), Some("qq:42:group:777:m-1"));
+    // The message applied before is known under its new key: applying it again changes nothing.
+    let again = store
+        .answer(question, &answer("Paris", "qq:42:group:777:m-9"))
+        .await
+        .expect("answer");
+    assert!(
+        matches!(again, AnswerOutcome::Duplicate { .. }),
+        "{again:?}"
+    );
+    db.drop().await;
+}

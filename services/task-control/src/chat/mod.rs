@@ -83,8 +83,14 @@ impl Inbound {
 
     /// The key that makes applying this message idempotent.
     fn key(&self) -> Option<String> {
-        (!self.message_id.is_empty())
-            .then(|| Names::chat_in_msg_id(&self.platform, &self.bot_id, &self.message_id))
+        (!self.message_id.is_empty()).then(|| {
+            Names::chat_in_msg_id(
+                &self.platform,
+                &self.bot_id,
+                self.stream.as_str(),
+                &self.message_id,
+            )
+        })
     }
 
     fn route(&self) -> ChatRoute {

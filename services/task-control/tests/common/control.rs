@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub const PLATFORM: &str = "qq";
 pub const BOT: &str = "42";
 pub const GROUP: &str = "group:777";
+pub const OTHER_GROUP: &str = "group:888";
 
 /// The next message of a consumer within `wait`, acknowledged and decoded.
 async fn next_from<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
@@ -166,7 +167,7 @@ impl TestControl {
             text,
             quoted,
             &id,
-            &Names::chat_in_msg_id(PLATFORM, BOT, &id),
+            &Names::chat_in_msg_id(PLATFORM, BOT, stream, &id),
         )
         .await;
         id
@@ -188,7 +189,7 @@ impl TestControl {
             quoted_sender: BOT.into(),
             ..chat_message(stream, user, text, quoted, &id)
         };
-        self.publish_message(message, &Names::chat_in_msg_id(PLATFORM, BOT, &id))
+        self.publish_message(message, &Names::chat_in_msg_id(PLATFORM, BOT, stream, &id))
             .await;
         id
     }
@@ -210,6 +211,20 @@ impl TestControl {
         )
         .await
         .expect("receipt published");
+    }
+
+    /// Sends `text` from `user` in `stream` as the platform message `id`, keyed as the gateway
+    /// keys it.
+    pub async fn say_as(&self, stream: &str, user: &str, text: &str, id: &str) {
+        self.publish_chat(
+            stream,
+            user,
+            text,
+            "",
+            id,
+            &Names::chat_in_msg_id(PLATFORM, BOT, stream, id),
+        )
+        .await;
     }
 
     pub async fn publish_chat(

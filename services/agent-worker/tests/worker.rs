@@ -472,6 +472,7 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             request_id: None,
             active_limit: 0,
             questionnaire: None,
+            schedule: None,
         })
         .await
         .expect("created")

@@ -258,6 +258,20 @@ pub struct TaskConfig {
     pub retention: HumanDuration,
     /// Tasks one owner may have that have not ended; more are refused. `0`: no limit.
     pub max_active_per_owner: u32,
+    /// The IANA time zone scheduled tasks are read in (`--at`, `--cron`); empty: Asia/Shanghai on
+    /// the `qq` platform, UTC elsewhere.
+    pub timezone: String,
+}
+
+impl TaskConfig {
+    /// The time zone of schedules made on `platform`.
+    pub fn timezone_for(&self, platform: &str) -> &str {
+        match (self.timezone.as_str(), platform) {
+            ("", "qq") => "Asia/Shanghai",
+            ("", _) => "UTC",
+            (zone, _) => zone,
+        }
+    }
 }
 
 impl Default for TaskConfig {
@@ -272,6 +286,7 @@ impl Default for TaskConfig {
             lease: HumanDuration::from_secs(30),
             retention: HumanDuration::from_secs(30 * 86_400),
             max_active_per_owner: 10,
+            timezone: String::new(),
         }
     }
 }

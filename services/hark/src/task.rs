@@ -55,6 +55,15 @@ enum TaskCommand {
         /// is its text, then any choices after `|` (e.g. --ask "Which size?|S|M|L").
         #[arg(long = "ask", value_name = "QUESTION")]
         questionnaire: Vec<String>,
+        /// Start it later: after this long (e.g. 30m).
+        #[arg(long = "in", value_name = "DURATION", conflicts_with = "cron")]
+        start_in: Option<HumanDuration>,
+        /// Start it again at every time this cron expression names (e.g. "0 9 * * 1-5").
+        #[arg(long)]
+        cron: Option<String>,
+        /// The time zone of --cron [default: the server's task.timezone].
+        #[arg(long)]
+        timezone: Option<String>,
         /// What the task should achieve (for a questionnaire, an optional title).
         #[arg(trailing_var_arg = true)]
         goal: Vec<String>,
@@ -329,6 +338,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             chat,
             request_id,
             questionnaire,
+            start_in,
+            cron,
+            timezone,
             goal,
         } => {
             if goal.is_empty() && questionnaire.is_empty() {
@@ -358,7 +370,15 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             let ask_timeout_s = timeout
                 .map(|t| u32::try_from(t.0.as_secs()).unwrap_or(u32::MAX))
                 .unwrap_or(0);
-            let task = api
+            let start_at = start_in.map(|after| {
+                let at = std::time::SystemTime::now() + after.0;
+                let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                prost_types::Timestamp {
+                    seconds: since.as_secs() as i64,
+                    nanos: since.subsec_nanos() as i32,
+                }
+            });
+            let created = api
                 .create_task(pb::CreateTaskRequest {
                     owner,
                     goal: joined(&goal),
@@ -367,12 +387,37 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     on_timeout: on_timeout as i32,
                     request_id: request_id.unwrap_or_default(),
                     questionnaire,
+                    start_at,
+                    cron: cron.unwrap_or_default(),
+                    timezone: timezone.unwrap_or_default(),
                 })
                 .await
                 .map_err(explain)?
-                .into_inner()
-                .task
-                .context("the server returned no task")?;
+                .into_inner();
+            if let Some(schedule) = created.schedule {
+                let next = time_of(&schedule.next_run_at);
+                if json_out {
+                    println!(
+                        "{}",
+                        serde_json::json!({"schedule": schedule.id, "cron": schedule.cron,
+                            "timezone": schedule.timezone, "next_run_at": next})
+                    );
+                } else {
+                    println!(
+                        "scheduled {} ({}{}), next run at {next}: {}",
+                        schedule.id,
+                        schedule.timezone,
+                        if schedule.cron.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", `{}`", schedule.cron)
+                        },
+                        clip(&schedule.goal, 80)
+                    );
+                }
+                return Ok(());
+            }
+            let task = created.task.context("the server returned no task")?;
             if json_out {
                 println!("{}", task_json(&task));
             } else {

@@ -7,7 +7,8 @@ use futures_util::Stream;
 use hark_core::{
     bus,
     domain::{
-        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form, text,
+        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form,
+        schedule, text,
     },
     error::{Classified as _, Kind},
     secret::Secret,
@@ -19,7 +20,8 @@ use crate::{
     convert,
     shared::Shared,
     store::{
-        self, Answer, AnswerOutcome, ChatRoute, NewTask, QuestionFilter, TaskFilter, TellDelivery,
+        self, Answer, AnswerOutcome, ChatRoute, NewSchedule, NewTask, Overlap, QuestionFilter,
+        TaskFilter, TellDelivery,
     },
 };
 
@@ -259,6 +261,64 @@ impl TaskService for Api {
             0 => self.shared.config.task.ask_timeout.0,
             s => Duration::from_secs(s.into()),
         };
+        if request.start_at.is_some() || !request.cron.is_empty() {
+            if questionnaire.is_some() {
+                return Err(invalid(
+                    "start_at",
+                    "a questionnaire cannot be scheduled; create it when it is due",
+                ));
+            }
+            let platform = chat.as_ref().map_or("", |c| c.platform.as_str());
+            let timezone = match key_field("timezone", &request.timezone)? {
+                Some(zone) => zone,
+                None => self.shared.config.task.timezone_for(platform).to_owned(),
+            };
+            let zone = schedule::time_zone(&timezone).map_err(|e| invalid("timezone", e))?;
+            let now = time::OffsetDateTime::now_utc();
+            let cron = match key_field("cron", &request.cron)? {
+                None => None,
+                Some(text) => Some(
+                    text.parse::<schedule::Cron>()
+                        .map_err(|e| invalid("cron", e))?,
+                ),
+            };
+            let start = request
+                .start_at
+                .map(|t| {
+                    time::OffsetDateTime::from_unix_timestamp(t.seconds)
+                        .map_err(|e| invalid("start_at", e))
+                })
+                .transpose()?;
+            let first_run = match (&cron, start) {
+                (Some(cron), start) => cron
+                    .next_after(start.unwrap_or(now).max(now), &zone)
+                    .ok_or_else(|| invalid("cron", "it never runs"))?,
+                (None, Some(at)) if at > now => at,
+                (None, _) => return Err(invalid("start_at", "it is in the past")),
+            };
+            let made = self
+                .shared
+                .store
+                .create_schedule(&NewSchedule {
+                    owner,
+                    goal,
+                    chat,
+                    ask_timeout,
+                    on_timeout,
+                    cron,
+                    timezone,
+                    first_run,
+                    overlap: Overlap::Skip,
+                    request_id: key_field("request_id", &request.request_id)?
+                        .map(|id| format!("api:{id}")),
+                })
+                .await
+                .map_err(status_of)?;
+            return Ok(Response::new(pb::CreateTaskResponse {
+                task: None,
+                schedule: Some(convert::schedule(&made)),
+            }));
+        }
         let task = self
             .shared
             .store
@@ -272,11 +332,13 @@ impl TaskService for Api {
                     .map(|id| format!("api:{id}")),
                 active_limit: self.shared.config.task.max_active_per_owner,
                 questionnaire,
+                schedule: None,
             })
             .await
             .map_err(status_of)?;
         Ok(Response::new(pb::CreateTaskResponse {
             task: Some(convert::task(&task, None)),
+            schedule: None,
         }))
     }
 
@@ -346,6 +408,41 @@ impl TaskService for Api {
         self.shared.cancel_hint(task.id).await;
         Ok(Response::new(pb::CancelTaskResponse {
             task: Some(convert::task(&cancelled, None)),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn list_schedules(
+        &self,
+        request: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        let request = request.into_inner();
+        let owner = owner_field("owner", &request.owner)?;
+        let rows = self
+            .shared
+            .store
+            .list_schedules(owner.as_ref(), request.include_ended, 1000)
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(pb::ListSchedulesResponse {
+            schedules: rows.iter().map(convert::schedule).collect(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn cancel_schedule(
+        &self,
+        request: Request<pb::CancelScheduleRequest>,
+    ) -> Result<Response<pb::CancelScheduleResponse>, Status> {
+        let reference = task_ref("schedule_id", &request.into_inner().schedule_id)?;
+        let store = &self.shared.store;
+        let found = store
+            .resolve_schedule(&reference, None)
+            .await
+            .map_err(status_of)?;
+        let cancelled = store.cancel_schedule(found.id).await.map_err(status_of)?;
+        Ok(Response::new(pb::CancelScheduleResponse {
+            schedule: Some(convert::schedule(&cancelled)),
         }))
     }
 
@@ -776,6 +873,20 @@ impl TaskService for Starting {
         &self,
         _: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn list_schedules(
+        &self,
+        _: Request<pb::ListSchedulesRequest>,
+    ) -> Result<Response<pb::ListSchedulesResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn cancel_schedule(
+        &self,
+        _: Request<pb::CancelScheduleRequest>,
+    ) -> Result<Response<pb::CancelScheduleResponse>, Status> {
         Err(starting())
     }
 

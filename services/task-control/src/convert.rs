@@ -83,6 +83,24 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         questionnaire: row.questionnaire().iter().map(form_question).collect(),
         pause_requested: row.pause_requested,
         paused_at: row.paused_at.map(timestamp),
+        schedule_id: row.schedule_id.map(|s| s.to_string()).unwrap_or_default(),
+    }
+}
+
+pub fn schedule(row: &crate::store::ScheduleRow) -> pb::Schedule {
+    pb::Schedule {
+        id: row.id.to_string(),
+        owner: row.owner.to_string(),
+        goal: row.goal.clone(),
+        chat: row.chat().map(|c| route(&c)),
+        cron: row.cron.clone().unwrap_or_default(),
+        timezone: row.timezone.clone(),
+        state: row.state.clone(),
+        next_run_at: row.next_run.map(timestamp),
+        runs: row.runs.max(0) as u32,
+        skipped: row.skipped.max(0) as u32,
+        last_task_id: row.last_task.map(|t| t.to_string()).unwrap_or_default(),
+        created_at: Some(timestamp(row.created_at)),
     }
 }
 

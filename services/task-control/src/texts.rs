@@ -328,6 +328,69 @@ impl Texts {
             en: format!("No new task: you have {active} tasks that have not ended, and {limit} is the most one person may have (task.max_active_per_owner). Cancel one with {word} cancel <id>, or wait for one to finish."))
     }
 
+    /// A schedule made: its id, goal, first run (as people in its zone read it) and recurrence.
+    pub fn scheduled(
+        &self,
+        schedule: &str,
+        goal: &str,
+        next: &str,
+        zone: &str,
+        cron: Option<&str>,
+    ) -> String {
+        let goal = clip(goal, 60);
+        match (self.lang, cron) {
+            (Language::Zh, None) => format!(
+                "已安排任务 {schedule}：{goal}——将在 {next}（{zone}）开始。用 {} 取消。",
+                format_args!("/task cancel {schedule}")
+            ),
+            (Language::Zh, Some(cron)) => format!(
+                "已安排定时任务 {schedule}：{goal}——按 `{cron}` 重复，下次在 {next}（{zone}）。用 /task cancel {schedule} 停止。"
+            ),
+            (Language::En, None) => format!(
+                "Scheduled {schedule}: {goal} — starts at {next} ({zone}). Cancel it with /task cancel {schedule}."
+            ),
+            (Language::En, Some(cron)) => format!(
+                "Scheduled {schedule}: {goal} — repeats `{cron}`, next at {next} ({zone}). Stop it with /task cancel {schedule}."
+            ),
+        }
+    }
+
+    /// One schedule in `/task list`.
+    pub fn schedule_line(
+        &self,
+        schedule: &str,
+        goal: &str,
+        next: &str,
+        cron: Option<&str>,
+    ) -> String {
+        let goal = clip(goal, 40);
+        match (self.lang, cron) {
+            (Language::Zh, None) => format!("{schedule} 定于 {next} {goal}"),
+            (Language::Zh, Some(cron)) => format!("{schedule} 下次 {next}（`{cron}`）{goal}"),
+            (Language::En, None) => format!("{schedule} at {next} {goal}"),
+            (Language::En, Some(cron)) => format!("{schedule} next {next} (`{cron}`) {goal}"),
+        }
+    }
+
+    pub fn schedule_cancelled(&self, schedule: &str) -> String {
+        pick!(self,
+            zh: format!("已取消安排 {schedule}：之后不会再开始新的运行。"),
+            en: format!("Cancelled schedule {schedule}: no run starts after this."))
+    }
+
+    pub fn schedule_ended(&self, schedule: &str) -> String {
+        pick!(self,
+            zh: format!("安排 {schedule} 已经结束。"),
+            en: format!("Schedule {schedule} has already ended."))
+    }
+
+    /// A `--in`, `--at` or `--cron` that could not be used; `detail` says why, in English.
+    pub fn schedule_refused(&self, detail: &str) -> String {
+        pick!(self,
+            zh: format!("无法安排这个任务：{detail}"),
+            en: format!("The task was not scheduled: {detail}"))
+    }
+
     pub fn admins_only_list(&self) -> String {
         pick!(self,
             zh: "只有管理员能列出所有人的任务。".into(),

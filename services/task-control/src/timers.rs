@@ -1,5 +1,5 @@
-//! The clock loop: every tick it expires questions, sends reminders, recovers lost leases and
-//! enforces the running-time bound. Any number of replicas may run it at once; the store takes
+//! The clock loop: every tick it expires questions, sends reminders, recovers lost leases,
+//! enforces the running-time bound and starts the runs of schedules that are due. Any number of replicas may run it at once; the store takes
 //! rows with `FOR UPDATE SKIP LOCKED`.
 
 use std::time::Duration;
@@ -38,12 +38,17 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     for id in &overtime {
         shared.cancel_hint(*id).await;
     }
-    if expired + reminded + recovered + overtime.len() > 0 {
+    let scheduled = store
+        .start_due_schedules(BATCH, task.max_active_per_owner)
+        .await?
+        .len();
+    if expired + reminded + recovered + overtime.len() + scheduled > 0 {
         tracing::info!(
             expired,
             reminded,
             recovered,
             overtime = overtime.len(),
+            scheduled,
             "timers fired"
         );
     }

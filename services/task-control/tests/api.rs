@@ -792,3 +792,94 @@ async fn a_retried_answer_gets_its_first_outcome_however_the_question_was_named(
     assert_eq!(retried.question.expect("question").id, first_question.id);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_schedule_is_made_listed_and_cancelled_over_grpc() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let made = api
+        .create_task(pb::CreateTaskRequest {
+            cron: "30 8 * * 1-5".into(),
+            timezone: "Europe/Berlin".into(),
+            ..create("api:alice", "the weekly digest")
+        })
+        .await
+        .expect("scheduled")
+        .into_inner();
+    assert!(made.task.is_none(), "no task is created before its run");
+    let schedule = made.schedule.expect("the schedule");
+    assert_eq!(
+        (
+            schedule.cron.as_str(),
+            schedule.timezone.as_str(),
+            schedule.state.as_str()
+        ),
+        ("30 8 * * 1-5", "Europe/Berlin", "active")
+    );
+    let next = schedule.next_run_at.expect("its next run");
+    assert!(next.seconds > time::OffsetDateTime::now_utc().unix_timestamp());
+
+    for (request, field) in [
+        (
+            pb::CreateTaskRequest {
+                cron: "0 9 * *".into(),
+                ..create("api:alice", "x")
+            },
+            "cron",
+        ),
+        (
+            pb::CreateTaskRequest {
+                cron: "0 9 * * *".into(),
+                timezone: "Mars/Olympus".into(),
+                ..create("api:alice", "x")
+            },
+            "timezone",
+        ),
+        (
+            pb::CreateTaskRequest {
+                start_at: Some(prost_types::Timestamp {
+                    seconds: 1_000_000_000,
+                    nanos: 0,
+                }),
+                ..create("api:alice", "x")
+            },
+            "start_at",
+        ),
+    ] {
+        let err = api.create_task(request).await.expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+
+    let listed = api
+        .list_schedules(pb::ListSchedulesRequest {
+            owner: "api:alice".into(),
+            include_ended: false,
+        })
+        .await
+        .expect("listed")
+        .into_inner()
+        .schedules;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, schedule.id);
+
+    let cancelled = api
+        .cancel_schedule(pb::CancelScheduleRequest {
+            schedule_id: schedule.id[..8].into(),
+        })
+        .await
+        .expect("cancelled")
+        .into_inner()
+        .schedule
+        .expect("schedule");
+    assert_eq!(cancelled.state, "cancelled");
+    assert!(cancelled.next_run_at.is_none());
+    let again = api
+        .cancel_schedule(pb::CancelScheduleRequest {
+            schedule_id: schedule.id.clone(),
+        })
+        .await
+        .expect_err("an ended schedule");
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    tc.stop().await;
+}

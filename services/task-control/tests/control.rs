@@ -545,6 +545,80 @@ async fn one_message_id_in_two_chats_is_two_messages() {
 }
 
 #[tokio::test]
+async fn tasks_are_scheduled_from_the_chat_listed_with_their_next_run_and_cancelled() {
+    let tc = TestControl::start().await;
+    // Once, a second from now: the timers start it.
+    tc.say(GROUP, "100", "/task new --in 1s water the plants")
+        .await;
+    let scheduled = tc.out_containing("Scheduled").await;
+    assert!(
+        scheduled.text.contains("water the plants"),
+        "{}",
+        scheduled.text
+    );
+    let job = tc.next_job().await;
+    let task = tc
+        .store
+        .get_task(task_id(&job.task_id))
+        .await
+        .expect("the run's task");
+    assert_eq!(task.goal, "water the plants");
+    assert!(
+        task.schedule_id.is_some(),
+        "the task is linked to its schedule"
+    );
+    assert_eq!(
+        task.platform.as_deref(),
+        Some("qq"),
+        "it runs in the chat it was made in"
+    );
+
+    // Every weekday morning, in the owner's time zone (Asia/Shanghai on qq).
+    tc.say(
+        GROUP,
+        "100",
+        "/task new --cron \"0 9 * * 1-5\" the stand-up notes",
+    )
+    .await;
+    let recurring = tc.out_containing("repeats `0 9 * * 1-5`").await;
+    assert!(
+        recurring.text.contains("09:00 (Asia/Shanghai)"),
+        "{}",
+        recurring.text
+    );
+    let short = recurring
+        .text
+        .trim_start_matches("Scheduled ")
+        .split(':')
+        .next()
+        .expect("the schedule's id")
+        .to_owned();
+    tc.say(GROUP, "100", "/task list").await;
+    let listed = tc.out_containing(&short).await;
+    assert!(
+        listed.text.contains("(`0 9 * * 1-5`) the stand-up notes"),
+        "{}",
+        listed.text
+    );
+
+    tc.say(GROUP, "100", "/task new --cron \"0 25 * * *\" never")
+        .await;
+    tc.out_containing("hour `25`: 25 is outside 0-23").await;
+    tc.say(GROUP, "100", "/task new --at 2020-01-01T09:00 too late")
+        .await;
+    tc.out_containing("is in the past").await;
+
+    tc.say(GROUP, "200", &format!("/task cancel {short}")).await;
+    tc.out_containing("You have no task").await;
+    tc.say(GROUP, "100", &format!("/task cancel {short}")).await;
+    tc.out_containing(&format!("Cancelled schedule {short}"))
+        .await;
+    tc.say(GROUP, "100", &format!("/task cancel {short}")).await;
+    tc.out_containing("has already ended").await;
+    tc.stop().await;
+}
+
+#[tokio::test]
 async fn chat_commands_answer_plainly_and_respect_roles() {
     let tc = TestControl::start_with(|c| {
         c.permission.default_role = hark_core::domain::Role::Guest;

@@ -37,6 +37,7 @@ async fn new_task(store: &Store) -> TaskRow {
             request_id: None,
             active_limit: 0,
             questionnaire: None,
+            schedule: None,
         })
         .await
         .expect("task created")

@@ -41,6 +41,7 @@ async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
             request_id: None,
             active_limit: 0,
             questionnaire: None,
+            schedule: None,
         })
         .await
         .expect("task created")
@@ -392,6 +393,7 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         request_id: Some("req-1".into()),
         active_limit: 0,
         questionnaire: None,
+        schedule: None,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -760,6 +762,7 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         request_id: request.map(str::to_owned),
         active_limit: 0,
         questionnaire: None,
+        schedule: None,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [

@@ -9,6 +9,7 @@ pub mod duration;
 pub mod form;
 pub mod ids;
 pub mod lifecycle;
+pub mod schedule;
 pub mod text;
 
 pub use duration::HumanDuration;

@@ -11,6 +11,8 @@ pub enum Command {
     New {
         timeout: Option<HumanDuration>,
         on_timeout: Option<TimeoutPolicy>,
+        /// When it runs, if not now.
+        when: Option<When>,
         goal: String,
     },
     List {
@@ -24,6 +26,15 @@ pub enum Command {
     History(TaskRef),
     Tell(TaskRef, String),
     Help,
+}
+
+/// When a task made by `new` runs, if not now: `--in 30m`, `--at 2026-12-24T09:00`, or every
+/// time `--cron "0 9 * * 1-5"` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum When {
+    In(HumanDuration),
+    At(String),
+    Cron(String),
 }
 
 /// Whether `text` starts with one of the command `words`, and the rest of it if so.
@@ -98,9 +109,31 @@ pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
 fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     let mut timeout = None;
     let mut on_timeout = None;
+    let mut when = None;
     loop {
         let (flag, tail) = split_word(rest);
         match flag {
+            "--in" => {
+                let (value, tail) = split_value(tail);
+                let after: HumanDuration =
+                    value
+                        .parse()
+                        .map_err(|e: hark_core::domain::duration::DurationError| {
+                            t.bad_value("--in 的时长", &e.to_string())
+                        })?;
+                when = Some(When::In(after));
+                rest = tail;
+            }
+            "--at" => {
+                let (value, tail) = split_value(tail);
+                when = Some(When::At(value.to_owned()));
+                rest = tail;
+            }
+            "--cron" => {
+                let (value, tail) = split_value(tail);
+                when = Some(When::Cron(value.to_owned()));
+                rest = tail;
+            }
             "--timeout" => {
                 let (value, tail) = split_word(tail);
                 let parsed: HumanDuration =
@@ -131,14 +164,28 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     if goal.is_empty() {
         return Err(t.usage(
             word,
-            "new [--timeout 30m] [--on-timeout resume|fail|never] <goal>",
+            "new [--timeout 30m] [--on-timeout resume|fail|never] [--in 30m | --at 2026-12-24T09:00 | --cron \"0 9 * * 1-5\"] <goal>",
         ));
     }
     Ok(Command::New {
         timeout,
         on_timeout,
+        when,
         goal: goal.to_owned(),
     })
+}
+
+/// A flag's value: one word, or the text between quotes (`"0 9 * * 1-5"`, `“0 9 * * *”`).
+fn split_value(text: &str) -> (&str, &str) {
+    let text = text.trim_start();
+    for (open, close) in [('"', '"'), ('“', '”'), ('\'', '\'')] {
+        if let Some(inner) = text.strip_prefix(open)
+            && let Some(end) = inner.find(close)
+        {
+            return (&inner[..end], &inner[end + close.len_utf8()..]);
+        }
+    }
+    split_word(text)
 }
 
 fn split_word(text: &str) -> (&str, &str) {
@@ -156,6 +203,44 @@ mod tests {
 
     const EN: Texts = Texts::new(Language::En);
     const ZH: Texts = Texts::new(Language::Zh);
+
+    #[test]
+    fn new_takes_when_it_runs() {
+        let when = |args: &str| match parse(args, "/task", EN) {
+            Ok(Command::New { when, goal, .. }) => (when, goal),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            when("new --in 30m water the plants"),
+            (
+                Some(When::In(HumanDuration::from_secs(1800))),
+                "water the plants".into()
+            )
+        );
+        assert_eq!(
+            when("new --at 2026-12-24T09:00 open presents"),
+            (
+                Some(When::At("2026-12-24T09:00".into())),
+                "open presents".into()
+            )
+        );
+        assert_eq!(
+            when("new --cron \"0 9 * * 1-5\" stand-up notes"),
+            (
+                Some(When::Cron("0 9 * * 1-5".into())),
+                "stand-up notes".into()
+            )
+        );
+        assert_eq!(
+            when("新建 --cron “0 9 * * *” 早报"),
+            (Some(When::Cron("0 9 * * *".into())), "早报".into())
+        );
+        assert!(
+            parse("new --in soon go", "/task", EN)
+                .unwrap_err()
+                .contains("soon")
+        );
+    }
 
     #[test]
     fn chinese_verbs_and_states_parse_and_errors_are_chinese() {
@@ -229,6 +314,7 @@ mod tests {
             Ok(Command::New {
                 timeout: Some(HumanDuration::from_secs(90)),
                 on_timeout: Some(TimeoutPolicy::Fail),
+                when: None,
                 goal: "plan a trip".into()
             })
         );
@@ -237,6 +323,7 @@ mod tests {
             Ok(Command::New {
                 timeout: None,
                 on_timeout: None,
+                when: None,
                 goal: "write a poem --timeout 5m".into()
             })
         );

@@ -12,7 +12,7 @@ pub mod route;
 
 use hark_core::{
     bus::Names,
-    domain::{Handle, Owner, Role, StreamId, TaskRef, TaskState, text},
+    domain::{Handle, Owner, Role, StreamId, TaskRef, TaskState, schedule, text},
 };
 use hark_proto::v1 as pb;
 
@@ -25,7 +25,10 @@ use crate::{
 };
 use command::Command;
 
-use crate::texts::Texts;
+use crate::{
+    store::{NewSchedule, Overlap},
+    texts::Texts,
+};
 
 /// Rows `/task list` shows at most.
 const LIST_ROWS: i64 = 20;
@@ -336,6 +339,7 @@ async fn run_command(
         Command::New {
             timeout,
             on_timeout,
+            when,
             goal,
         } => {
             if role < Role::User {
@@ -343,6 +347,25 @@ async fn run_command(
             }
             if let Err(e) = text::text(&goal, text::MAX_TEXT_BYTES) {
                 return Ok(Some(t.goal_refused(&e.to_string())));
+            }
+            if let Some(when) = when {
+                let new = NewSchedule {
+                    owner: sender.clone(),
+                    goal,
+                    chat: Some(inbound.route()),
+                    ask_timeout: timeout.map_or(shared.config.task.ask_timeout.0, |t| t.0),
+                    on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
+                    cron: None,
+                    timezone: shared
+                        .config
+                        .task
+                        .timezone_for(&inbound.platform)
+                        .to_owned(),
+                    first_run: time::OffsetDateTime::now_utc(),
+                    overlap: Overlap::Skip,
+                    request_id: inbound.key(),
+                };
+                return Ok(Some(schedule_task(shared, t, new, when).await?));
             }
             let limit = shared.config.task.max_active_per_owner;
             let created = shared
@@ -356,6 +379,7 @@ async fn run_command(
                     request_id: inbound.key(),
                     active_limit: limit,
                     questionnaire: None,
+                    schedule: None,
                 })
                 .await;
             match created {
@@ -379,7 +403,22 @@ async fn run_command(
                     ..Default::default()
                 })
                 .await?;
-            if tasks.is_empty() {
+            let schedules = if state.is_none() {
+                shared
+                    .store
+                    .list_schedules((!all).then_some(&sender), false, LIST_ROWS)
+                    .await?
+            } else {
+                Vec::new()
+            };
+            let schedule_lines = schedules.iter().map(|s| {
+                let next = s
+                    .next_run
+                    .map(|at| schedule::shown_in(at, &s.timezone))
+                    .unwrap_or_default();
+                t.schedule_line(&s.short(), &s.goal, &next, s.cron.as_deref())
+            });
+            if tasks.is_empty() && schedules.is_empty() {
                 t.no_tasks()
             } else {
                 tasks
@@ -393,6 +432,7 @@ async fn run_command(
                             &task.goal,
                         )
                     })
+                    .chain(schedule_lines)
                     .collect::<Vec<_>>()
                     .join("\n")
             }
@@ -411,7 +451,10 @@ async fn run_command(
         }
         Command::Cancel(reference) => {
             match visible_task(shared, t, &reference, &sender, role).await? {
-                Err(text) => text,
+                Err(text) => match cancel_schedule(shared, t, &reference, &sender, role).await? {
+                    Some(reply) => reply,
+                    None => text,
+                },
                 Ok(task) if task.state.is_terminal() => t.already_ended(task.id, task.state),
                 Ok(task) => {
                     let reason = t.cancelled_by(sender.as_str());
@@ -547,4 +590,82 @@ async fn history_text(shared: &Shared, t: Texts, task: &TaskRow) -> Result<Strin
         lines.push(t.history_question(&q.handle, &q.text, q.outcome, q.answer.as_deref()));
     }
     Ok(lines.join("\n"))
+}
+
+/// Makes the schedule `new` says, running `when`; the reply says when it first runs.
+async fn schedule_task(
+    shared: &Shared,
+    t: Texts,
+    mut new: NewSchedule,
+    when: command::When,
+) -> Result<String, store::Error> {
+    let zone = match schedule::time_zone(&new.timezone) {
+        Ok(zone) => zone,
+        Err(e) => {
+            return Ok(t.schedule_refused(&format!("{e} (task.timezone)")));
+        }
+    };
+    let now = new.first_run;
+    let first = match when {
+        command::When::In(after) => Ok(now + after.0),
+        command::When::At(text) => schedule::at(&text, &zone)
+            .map_err(|e| e.to_string())
+            .and_then(|at| {
+                if at <= now {
+                    Err(format!("{} is in the past", schedule::shown(at, &zone)))
+                } else {
+                    Ok(at)
+                }
+            }),
+        command::When::Cron(text) => text
+            .parse::<schedule::Cron>()
+            .map_err(|e| e.to_string())
+            .and_then(|cron| {
+                let next = cron
+                    .next_after(now, &zone)
+                    .ok_or_else(|| format!("`{cron}` never runs"));
+                new.cron = Some(cron);
+                next
+            }),
+    };
+    new.first_run = match first {
+        Ok(at) => at,
+        Err(why) => return Ok(t.schedule_refused(&why)),
+    };
+    let made = shared.store.create_schedule(&new).await?;
+    let next = made
+        .next_run
+        .map(|at| schedule::shown(at, &zone))
+        .unwrap_or_default();
+    Ok(t.scheduled(
+        &made.short(),
+        &made.goal,
+        &next,
+        &made.timezone,
+        made.cron.as_deref(),
+    ))
+}
+
+/// Cancels the schedule `reference` names, if the sender may; `None` when it names none.
+async fn cancel_schedule(
+    shared: &Shared,
+    t: Texts,
+    reference: &TaskRef,
+    sender: &Owner,
+    role: Role,
+) -> Result<Option<String>, store::Error> {
+    let visible_to = (role < Role::Admin).then_some(sender);
+    let found = match shared.store.resolve_schedule(reference, visible_to).await {
+        Ok(found) => found,
+        Err(store::Error::ScheduleNotFound(_)) => return Ok(None),
+        Err(store::Error::AmbiguousTask { prefix, count }) => {
+            return Ok(Some(t.ambiguous(&prefix, count)));
+        }
+        Err(e) => return Err(e),
+    };
+    match shared.store.cancel_schedule(found.id).await {
+        Ok(_) => Ok(Some(t.schedule_cancelled(&found.short()))),
+        Err(store::Error::ScheduleEnded(_)) => Ok(Some(t.schedule_ended(&found.short()))),
+        Err(e) => Err(e),
+    }
 }

@@ -498,10 +498,10 @@ impl Store {
             "WITH n AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                      $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
-                                     $17::jsonb[])
+                                     $17::jsonb[], $18::uuid[])
                     WITH ORDINALITY
                     AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
-                         request_id, active_limit, questionnaire, ord)
+                         request_id, active_limit, questionnaire, schedule_id, ord)
             ), counted AS (
                 SELECT n.*,
                     CASE WHEN n.active_limit = 0 THEN 0 ELSE
@@ -513,9 +513,9 @@ impl Store {
                 FROM n
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
-                                   on_timeout, ask_timeout_s, request_id, questionnaire)
+                                   on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
-                       on_timeout, ask_timeout_s, request_id, questionnaire
+                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
                 ORDER BY ord
@@ -566,6 +566,7 @@ impl Store {
             .bind(column(batch, |r| r.job.trace.as_deref()))
             .bind(column(batch, |r| i64::from(r.new.active_limit)))
             .bind(column(batch, |r| r.new.questionnaire.as_ref().map(Json)))
+            .bind(column(batch, |r| r.new.schedule))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();

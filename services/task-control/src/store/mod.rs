@@ -11,7 +11,7 @@ macro_rules! task_columns {
     () => {
         "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
     attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
-    created_at, updated_at, finished_at, questionnaire, pause_requested, paused_at"
+    created_at, updated_at, finished_at, questionnaire, pause_requested, paused_at, schedule_id"
     };
 }
 
@@ -113,6 +113,7 @@ mod form;
 mod ops;
 mod retention;
 mod rows;
+mod schedules;
 mod timers;
 mod upkeep;
 
@@ -123,6 +124,7 @@ pub use ops::{
 };
 pub use retention::Purged;
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
+pub use schedules::{NewSchedule, Overlap, ScheduleRow};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 
 use hark_core::{
@@ -149,6 +151,10 @@ pub enum Error {
     AmbiguousTask { prefix: String, count: usize },
     #[error("no question {0}")]
     QuestionNotFound(String),
+    #[error("no schedule {0}")]
+    ScheduleNotFound(String),
+    #[error("schedule {0} has ended: it was cancelled or its one run is done")]
+    ScheduleEnded(String),
     #[error("task {task} has no open question")]
     NoOpenQuestion { task: String },
     #[error("question {id} is closed ({outcome})")]
@@ -215,8 +221,11 @@ impl hark_core::error::Classified for Error {
             | Error::AmbiguousTask { .. }
             | Error::BadRound { .. }
             | Error::NotAChoice { .. } => Kind::Invalid,
-            Error::TaskNotFound(_) | Error::QuestionNotFound(_) => Kind::NotFound,
+            Error::TaskNotFound(_) | Error::QuestionNotFound(_) | Error::ScheduleNotFound(_) => {
+                Kind::NotFound
+            }
             Error::NoOpenQuestion { .. }
+            | Error::ScheduleEnded(_)
             | Error::Already { .. }
             | Error::QuestionClosed { .. }
             | Error::WrongState { .. } => Kind::Conflict,

@@ -36,6 +36,8 @@ pub struct NewTask {
     pub active_limit: u32,
     /// The questions of a questionnaire, which no agent runs; `None` for an agent task.
     pub questionnaire: Option<Vec<FormQuestion>>,
+    /// The schedule whose run starts it.
+    pub schedule: Option<Uuid>,
 }
 
 /// What a worker receives when its claim wins.

@@ -16,6 +16,23 @@ pub struct ChatRoute {
     pub origin_message_id: Option<String>,
 }
 
+impl ChatRoute {
+    /// The route of a row's nullable columns; `None` for a row without a chat.
+    pub fn of(
+        platform: &Option<String>,
+        bot_id: &Option<String>,
+        stream: &Option<String>,
+        origin_message_id: &Option<String>,
+    ) -> Option<ChatRoute> {
+        Some(ChatRoute {
+            platform: platform.clone()?,
+            bot_id: bot_id.clone().unwrap_or_default(),
+            stream: stream.clone()?,
+            origin_message_id: origin_message_id.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct TaskRow {
     #[sqlx(try_from = "Uuid")]
@@ -50,6 +67,8 @@ pub struct TaskRow {
     pub pause_requested: bool,
     /// When a paused task stopped.
     pub paused_at: Option<OffsetDateTime>,
+    /// The schedule whose run started it.
+    pub schedule_id: Option<Uuid>,
 }
 
 impl TaskRow {
@@ -88,15 +107,12 @@ impl TaskRow {
     }
 
     pub fn chat(&self) -> Option<ChatRoute> {
-        match (&self.platform, &self.stream) {
-            (Some(platform), Some(stream)) => Some(ChatRoute {
-                platform: platform.clone(),
-                bot_id: self.bot_id.clone().unwrap_or_default(),
-                stream: stream.clone(),
-                origin_message_id: self.origin_message_id.clone(),
-            }),
-            _ => None,
-        }
+        ChatRoute::of(
+            &self.platform,
+            &self.bot_id,
+            &self.stream,
+            &self.origin_message_id,
+        )
     }
 }
 

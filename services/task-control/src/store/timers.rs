@@ -70,12 +70,7 @@ fn route(
     bot_id: &Option<String>,
     stream: &Option<String>,
 ) -> Option<ChatRoute> {
-    Some(ChatRoute {
-        platform: platform.clone()?,
-        bot_id: bot_id.clone().unwrap_or_default(),
-        stream: stream.clone()?,
-        origin_message_id: None,
-    })
+    ChatRoute::of(platform, bot_id, stream, &None)
 }
 
 impl Store {

@@ -14,8 +14,9 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use super::{Error, Store};
 
 /// hark's tables.
-const TABLES: [&str; 8] = [
+const TABLES: [&str; 9] = [
     "tasks",
+    "schedules",
     "questions",
     "question_messages",
     "checkpoints",

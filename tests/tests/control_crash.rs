@@ -1,6 +1,7 @@
 //! task-control killed at the worst instant: after an answer committed, before its run job was
-//! published (started again, it publishes the job exactly once), and after a questionnaire's
-//! answer and next step committed together (nothing is lost or taken twice).
+//! published (started again, it publishes the job exactly once); after a questionnaire's
+//! answer and next step committed together (nothing is lost or taken twice); and after a
+//! schedule's run created its task, before the schedule moved on (the run starts one task).
 
 use std::time::Duration;
 
@@ -226,6 +227,91 @@ async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_afte
     );
     assert!(llm.requests().is_empty(), "no model was called");
     worker.stop().await;
+    control.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn killing_task_control_after_a_scheduled_run_started_its_task_starts_it_once() {
+    let env = Env::new().await;
+    let mut control = env.spawn(&["control"], &[("HARK_FAILPOINT", "schedule.after_task")]);
+    let mut api = env.client().await;
+    let soon = std::time::SystemTime::now() + Duration::from_secs(1);
+    let at = soon
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let made = api
+        .create_task(pb::CreateTaskRequest {
+            owner: "api:dora".into(),
+            goal: "the reminder to water the plants".into(),
+            start_at: Some(prost_types::Timestamp {
+                seconds: at.as_secs() as i64,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("scheduled")
+        .into_inner()
+        .schedule
+        .expect("a schedule");
+
+    // The run creates its task, and task-control dies before the schedule records the run.
+    assert!(
+        !control
+            .exited_within(Duration::from_secs(30))
+            .await
+            .expect("control died at the failpoint")
+            .success()
+    );
+    let count = format!(
+        "SELECT count(*) FROM tasks WHERE schedule_id = '{}'",
+        made.id
+    );
+    assert_eq!(env.sql(&count).await, "1", "the run's task was created");
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT state || ',' || runs FROM schedules WHERE id = '{}'",
+            made.id
+        ))
+        .await,
+        "active,0",
+        "the schedule had not moved on"
+    );
+
+    // Started again, the timer takes the same run and finds the task it started.
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let done = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let listed = api
+                .list_schedules(pb::ListSchedulesRequest {
+                    owner: "api:dora".into(),
+                    include_ended: true,
+                })
+                .await
+                .map(|r| r.into_inner().schedules);
+            if let Ok(schedules) = listed
+                && let Some(s) = schedules
+                    .into_iter()
+                    .find(|s| s.id == made.id && s.state == "done")
+            {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the schedule's one run is recorded");
+    assert_eq!(done.runs, 1);
+    assert_eq!(env.sql(&count).await, "1", "no second task was started");
+    let task = env
+        .sql(&format!(
+            "SELECT id FROM tasks WHERE schedule_id = '{}'",
+            made.id
+        ))
+        .await;
+    assert_eq!(done.last_task_id, task);
     control.stop().await;
     env.cleanup().await;
 }

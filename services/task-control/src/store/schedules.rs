@@ -259,7 +259,10 @@ impl Store {
                     })
                     .await;
                 match created {
-                    Ok(task) => Some(task),
+                    Ok(task) => {
+                        hark_core::failpoint::hit("schedule.after_task");
+                        Some(task)
+                    }
                     Err(Error::TooManyActive { .. }) => {
                         tracing::info!(schedule = %s.id, owner = %s.owner, "skipping a run: its owner has as many tasks as task.max_active_per_owner allows");
                         None

@@ -473,6 +473,7 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             active_limit: 0,
             questionnaire: None,
             schedule: None,
+            priority: 0,
         })
         .await
         .expect("created")

@@ -64,6 +64,9 @@ enum TaskCommand {
         /// The time zone of --cron [default: the server's task.timezone].
         #[arg(long)]
         timezone: Option<String>,
+        /// -100..100: when workers are scarce, higher priorities are claimed first.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
         /// What the task should achieve (for a questionnaire, an optional title).
         #[arg(trailing_var_arg = true)]
         goal: Vec<String>,
@@ -341,6 +344,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             start_in,
             cron,
             timezone,
+            priority,
             goal,
         } => {
             if goal.is_empty() && questionnaire.is_empty() {
@@ -390,6 +394,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     start_at,
                     cron: cron.unwrap_or_default(),
                     timezone: timezone.unwrap_or_default(),
+                    priority,
                 })
                 .await
                 .map_err(explain)?

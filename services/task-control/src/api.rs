@@ -261,6 +261,10 @@ impl TaskService for Api {
             0 => self.shared.config.task.ask_timeout.0,
             s => Duration::from_secs(s.into()),
         };
+        let priority = i16::try_from(request.priority)
+            .ok()
+            .filter(|p| (-100..=100).contains(p))
+            .ok_or_else(|| invalid("priority", "must be between -100 and 100"))?;
         if request.start_at.is_some() || !request.cron.is_empty() {
             if questionnaire.is_some() {
                 return Err(invalid(
@@ -311,6 +315,7 @@ impl TaskService for Api {
                     overlap: Overlap::Skip,
                     request_id: key_field("request_id", &request.request_id)?
                         .map(|id| format!("api:{id}")),
+                    priority,
                 })
                 .await
                 .map_err(status_of)?;
@@ -333,6 +338,7 @@ impl TaskService for Api {
                 active_limit: self.shared.config.task.max_active_per_owner,
                 questionnaire,
                 schedule: None,
+                priority,
             })
             .await
             .map_err(status_of)?;

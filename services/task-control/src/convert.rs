@@ -84,6 +84,7 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         pause_requested: row.pause_requested,
         paused_at: row.paused_at.map(timestamp),
         schedule_id: row.schedule_id.map(|s| s.to_string()).unwrap_or_default(),
+        priority: row.priority.into(),
     }
 }
 
@@ -101,6 +102,7 @@ pub fn schedule(row: &crate::store::ScheduleRow) -> pb::Schedule {
         skipped: row.skipped.max(0) as u32,
         last_task_id: row.last_task.map(|t| t.to_string()).unwrap_or_default(),
         created_at: Some(timestamp(row.created_at)),
+        priority: row.priority.into(),
     }
 }
 

@@ -38,6 +38,7 @@ async fn new_task(store: &Store) -> TaskRow {
             active_limit: 0,
             questionnaire: None,
             schedule: None,
+            priority: 0,
         })
         .await
         .expect("task created")

@@ -27,6 +27,7 @@ fn every_morning(first_run: OffsetDateTime) -> NewSchedule {
         first_run,
         overlap: Overlap::Skip,
         request_id: None,
+        priority: 0,
     }
 }
 

@@ -42,6 +42,7 @@ async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
             active_limit: 0,
             questionnaire: None,
             schedule: None,
+            priority: 0,
         })
         .await
         .expect("task created")
@@ -394,6 +395,7 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         active_limit: 0,
         questionnaire: None,
         schedule: None,
+        priority: 0,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -763,6 +765,7 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         active_limit: 0,
         questionnaire: None,
         schedule: None,
+        priority: 0,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [
@@ -1376,5 +1379,65 @@ async fn keys_written_before_they_named_their_stream_are_rewritten_to_name_it() 
         matches!(again, AnswerOutcome::Duplicate { .. }),
         "{again:?}"
     );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_task_of_a_higher_priority_is_claimed_first_and_every_job_still_finds_a_task() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let with_priority = |priority: i16, goal: &str| NewTask {
+        owner: owner(),
+        goal: goal.into(),
+        chat: None,
+        ask_timeout: Duration::from_secs(600),
+        on_timeout: TimeoutPolicy::Resume,
+        request_id: None,
+        active_limit: 0,
+        questionnaire: None,
+        schedule: None,
+        priority,
+    };
+    let routine = store
+        .create_task(&with_priority(0, "tidy the archive"))
+        .await
+        .expect("task");
+    let later = store
+        .create_task(&with_priority(0, "tidy the attic"))
+        .await
+        .expect("task");
+    let urgent = store
+        .create_task(&with_priority(10, "the server is down"))
+        .await
+        .expect("task");
+    // A worker free for the routine task's job gets the urgent task instead.
+    let first = store
+        .claim(routine.id, routine.generation, "w1", LEASE)
+        .await
+        .expect("a claim");
+    assert_eq!(first.task.id, urgent.id);
+    assert_eq!(
+        first.lease.task, urgent.id,
+        "the lease is for the task claimed"
+    );
+    // The urgent task's own job then finds it taken, and takes the longest pending of the rest.
+    let second = store
+        .claim(urgent.id, urgent.generation, "w2", LEASE)
+        .await
+        .expect("a claim");
+    assert_eq!(second.task.id, routine.id);
+    // Equal priorities keep to the job's own task.
+    let third = store
+        .claim(later.id, later.generation, "w3", LEASE)
+        .await
+        .expect("a claim");
+    assert_eq!(third.task.id, later.id);
+    // With nothing pending, a job left over is refused as before.
+    assert!(matches!(
+        store
+            .claim(routine.id, routine.generation, "w4", LEASE)
+            .await,
+        Err(Error::StaleJob { .. })
+    ));
     db.drop().await;
 }

@@ -13,6 +13,8 @@ pub enum Command {
         on_timeout: Option<TimeoutPolicy>,
         /// When it runs, if not now.
         when: Option<When>,
+        /// `--priority`: high (10), low (-10) or a number in -100..=100.
+        priority: Option<i16>,
         goal: String,
     },
     List {
@@ -110,9 +112,29 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     let mut timeout = None;
     let mut on_timeout = None;
     let mut when = None;
+    let mut priority = None;
     loop {
         let (flag, tail) = split_word(rest);
         match flag {
+            "--priority" => {
+                let (value, tail) = split_word(tail);
+                let parsed = match value.to_ascii_lowercase().as_str() {
+                    "high" | "高" => Some(10),
+                    "normal" | "普通" => Some(0),
+                    "low" | "低" => Some(-10),
+                    n => n.parse::<i16>().ok().filter(|p| (-100..=100).contains(p)),
+                };
+                priority = Some(parsed.ok_or_else(|| {
+                    t.bad_value(
+                        "--priority 的取值",
+                        &format!(
+                            "`{}` is not a priority: give high, low or a number from -100 to 100",
+                            hark_core::domain::ids::shown(value)
+                        ),
+                    )
+                })?);
+                rest = tail;
+            }
             "--in" => {
                 let (value, tail) = split_value(tail);
                 let after: HumanDuration =
@@ -164,13 +186,14 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     if goal.is_empty() {
         return Err(t.usage(
             word,
-            "new [--timeout 30m] [--on-timeout resume|fail|never] [--in 30m | --at 2026-12-24T09:00 | --cron \"0 9 * * 1-5\"] <goal>",
+            "new [--timeout 30m] [--on-timeout resume|fail|never] [--in 30m | --at 2026-12-24T09:00 | --cron \"0 9 * * 1-5\"] [--priority high|low|N] <goal>",
         ));
     }
     Ok(Command::New {
         timeout,
         on_timeout,
         when,
+        priority,
         goal: goal.to_owned(),
     })
 }
@@ -315,6 +338,7 @@ mod tests {
                 timeout: Some(HumanDuration::from_secs(90)),
                 on_timeout: Some(TimeoutPolicy::Fail),
                 when: None,
+                priority: None,
                 goal: "plan a trip".into()
             })
         );
@@ -324,6 +348,7 @@ mod tests {
                 timeout: None,
                 on_timeout: None,
                 when: None,
+                priority: None,
                 goal: "write a poem --timeout 5m".into()
             })
         );

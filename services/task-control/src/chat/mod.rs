@@ -340,6 +340,7 @@ async fn run_command(
             timeout,
             on_timeout,
             when,
+            priority,
             goal,
         } => {
             if role < Role::User {
@@ -364,6 +365,7 @@ async fn run_command(
                     first_run: time::OffsetDateTime::now_utc(),
                     overlap: Overlap::Skip,
                     request_id: inbound.key(),
+                    priority: priority.unwrap_or(0),
                 };
                 return Ok(Some(schedule_task(shared, t, new, when).await?));
             }
@@ -380,6 +382,7 @@ async fn run_command(
                     active_limit: limit,
                     questionnaire: None,
                     schedule: None,
+                    priority: priority.unwrap_or(0),
                 })
                 .await;
             match created {

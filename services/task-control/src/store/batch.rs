@@ -369,15 +369,18 @@ batched!(AnswerLookup, Option<AnswerTarget>, lookups, lookup_batch);
 batched!(AnswerRequest, Option<TaskRow>, answers, answer_batch);
 batched!(CompleteRequest, Option<CasRow>, completions, complete_batch);
 
-impl Store {
-    /// One statement for all of `batch`; the result holds, in order, the row of each claim that
-    /// won.
-    async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
-        let sql = concat!(
-            "WITH c AS (
-                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[])
-                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)
-            ), t AS (
+/// The claim statement: each row of `$candidates` (`c_id`, `c_generation`, `c_worker`,
+/// `c_lease_ms`, `c_ord`) moves its task `pending → running` under a lease when the task is still
+/// at that generation and `$guard` holds, and returns what the worker needs to run it.
+macro_rules! claim_sql {
+    ($candidates:expr, $guard:expr) => {
+        concat!("WITH ", claim_sql!(@ctes $candidates, $guard))
+    };
+    (@ctes $candidates:expr, $guard:expr) => {
+        concat!(
+            "c AS (",
+            $candidates,
+            "), t AS (
                 UPDATE tasks SET
                     state = ", sql_state!(running), ",
                     generation = generation + 1,
@@ -385,10 +388,12 @@ impl Store {
                     worker_id = c.c_worker,
                     lease_until = now() + c.c_lease_ms * interval '1 millisecond',
                     running_since = now(),
-                    finished_at = NULL
+                    finished_at = NULL,
+                    owed = false
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(pending), " AND tasks.generation = c.c_generation
-                RETURNING ",
+                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(pending), " AND tasks.generation = c.c_generation",
+            $guard,
+            " RETURNING ",
             task_columns!(),
             ", c.c_ord
             ), audit AS (
@@ -399,13 +404,89 @@ impl Store {
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
-                        'outcome', outcome, ", sql_event!(answer), ", answer,
+                        'outcome', outcome, 'answer', answer,
                         'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
                  FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
                                           ORDER BY created_at, id), '[]')
                  FROM instructions WHERE task_id = t.id AND consumed_round IS NULL) AS ctx_instructions
             FROM t"
+        )
+    };
+}
+
+impl Store {
+    /// The claim of a job whose own task was not the one to take. Either a task of a higher
+    /// priority is pending while the job's task still is: the best pending task (the highest
+    /// priority, the longest pending among equals) is claimed, and the job's task is marked owed,
+    /// since its job was spent. Or the job's task was taken that way by another task's job: the
+    /// best task owed is claimed. Every task has a job of its own or is owed one, so the jobs do
+    /// not run out before the tasks do; a job with neither case is stale. `None` then.
+    pub(super) async fn claim_best(
+        &self,
+        job: TaskId,
+        job_generation: i64,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<CasRow>, Error> {
+        let sql = concat!(
+            "WITH owing AS (
+                SELECT EXISTS (SELECT 1 FROM tasks j WHERE j.id = $3 AND j.state = ",
+            sql_state!(pending),
+            " AND j.generation = $4) AS displaced
+            ), owe AS (
+                UPDATE tasks SET owed = true
+                WHERE id = $3 AND state = ",
+            sql_state!(pending),
+            " AND generation = $4
+                  AND (SELECT displaced FROM owing)
+                  AND EXISTS (SELECT 1 FROM tasks h WHERE h.state = ",
+            sql_state!(pending),
+            " AND h.priority > tasks.priority)
+            ), ",
+            claim_sql!(@ctes
+                concat!(
+                    "SELECT id AS c_id, generation AS c_generation, $1::text AS c_worker,
+                            $2::bigint AS c_lease_ms, 1::bigint AS c_ord
+                     FROM tasks WHERE state = ",
+                    sql_state!(pending),
+                    " AND id <> $3
+                       AND (owed OR ((SELECT displaced FROM owing)
+                                     AND priority > (SELECT priority FROM tasks WHERE id = $3)))
+                     ORDER BY priority DESC, updated_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+                ),
+                ""
+            )
+        );
+        let row: Option<BatchRow> = sqlx::query_as(sql)
+            .bind(worker)
+            .bind(lease.as_millis() as i64)
+            .bind(job.as_uuid())
+            .bind(job_generation)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| {
+            self.published(vec![self.effects.event(
+                &r.row.task,
+                Event::Claim.as_str(),
+                None,
+            )]);
+            r.row
+        }))
+    }
+
+    /// One statement for all of `batch`; the result holds, in order, the row of each claim that
+    /// won. A claim wins its job's task unless a task of a higher priority is pending (see
+    /// [`Store::claim_best`]).
+    async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
+        let sql = claim_sql!(
+            "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[])
+                WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)",
+            concat!(
+                " AND NOT EXISTS (SELECT 1 FROM tasks h WHERE h.state = ",
+                sql_state!(pending),
+                " AND h.priority > tasks.priority)"
+            )
         );
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
             .bind(column(batch, |r| r.task.as_uuid()))
@@ -498,10 +579,10 @@ impl Store {
             "WITH n AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                      $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
-                                     $17::jsonb[], $18::uuid[])
+                                     $17::jsonb[], $18::uuid[], $19::smallint[])
                     WITH ORDINALITY
                     AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
-                         request_id, active_limit, questionnaire, schedule_id, ord)
+                         request_id, active_limit, questionnaire, schedule_id, priority, ord)
             ), counted AS (
                 SELECT n.*,
                     CASE WHEN n.active_limit = 0 THEN 0 ELSE
@@ -513,9 +594,10 @@ impl Store {
                 FROM n
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
-                                   on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id)
+                                   on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id,
+                                   priority)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
-                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id
+                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
                 ORDER BY ord
@@ -567,6 +649,7 @@ impl Store {
             .bind(column(batch, |r| i64::from(r.new.active_limit)))
             .bind(column(batch, |r| r.new.questionnaire.as_ref().map(Json)))
             .bind(column(batch, |r| r.new.schedule))
+            .bind(column(batch, |r| r.new.priority))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();

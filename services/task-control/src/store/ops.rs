@@ -38,6 +38,8 @@ pub struct NewTask {
     pub questionnaire: Option<Vec<FormQuestion>>,
     /// The schedule whose run starts it.
     pub schedule: Option<Uuid>,
+    /// Claimed before every pending task of a lower priority (`-100..=100`, `0` by default).
+    pub priority: i16,
 }
 
 /// What a worker receives when its claim wins.
@@ -436,9 +438,12 @@ impl Store {
 
     // Worker operations.
 
-    /// Takes a pending task for `worker` if the job's generation is still current. One
-    /// statement decides the claim and returns what the worker needs: the checkpoint, the answer
-    /// (or expiry notice) for its pending ask, and the instructions told meanwhile.
+    /// Takes a pending task for `worker`: the job's own task if its generation is still current
+    /// and no task of a higher priority is pending; else that task of a higher priority, or a
+    /// task this job is owed to (see [`Store::claim_best`]), so the claimed task may not be the
+    /// job's. One statement decides the claim and returns what the worker
+    /// needs: the checkpoint, the answer (or expiry notice) for its pending ask, and the
+    /// instructions told meanwhile.
     pub async fn claim(
         &self,
         task: TaskId,
@@ -446,14 +451,31 @@ impl Store {
         worker: &str,
         lease: Duration,
     ) -> Result<Claimed, Error> {
-        let won = self
-            .decide(super::batch::ClaimRequest {
-                task,
-                generation: job_generation,
-                worker: worker.to_owned(),
-                lease,
-            })
-            .await?;
+        let mut won = None;
+        for _ in 0..3 {
+            won = self
+                .decide(super::batch::ClaimRequest {
+                    task,
+                    generation: job_generation,
+                    worker: worker.to_owned(),
+                    lease,
+                })
+                .await?;
+            if won.is_some() {
+                break;
+            }
+            // The job's own task was not the one to take: a task of a higher priority, or one
+            // this job is owed to, is.
+            won = self.claim_best(task, job_generation, worker, lease).await?;
+            if won.is_some() {
+                break;
+            }
+            // The task of a higher priority went meanwhile: the job's own task is the one again.
+            let current = self.get_task(task).await?;
+            if current.state != TaskState::Pending || current.generation != job_generation {
+                break;
+            }
+        }
         let Some(row) = won else {
             let current = self.get_task(task).await?;
             return Err(match current.state {
@@ -468,7 +490,7 @@ impl Store {
                 },
             });
         };
-        self.routes.remember(task, row.task.chat());
+        self.routes.remember(row.task.id, row.task.chat());
         let rounds: Vec<RoundRow> = row
             .ctx_rounds
             .map(|j| j.0)
@@ -502,7 +524,7 @@ impl Store {
             .and_then(|q| resume_from_json(&q));
         Ok(Claimed {
             lease: Lease {
-                task,
+                task: row.task.id,
                 generation: row.task.generation,
                 worker_id: worker.to_owned(),
             },

@@ -69,6 +69,8 @@ pub struct TaskRow {
     pub paused_at: Option<OffsetDateTime>,
     /// The schedule whose run started it.
     pub schedule_id: Option<Uuid>,
+    /// Claimed before every pending task of a lower priority.
+    pub priority: i16,
 }
 
 impl TaskRow {

@@ -30,6 +30,8 @@ pub struct NewSchedule {
     /// Whether a run starts while the previous run's task has not ended.
     pub overlap: Overlap,
     pub request_id: Option<String>,
+    /// The priority of each run's task.
+    pub priority: i16,
 }
 
 /// What a run does while the task of the run before has not ended.
@@ -74,6 +76,7 @@ pub struct ScheduleRow {
     pub skipped: i32,
     pub last_task: Option<Uuid>,
     pub created_at: OffsetDateTime,
+    pub priority: i16,
 }
 
 impl ScheduleRow {
@@ -97,7 +100,8 @@ impl ScheduleRow {
 }
 
 const COLUMNS: &str = "id, owner, platform, bot_id, stream, origin_message_id, goal, on_timeout, \
-    ask_timeout_s, cron, timezone, overlap, state, next_run, runs, skipped, last_task, created_at";
+    ask_timeout_s, cron, timezone, overlap, state, next_run, runs, skipped, last_task, created_at, \
+    priority";
 
 impl Store {
     /// Creates a schedule; a request id used before returns the schedule it created.
@@ -106,8 +110,8 @@ impl Store {
         let inserted = sqlx::query_as::<_, ScheduleRow>(sqlx::AssertSqlSafe(format!(
             "INSERT INTO schedules (id, owner, platform, bot_id, stream, origin_message_id, goal,
                                     on_timeout, ask_timeout_s, cron, timezone, overlap, next_run,
-                                    request_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                    request_id, priority)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
              ON CONFLICT (request_id) DO NOTHING
              RETURNING {COLUMNS}"
         )))
@@ -126,6 +130,7 @@ impl Store {
         .bind(new.overlap.as_str())
         .bind(new.first_run)
         .bind(new.request_id.as_deref())
+        .bind(new.priority)
         .fetch_optional(&self.pool)
         .await?;
         match inserted {
@@ -256,6 +261,7 @@ impl Store {
                         active_limit,
                         questionnaire: None,
                         schedule: Some(s.id),
+                        priority: s.priority,
                     })
                     .await;
                 match created {

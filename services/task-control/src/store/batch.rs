@@ -482,10 +482,12 @@ impl Store {
         let sql = claim_sql!(
             "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[])
                 WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)",
+            // Once per statement, not per claim: the highest priority pending.
             concat!(
-                " AND NOT EXISTS (SELECT 1 FROM tasks h WHERE h.state = ",
+                " AND tasks.priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
+                                         WHERE h.state = ",
                 sql_state!(pending),
-                " AND h.priority > tasks.priority)"
+                ")"
             )
         );
         let rows: Vec<BatchRow> = sqlx::query_as(sql)

@@ -124,7 +124,12 @@ pub async fn retention(shared: Shared, shutdown: CancellationToken) {
                 Ok(purged) => {
                     tasks += purged.tasks;
                     applied += purged.applied_inbound;
-                    if purged.tasks.max(purged.applied_inbound) < PURGE_BATCH as u64 {
+                    if purged
+                        .tasks
+                        .max(purged.applied_inbound)
+                        .max(purged.schedules)
+                        < PURGE_BATCH as u64
+                    {
                         break;
                     }
                 }

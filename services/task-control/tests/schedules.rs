@@ -224,3 +224,52 @@ async fn a_run_over_the_owners_limit_is_skipped_not_failed() {
     assert_eq!((after.runs, after.skipped), (1, 1));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn an_ended_schedule_is_deleted_after_the_retention_and_an_active_one_never() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let later = OffsetDateTime::now_utc() + Duration::from_secs(3600);
+    let active = store
+        .create_schedule(&every_morning(later))
+        .await
+        .expect("schedule");
+    let ended = store
+        .create_schedule(&every_morning(later))
+        .await
+        .expect("schedule");
+    store.cancel_schedule(ended.id).await.expect("cancel");
+    let keep = Duration::from_secs(30 * 86_400);
+    assert_eq!(
+        store
+            .purge_finished(keep, 100)
+            .await
+            .expect("purge")
+            .schedules,
+        0
+    );
+    sqlx::query(
+        "UPDATE schedules SET ended_at = ended_at - interval '40 days',
+                              created_at = created_at - interval '40 days'",
+    )
+    .execute(store.pool())
+    .await
+    .expect("aged");
+    assert_eq!(
+        store
+            .purge_finished(keep, 100)
+            .await
+            .expect("purge")
+            .schedules,
+        1
+    );
+    let left: Vec<uuid::Uuid> = store
+        .list_schedules(None, true, 100)
+        .await
+        .expect("schedules")
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(left, [active.id]);
+    db.drop().await;
+}

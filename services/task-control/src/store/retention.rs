@@ -1,6 +1,7 @@
 //! Retention: a finished task is kept for `task.retention` after it ended, then deleted with
 //! everything it owns (its rounds, questions, told instructions and audit rows go with it by
-//! their foreign keys). The record of which inbound messages were applied is kept as long.
+//! their foreign keys). The record of which inbound messages were applied is kept as long, and
+//! so is a schedule after it ended.
 
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use super::{Error, Store};
 pub struct Purged {
     pub tasks: u64,
     pub applied_inbound: u64,
+    /// Schedules that ended (done or cancelled).
+    pub schedules: u64,
 }
 
 impl Store {
@@ -59,9 +62,25 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        let schedules = sqlx::query(
+            "WITH due AS (
+                SELECT id FROM schedules
+                WHERE state <> 'active' AND ended_at < now() - $1 * interval '1 millisecond'
+                ORDER BY ended_at
+                LIMIT $2
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM schedules USING due WHERE schedules.id = due.id",
+        )
+        .bind(keep_ms)
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
         Ok(Purged {
             tasks,
             applied_inbound,
+            schedules,
         })
     }
 }

@@ -202,7 +202,7 @@ impl Store {
     /// Cancels a schedule: no run starts after this. A task a run already started goes on.
     pub async fn cancel_schedule(&self, id: Uuid) -> Result<ScheduleRow, Error> {
         let cancelled = sqlx::query_as::<_, ScheduleRow>(sqlx::AssertSqlSafe(format!(
-            "UPDATE schedules SET state = 'cancelled', next_run = NULL
+            "UPDATE schedules SET state = 'cancelled', next_run = NULL, ended_at = now()
              WHERE id = $1 AND state = 'active' RETURNING {COLUMNS}"
         )))
         .bind(id)
@@ -292,6 +292,7 @@ impl Store {
             sqlx::query(
                 "UPDATE schedules SET next_run = $2,
                      state = CASE WHEN $2::timestamptz IS NULL THEN 'done' ELSE 'active' END,
+                     ended_at = CASE WHEN $2::timestamptz IS NULL THEN now() END,
                      runs = runs + $3, skipped = skipped + $4,
                      last_task = coalesce($5, last_task)
                  WHERE id = $1",

@@ -214,6 +214,15 @@ fn explain(status: Status) -> anyhow::Error {
     anyhow::anyhow!("{}{hint}", status.message())
 }
 
+/// Prints `task` as JSON with `--json`, else the line `said` makes of it.
+fn report(json_out: bool, task: &pb::Task, said: impl FnOnce(&pb::Task) -> String) {
+    if json_out {
+        println!("{}", task_json(task));
+    } else {
+        println!("{}", said(task));
+    }
+}
+
 fn state_name(state: i32) -> &'static str {
     pb::TaskState::try_from(state)
         .ok()
@@ -514,11 +523,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .task
                 .context("the server returned no task")?;
-            if json_out {
-                println!("{}", task_json(&task));
-            } else {
-                println!("cancelled {}", task.id);
-            }
+            report(json_out, &task, |t| format!("cancelled {}", t.id));
         }
         TaskCommand::Pause { id } => {
             let task = api
@@ -528,13 +533,13 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .task
                 .context("the server returned no task")?;
-            if json_out {
-                println!("{}", task_json(&task));
-            } else if task.pause_requested {
-                println!("{} pauses at the end of its round", task.id);
-            } else {
-                println!("paused {}", task.id);
-            }
+            report(json_out, &task, |t| {
+                if t.pause_requested {
+                    format!("{} pauses at the end of its round", t.id)
+                } else {
+                    format!("paused {}", t.id)
+                }
+            });
         }
         TaskCommand::Resume { id } => {
             let task = api
@@ -544,11 +549,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .task
                 .context("the server returned no task")?;
-            if json_out {
-                println!("{}", task_json(&task));
-            } else {
-                println!("resumed {}", task.id);
-            }
+            report(json_out, &task, |t| format!("resumed {}", t.id));
         }
         TaskCommand::Answer {
             id,

@@ -32,14 +32,6 @@ impl Languages {
         }
     }
 
-    /// One language for every chat.
-    pub fn only(language: Language) -> Self {
-        Self {
-            language: Some(language),
-            context_label: String::new(),
-        }
-    }
-
     /// The texts of chats on `platform`.
     pub fn of(&self, platform: &str) -> Texts {
         Texts {

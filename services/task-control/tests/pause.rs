@@ -6,93 +6,28 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestDb;
-use hark_control::store::{Answer, AskInput, ChatRoute, Error, NewTask, Store, TaskRow};
-use hark_core::{
-    codec,
-    domain::{Owner, QuestionOutcome, TaskState, TimeoutPolicy},
+use common::{
+    TestDb,
+    tasks::{LEASE, answer, ask_input, group_chat, new_task, run_jobs, waiting_task},
 };
+use hark_control::store::{Error, Store, TaskRow};
+use hark_core::domain::{QuestionOutcome, TaskState};
 use hark_proto::v1 as pb;
 use serde_json::json;
 
-const LEASE: Duration = Duration::from_secs(30);
-
-fn owner() -> Owner {
-    "qq:10001".parse().expect("owner")
-}
-
-async fn new_task(store: &Store) -> TaskRow {
-    store
-        .create_task(&NewTask {
-            owner: owner(),
-            goal: "plan a trip".into(),
-            chat: Some(ChatRoute {
-                platform: "qq".into(),
-                bot_id: "42".into(),
-                stream: "group:777".into(),
-                origin_message_id: Some("m-1".into()),
-            }),
-            ask_timeout: Duration::from_secs(600),
-            on_timeout: TimeoutPolicy::Resume,
-            request_id: None,
-            active_limit: 0,
-            questionnaire: None,
-            schedule: None,
-            priority: 0,
-        })
+/// The run jobs in the outbox for `task`, as (generation, reason).
+async fn jobs_of(store: &Store, task: &TaskRow) -> Vec<(u64, i32)> {
+    run_jobs(store)
         .await
-        .expect("task created")
-}
-
-fn ask_input(round: i32) -> AskInput {
-    AskInput {
-        round,
-        messages: json!([{"role": "assistant", "content": null, "tool_calls": [{"id": "call-1",
-            "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]),
-        consumed_instructions: vec![],
-        tool_call_id: "call-1".into(),
-        question: "Which city?".into(),
-        context: String::new(),
-        timeout: None,
-        choices: vec![],
-    }
-}
-
-fn answer(text: &str) -> Answer {
-    Answer {
-        answerer: "qq:10001".into(),
-        text: text.into(),
-        inbound_key: Some(format!("qq:42:{text}")),
-    }
-}
-
-/// The run jobs in the outbox, as (generation, reason), for `task`.
-async fn run_jobs(store: &Store, task: &TaskRow) -> Vec<(u64, i32)> {
-    store
-        .outbox_batch(10_000)
-        .await
-        .expect("outbox")
         .into_iter()
-        .filter(|e| e.subject == store.names().task_run())
-        .filter_map(|e| {
-            let job: pb::RunJob = codec::decode(&e.payload).expect("run job decodes");
-            (job.task_id == task.id.to_string()).then_some((job.generation, job.reason))
-        })
+        .filter(|(id, _, _)| *id == task.id.to_string())
+        .map(|(_, generation, reason)| (generation, reason))
         .collect()
 }
 
 /// A task claimed by `w1` that asked "Which city?".
 async fn waiting(store: &Store) -> TaskRow {
-    let task = new_task(store).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
-    store
-        .ask(&claimed.lease, &ask_input(1))
-        .await
-        .expect("ask succeeds");
-    store.get_task(task.id).await.expect("task")
+    waiting_task(store).await.0
 }
 
 #[tokio::test]
@@ -104,7 +39,7 @@ async fn a_paused_question_keeps_its_answer_and_the_task_runs_only_once_resumed(
     assert_eq!(paused.state, TaskState::Paused);
     assert!(paused.paused_at.is_some());
     assert!(paused.worker_id.is_none(), "a paused task holds no worker");
-    let jobs_before = run_jobs(store, &task).await;
+    let jobs_before = jobs_of(store, &task).await;
 
     // The owner answers while it is paused: the answer is recorded, and nothing runs.
     let question = store
@@ -113,7 +48,7 @@ async fn a_paused_question_keeps_its_answer_and_the_task_runs_only_once_resumed(
         .expect("read")
         .expect("the question stays open while paused");
     store
-        .answer(question.id, &answer("Paris"))
+        .answer(question.id, &answer("Paris", "qq:42:group:777:m-7"))
         .await
         .expect("an answer to a paused task is recorded");
     let after = store.get_task(task.id).await.expect("task");
@@ -122,7 +57,7 @@ async fn a_paused_question_keeps_its_answer_and_the_task_runs_only_once_resumed(
     assert_eq!(q.outcome, QuestionOutcome::Answered);
     assert_eq!(q.answer.as_deref(), Some("Paris"));
     assert_eq!(
-        run_jobs(store, &task).await,
+        jobs_of(store, &task).await,
         jobs_before,
         "no run is queued while paused"
     );
@@ -131,7 +66,7 @@ async fn a_paused_question_keeps_its_answer_and_the_task_runs_only_once_resumed(
     let resumed = store.resume(task.id, "qq:10001").await.expect("resume");
     assert_eq!(resumed.state, TaskState::Pending);
     assert!(resumed.paused_at.is_none());
-    let jobs = run_jobs(store, &task).await;
+    let jobs = jobs_of(store, &task).await;
     assert!(
         jobs.contains(&(resumed.generation as u64, pb::RunReason::Unpause as i32)),
         "{jobs:?}"
@@ -223,7 +158,7 @@ async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
 async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store).await;
+    let task = new_task(store, Some(group_chat())).await;
     let claimed = store
         .claim(task.id, task.generation, "w1", LEASE)
         .await
@@ -255,7 +190,7 @@ async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
         .await
         .expect("checkpoint under the lease");
     assert!(pause, "the checkpoint tells the worker to pause");
-    let jobs_before = run_jobs(store, &task).await;
+    let jobs_before = jobs_of(store, &task).await;
     let paused = store
         .release(&claimed.lease, "paused by its owner")
         .await
@@ -263,7 +198,7 @@ async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
     assert_eq!(paused.state, TaskState::Paused);
     assert!(!paused.pause_requested);
     assert!(paused.worker_id.is_none() && paused.lease_until.is_none());
-    assert_eq!(run_jobs(store, &task).await, jobs_before, "no run queued");
+    assert_eq!(jobs_of(store, &task).await, jobs_before, "no run queued");
 
     let resumed = store.resume(task.id, "api").await.expect("resume");
     assert_eq!(resumed.state, TaskState::Pending);
@@ -279,14 +214,14 @@ async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
 async fn an_ask_while_a_pause_waits_asks_and_pauses() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store).await;
+    let task = new_task(store, Some(group_chat())).await;
     let claimed = store
         .claim(task.id, task.generation, "w1", LEASE)
         .await
         .expect("claim wins");
     store.pause(task.id, "api").await.expect("pause requested");
     let question = store
-        .ask(&claimed.lease, &ask_input(1))
+        .ask(&claimed.lease, &ask_input(1, "call-1"))
         .await
         .expect("the ask is taken");
     let now = store.get_task(task.id).await.expect("task");
@@ -305,7 +240,7 @@ async fn an_ask_while_a_pause_waits_asks_and_pauses() {
 async fn a_resume_before_the_boundary_withdraws_the_pause() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store).await;
+    let task = new_task(store, Some(group_chat())).await;
     let claimed = store
         .claim(task.id, task.generation, "w1", LEASE)
         .await
@@ -326,7 +261,7 @@ async fn a_resume_before_the_boundary_withdraws_the_pause() {
 async fn a_queued_task_pauses_at_once_and_its_old_job_is_refused() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store).await;
+    let task = new_task(store, Some(group_chat())).await;
     let paused = store.pause(task.id, "api").await.expect("pause");
     assert_eq!(paused.state, TaskState::Paused);
     assert!(
@@ -379,7 +314,7 @@ async fn a_paused_task_is_cancelled_with_its_question() {
 async fn a_lost_lease_with_a_pause_waiting_pauses_instead_of_queueing() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store).await;
+    let task = new_task(store, Some(group_chat())).await;
     store
         .claim(task.id, task.generation, "w1", LEASE)
         .await
@@ -390,11 +325,11 @@ async fn a_lost_lease_with_a_pause_waiting_pauses_instead_of_queueing() {
         .execute(store.pool())
         .await
         .expect("lease lapsed");
-    let jobs_before = run_jobs(store, &task).await;
+    let jobs_before = jobs_of(store, &task).await;
     assert_eq!(store.recover_leases(3, 100).await.expect("sweep"), 1);
     let now = store.get_task(task.id).await.expect("task");
     assert_eq!(now.state, TaskState::Paused);
     assert_eq!(now.attempt, 2, "the lost run counts");
-    assert_eq!(run_jobs(store, &task).await, jobs_before);
+    assert_eq!(jobs_of(store, &task).await, jobs_before);
     db.drop().await;
 }

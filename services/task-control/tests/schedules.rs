@@ -6,14 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::TestDb;
+use common::{TestDb, tasks::owner};
 use hark_control::store::{NewSchedule, Overlap, ScheduleRow, Store};
-use hark_core::domain::{Owner, TaskState, TimeoutPolicy, schedule::Cron};
+use hark_core::domain::{TaskState, TimeoutPolicy, schedule::Cron};
 use time::OffsetDateTime;
-
-fn owner() -> Owner {
-    "qq:10001".parse().expect("owner")
-}
 
 fn every_morning(first_run: OffsetDateTime) -> NewSchedule {
     NewSchedule {

@@ -4,101 +4,20 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use common::TestDb;
-use hark_control::store::{
-    Answer, AnswerOutcome, AskInput, ChatRoute, Error, Lease, NewTask, Store, TaskFilter, TaskRow,
+use common::{
+    TestDb,
+    tasks::{
+        LEASE, answer, ask_input, group_chat, new_task, new_task_spec, owner, run_jobs,
+        waiting_task,
+    },
 };
+use hark_control::store::{AnswerOutcome, Error, Lease, NewTask, Store, TaskFilter};
 use hark_core::{
     codec,
-    domain::{Owner, QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
+    domain::{QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
 };
 use hark_proto::v1 as pb;
 use serde_json::json;
-
-const LEASE: Duration = Duration::from_secs(30);
-
-fn owner() -> Owner {
-    "qq:10001".parse().expect("owner")
-}
-
-fn group_chat() -> ChatRoute {
-    ChatRoute {
-        platform: "qq".into(),
-        bot_id: "42".into(),
-        stream: "group:777".into(),
-        origin_message_id: Some("m-1".into()),
-    }
-}
-
-async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
-    store
-        .create_task(&NewTask {
-            owner: owner(),
-            goal: "plan a trip".into(),
-            chat,
-            ask_timeout: Duration::from_secs(600),
-            on_timeout: TimeoutPolicy::Resume,
-            request_id: None,
-            active_limit: 0,
-            questionnaire: None,
-            schedule: None,
-            priority: 0,
-        })
-        .await
-        .expect("task created")
-}
-
-/// Creates a task, claims it and makes it ask; returns the task's lease and the question id.
-async fn waiting_task(store: &Store) -> (TaskRow, hark_core::domain::QuestionId) {
-    let task = new_task(store, Some(group_chat())).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
-    let question = store
-        .ask(&claimed.lease, &ask_input(1, "call-1"))
-        .await
-        .expect("ask succeeds");
-    (store.get_task(task.id).await.expect("task"), question.id)
-}
-
-fn ask_input(round: i32, call: &str) -> AskInput {
-    AskInput {
-        round,
-        messages: json!([{"role": "assistant", "content": null, "tool_calls": [{"id": call, "type": "function",
-            "function": {"name": "ask_user", "arguments": "{\"question\":\"Which city?\"}"}}],
-            "reasoning_content": "provider extra kept as is"}]),
-        consumed_instructions: vec![],
-        tool_call_id: call.into(),
-        question: "Which city?".into(),
-        context: "for the weather".into(),
-        timeout: None,
-        choices: vec![],
-    }
-}
-
-fn answer(text: &str, key: &str) -> Answer {
-    Answer {
-        answerer: "qq:10001".into(),
-        text: text.into(),
-        inbound_key: Some(key.into()),
-    }
-}
-
-/// Every run job in the outbox, as (task id, generation, reason).
-async fn run_jobs(store: &Store) -> Vec<(String, u64, i32)> {
-    store
-        .outbox_batch(10_000)
-        .await
-        .expect("outbox")
-        .into_iter()
-        .filter(|e| e.subject == store.names().task_run())
-        .map(|e| {
-            let job: pb::RunJob = codec::decode(&e.payload).expect("run job decodes");
-            (job.task_id, job.generation, job.reason)
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn connecting_creates_a_missing_database_and_migrating_twice_is_harmless() {
@@ -1387,16 +1306,9 @@ async fn a_task_of_a_higher_priority_is_claimed_first_and_every_job_still_finds_
     let db = TestDb::new().await;
     let store = &db.store;
     let with_priority = |priority: i16, goal: &str| NewTask {
-        owner: owner(),
         goal: goal.into(),
-        chat: None,
-        ask_timeout: Duration::from_secs(600),
-        on_timeout: TimeoutPolicy::Resume,
-        request_id: None,
-        active_limit: 0,
-        questionnaire: None,
-        schedule: None,
         priority,
+        ..new_task_spec(None)
     };
     let routine = store
         .create_task(&with_priority(0, "tidy the archive"))

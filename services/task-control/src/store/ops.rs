@@ -451,9 +451,11 @@ impl Store {
         worker: &str,
         lease: Duration,
     ) -> Result<Claimed, Error> {
-        let mut won = None;
-        for _ in 0..3 {
-            won = self
+        // The job's own task; when it is not the one to take, a task of a higher priority or
+        // one this job is owed to; when that went meanwhile, the job's own task again.
+        let mut attempts = 0;
+        let row = loop {
+            let own = self
                 .decide(super::batch::ClaimRequest {
                     task,
                     generation: job_generation,
@@ -461,23 +463,20 @@ impl Store {
                     lease,
                 })
                 .await?;
-            if won.is_some() {
-                break;
+            if let Some(row) = own {
+                break row;
             }
-            // The job's own task was not the one to take: a task of a higher priority, or one
-            // this job is owed to, is.
-            won = self.claim_best(task, job_generation, worker, lease).await?;
-            if won.is_some() {
-                break;
+            if let Some(row) = self.claim_best(task, job_generation, worker, lease).await? {
+                break row;
             }
-            // The task of a higher priority went meanwhile: the job's own task is the one again.
             let current = self.get_task(task).await?;
-            if current.state != TaskState::Pending || current.generation != job_generation {
-                break;
+            attempts += 1;
+            if current.state == TaskState::Pending
+                && current.generation == job_generation
+                && attempts < 3
+            {
+                continue;
             }
-        }
-        let Some(row) = won else {
-            let current = self.get_task(task).await?;
             return Err(match current.state {
                 TaskState::Cancelled => Error::Cancelled {
                     task: task.to_string(),

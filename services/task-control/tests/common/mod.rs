@@ -53,3 +53,4 @@ impl TestDb {
 }
 
 pub mod control;
+pub mod tasks;

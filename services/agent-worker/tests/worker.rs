@@ -641,3 +641,49 @@ async fn a_running_task_paused_stops_at_its_round_boundary_and_goes_on_from_ther
     );
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn with_every_worker_busy_the_task_of_the_higher_priority_runs_first() {
+    let llm = llm(vec![Step::say("blocker done")]).await;
+    // The only slot is busy until the two tasks below are queued.
+    llm.hold("default");
+    llm.set_script("low", Script::new(vec![Step::say("low done")]));
+    llm.set_script("high", Script::new(vec![Step::say("high done")]));
+    let mut bed = Bed::start(llm, |c| c.worker.concurrency = 1).await;
+    bed.add_worker("w1").await;
+    let blocker = bed.create("api:alice", "hold the only slot", |_| {}).await;
+    bed.llm
+        .wait_for(WAIT, |_| true)
+        .await
+        .expect("the blocker's call is in flight");
+    let low = bed
+        .create("api:alice", "[script:low] routine work", |_| {})
+        .await;
+    let high = bed
+        .create("api:alice", "[script:high] urgent work", |r| {
+            r.priority = 10
+        })
+        .await;
+    bed.llm.release("default");
+    for id in [&blocker, &low, &high] {
+        bed.wait_state(id, pb::TaskState::Completed, WAIT).await;
+    }
+    // The LLM saw the blocker, then the urgent task, though the routine one was queued first.
+    let goals: Vec<String> = bed
+        .llm
+        .requests()
+        .iter()
+        .map(|r| r.body["messages"].to_string())
+        .collect();
+    let position = |goal: &str| {
+        goals
+            .iter()
+            .position(|m| m.contains(goal))
+            .unwrap_or_else(|| panic!("no request for {goal}: {goals:?}"))
+    };
+    assert!(
+        position("urgent work") < position("routine work"),
+        "{goals:?}"
+    );
+    bed.stop().await;
+}

@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Settings, forward, http, onebot::conn::Hub, ws};
+use crate::{Settings, forward, http, hub::Hub, ws};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -66,7 +66,7 @@ impl App {
         }
         let nats = bus::connect_in_background(&config.nats, "hark gateway").await?;
         let shutdown = CancellationToken::new();
-        let (hub, queue) = Hub::new(crate::onebot::conn::Parts {
+        let (hub, queue) = Hub::new(crate::hub::Parts {
             nats,
             names,
             settings: Settings::from_config(&config.gateway),

@@ -10,7 +10,10 @@ use tokio_tungstenite::tungstenite::{
     Message, client::IntoClientRequest, protocol::WebSocketConfig,
 };
 
-use crate::onebot::conn::{Frames, Hub, Incoming, write_frames};
+use crate::{
+    hub::Hub,
+    onebot::conn::{self, Frames, Incoming, write_frames},
+};
 
 /// Keeps one forward connection up until shutdown.
 pub async fn keep_connected(hub: Arc<Hub>, url: String) {
@@ -74,7 +77,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     tracing::info!(url, bot = self_id, "forward OneBot connection up");
 
     let platform = hub.settings.platform.clone();
-    let (bot, outgoing) = hub.attach(&platform, &self_id);
+    let (bot, outgoing) = conn::attach(hub, &platform, &self_id);
     let (tx, rx) = mpsc::channel(256);
     let _ = tx.send(Incoming::Text(first_text)).await;
     let writer = tokio::spawn(write_frames(
@@ -118,7 +121,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
             .send(Incoming::Closed("the bot closed the connection".into()))
             .await;
     });
-    hub.clone().serve(bot, rx).await;
+    conn::serve(hub.clone(), bot, rx).await;
     reader.abort();
     let _ = writer.await;
     Ok(())

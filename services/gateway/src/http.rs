@@ -21,8 +21,9 @@ use axum::{
         sse::{Event, KeepAlive, Sse},
     },
 };
+use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
-use hark_core::{bus, domain::StreamId};
+use hark_core::{bus, domain::StreamId, secret::Secret};
 use hark_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -30,8 +31,9 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    onebot::conn::Hub,
-    outbound::{self, SendError},
+    hub::Hub,
+    outbound,
+    platform::{Inbound, Platform, SendError},
 };
 
 /// An inbound message as an app sends it.
@@ -113,6 +115,155 @@ fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
 }
 
+/// The HTTP adapter as a [`Platform`]: it speaks for the platforms of `gateway.http.platforms`,
+/// and sends the messages of the bots of `gateway.http.bots` to the webhook or, without one, to
+/// the clients of the outbound stream.
+#[derive(Debug)]
+pub struct Adapter {
+    platforms: Vec<String>,
+    webhook: Option<Webhook>,
+    /// Subscribers of the outbound stream, per bot.
+    streams: Streams,
+}
+
+#[derive(Debug)]
+struct Webhook {
+    /// `None` when no client could be built; every send then says why.
+    client: Option<reqwest::Client>,
+    url: String,
+    token: Secret,
+}
+
+/// Why the adapter refused a message: the status to answer with, and what to tell the app.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Adapter {
+    pub fn new(settings: &crate::Settings) -> Self {
+        let webhook = (!settings.webhook_url.is_empty()).then(|| Webhook {
+            client: reqwest::Client::builder()
+                .timeout(settings.send_timeout)
+                .build()
+                .inspect_err(|e| tracing::error!(error = %e, "cannot build the webhook client"))
+                .ok(),
+            url: settings.webhook_url.clone(),
+            token: settings.http_token.clone(),
+        });
+        Self {
+            platforms: settings.http_platforms.clone(),
+            webhook,
+            streams: Streams::default(),
+        }
+    }
+}
+
+impl Platform for Adapter {
+    type Delivery = [u8];
+    type Other = Infallible;
+    type Refusal = Refusal;
+
+    fn normalise(&self, body: &[u8]) -> Result<Inbound<Infallible>, Refusal> {
+        let refuse = |status, message: String| Refusal { status, message };
+        let field =
+            |name: &str, why: String| refuse(StatusCode::BAD_REQUEST, format!("{name}: {why}"));
+        let inbound: InboundJson = serde_json::from_slice(body).map_err(|e| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a valid message: {e}"),
+            )
+        })?;
+        bus::token(&inbound.platform).map_err(|e| field("platform", e.to_string()))?;
+        // The adapter speaks only for its own platforms: never as a OneBot bot's user.
+        if !self.platforms.contains(&inbound.platform) {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "platform: `{}` is not one of gateway.http.platforms ({}); this adapter does not speak for it",
+                    hark_core::domain::ids::shown(&inbound.platform),
+                    self.platforms.join(", ")
+                ),
+            ));
+        }
+        bus::token(&inbound.bot_id).map_err(|e| field("bot_id", e.to_string()))?;
+        inbound
+            .stream
+            .parse::<StreamId>()
+            .map_err(|e| field("stream", e.to_string()))?;
+        if inbound.sender.user_id.trim().is_empty() {
+            return Err(field("sender.user_id", "must not be empty".into()));
+        }
+        if inbound.message_id.trim().is_empty() {
+            return Err(field(
+                "message_id",
+                "must not be empty: it is how duplicates are dropped".into(),
+            ));
+        }
+        let received = crate::onebot::event::now();
+        Ok(Inbound::Message(Box::new(pb::ChatMessage {
+            version: hark_proto::WIRE_VERSION,
+            platform: inbound.platform,
+            bot_id: inbound.bot_id,
+            stream: inbound.stream,
+            sender: Some(pb::Sender {
+                user_id: inbound.sender.user_id,
+                nickname: inbound.sender.nickname,
+            }),
+            text: inbound.text,
+            quoted_message_id: inbound.quoted_message_id,
+            quoted_text: inbound.quoted_text,
+            quoted_sender: inbound.quoted_sender,
+            mentions: inbound.mentions,
+            mentions_bot: inbound.mentions_bot,
+            time: Some(prost_types::Timestamp {
+                seconds: received.seconds,
+                nanos: 0,
+            }),
+            message_id: inbound.message_id,
+            received_at: Some(received),
+        })))
+    }
+
+    fn send(
+        &self,
+        message: pb::OutboundMessage,
+    ) -> BoxFuture<'_, Result<Option<String>, SendError>> {
+        Box::pin(async move {
+            let Some(webhook) = &self.webhook else {
+                return self.streams.send(&message);
+            };
+            let url = &webhook.url;
+            let client = webhook.client.as_ref().ok_or_else(|| {
+                SendError::Retry(format!(
+                    "no HTTP client for the webhook {url} (see the error at startup)"
+                ))
+            })?;
+            let mut request = client.post(url).json(&OutboundJson::from(&message));
+            if !webhook.token.is_empty() {
+                request = request.bearer_auth(webhook.token.expose());
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| SendError::Retry(format!("webhook {url}: {e}")))?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(SendError::Retry(format!("webhook {url} answered {status}")));
+            }
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            Ok(crate::platform::message_id(body.get("message_id")))
+        })
+    }
+}
+
 /// `POST /api/v1/messages`.
 pub async fn post_message(
     State(hub): State<Arc<Hub>>,
@@ -122,78 +273,16 @@ pub async fn post_message(
     if let Err(response) = check_token(&hub, &headers) {
         return *response;
     }
-    let inbound: InboundJson = match serde_json::from_slice(&body) {
-        Ok(m) => m,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("the body is not a valid message: {e}"),
-            );
-        }
+    let message = match hub.http.normalise(&body) {
+        Ok(Inbound::Message(message)) => message,
+        Err(refusal) => return error(refusal.status, refusal.message),
     };
-    let field = |name: &str, why: String| error(StatusCode::BAD_REQUEST, format!("{name}: {why}"));
-    if let Err(e) = bus::token(&inbound.platform) {
-        return field("platform", e.to_string());
-    }
-    // The adapter speaks only for its own platforms: never as a OneBot bot's user.
-    if !hub.settings.http_platforms.contains(&inbound.platform) {
-        return error(
-            StatusCode::FORBIDDEN,
-            format!(
-                "platform: `{}` is not one of gateway.http.platforms ({}); this adapter does not speak for it",
-                hark_core::domain::ids::shown(&inbound.platform),
-                hub.settings.http_platforms.join(", ")
-            ),
-        );
-    }
-    if let Err(e) = bus::token(&inbound.bot_id) {
-        return field("bot_id", e.to_string());
-    }
-    if let Err(e) = inbound.stream.parse::<StreamId>() {
-        return field("stream", e.to_string());
-    }
-    if inbound.sender.user_id.trim().is_empty() {
-        return field("sender.user_id", "must not be empty".into());
-    }
-    if inbound.message_id.trim().is_empty() {
-        return field(
-            "message_id",
-            "must not be empty: it is how duplicates are dropped".into(),
-        );
-    }
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
     // A client that traces its requests continues its trace through hark.
     let trace = headers
         .get(hark_core::trace::HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(hark_core::trace::TraceContext::parse);
-    let published = hub
-        .publish_now(
-            pb::ChatMessage {
-                version: hark_proto::WIRE_VERSION,
-                platform: inbound.platform,
-                bot_id: inbound.bot_id,
-                stream: inbound.stream,
-                sender: Some(pb::Sender {
-                    user_id: inbound.sender.user_id,
-                    nickname: inbound.sender.nickname,
-                }),
-                text: inbound.text,
-                quoted_message_id: inbound.quoted_message_id,
-                quoted_text: inbound.quoted_text,
-                quoted_sender: inbound.quoted_sender,
-                mentions: inbound.mentions,
-                mentions_bot: inbound.mentions_bot,
-                time: Some(prost_types::Timestamp {
-                    seconds: now,
-                    nanos: 0,
-                }),
-                message_id: inbound.message_id,
-                received_at: Some(crate::onebot::event::now()),
-            },
-            trace,
-        )
-        .await;
+    let published = hub.publish_now(*message, trace).await;
     match published {
         // Accepted only once JetStream has it: a 202 is a promise.
         Ok(()) => (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response(),
@@ -224,6 +313,23 @@ struct StreamBot {
     delivering: CancellationToken,
 }
 
+impl Streams {
+    /// Hands `message` to the subscribers of its bot's stream; offline when there are none.
+    fn send(&self, message: &pb::OutboundMessage) -> Result<Option<String>, SendError> {
+        let route = message.route.clone().unwrap_or_default();
+        let tx = self
+            .bots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(route.platform, route.bot_id))
+            .map(|bot| bot.tx.clone());
+        match tx {
+            Some(tx) if tx.send(OutboundJson::from(message)).is_ok() => Ok(None),
+            _ => Err(SendError::Offline),
+        }
+    }
+}
+
 /// Drops a subscription when its SSE stream ends.
 struct Subscription {
     hub: Arc<Hub>,
@@ -234,6 +340,7 @@ impl Drop for Subscription {
     fn drop(&mut self) {
         let mut bots = self
             .hub
+            .http
             .streams
             .bots
             .lock()
@@ -278,7 +385,12 @@ pub async fn stream(
         ));
     }
     let rx = {
-        let mut bots = hub.streams.bots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bots = hub
+            .http
+            .streams
+            .bots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let bot = bots.entry(key.clone()).or_insert_with(|| StreamBot {
             tx: broadcast::channel(256).0,
             subscribers: 0,
@@ -287,21 +399,12 @@ pub async fn stream(
         bot.subscribers += 1;
         let rx = bot.tx.subscribe();
         if bot.subscribers == 1 {
-            let tx = bot.tx.clone();
             tokio::spawn(outbound::run(
                 hub.clone(),
+                hub.http.clone(),
                 key.0.clone(),
                 key.1.clone(),
                 bot.delivering.clone(),
-                move |message| {
-                    let tx = tx.clone();
-                    async move {
-                        match tx.send(OutboundJson::from(&message)) {
-                            Ok(_) => Ok(None),
-                            Err(_) => Err(SendError::Offline),
-                        }
-                    }
-                },
             ));
         }
         rx
@@ -323,41 +426,6 @@ pub async fn stream(
 
 /// Delivers one HTTP bot's messages to the webhook until shutdown.
 pub async fn webhook(hub: Arc<Hub>, platform: String, bot_id: String) {
-    let client = match reqwest::Client::builder()
-        .timeout(hub.settings.send_timeout)
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the webhook client");
-            return;
-        }
-    };
-    let url = hub.settings.webhook_url.clone();
-    let token = hub.settings.http_token.clone();
     let closed = hub.shutdown.clone();
-    outbound::run(hub, platform, bot_id, closed, move |message| {
-        let (client, url, token) = (client.clone(), url.clone(), token.clone());
-        async move {
-            let mut request = client.post(&url).json(&OutboundJson::from(&message));
-            if !token.is_empty() {
-                request = request.bearer_auth(token.expose());
-            }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| SendError::Retry(format!("webhook {url}: {e}")))?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(SendError::Retry(format!("webhook {url} answered {status}")));
-            }
-            let body: Value = response.json().await.unwrap_or(Value::Null);
-            Ok(body.get("message_id").and_then(|v| match v {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            }))
-        }
-    })
-    .await;
+    outbound::run(hub.clone(), hub.http.clone(), platform, bot_id, closed).await;
 }

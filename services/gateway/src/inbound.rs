@@ -1,11 +1,11 @@
 //! Inbound chat messages, from the moment a bot's frame is parsed to JetStream's
 //! acknowledgement.
 //!
-//! Each bot connection hands its messages, in order, to its own ingest task: a message that
-//! quotes another is completed with the quoted message's text and author (asked of the bot),
-//! then written to the [`Spool`] and synced. Only then does it count as received; if the spool
+//! Each bot connection hands its messages, in order, to its own ingest task: a message is
+//! completed by its platform (OneBot asks the bot for a quoted message's text and author),
+//! then written to the [`crate::spool::Spool`] and synced. Only then does it count as received; if the spool
 //! is full, the chat is told instead. One publisher per gateway sends spooled messages to
-//! JetStream in order, with `Nats-Msg-Id = platform:bot:message_id`, and forgets each once
+//! JetStream in order, with `Nats-Msg-Id = platform:bot:stream:message_id`, and forgets each once
 //! acknowledged; while NATS is away it tries again, and what it has not sent waits on disk.
 
 use std::{
@@ -16,21 +16,10 @@ use std::{
 
 use hark_core::{bus, codec, trace};
 use hark_proto::v1 as pb;
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    onebot::{
-        conn::{Bot, Hub},
-        cq,
-    },
-    outbound,
-    spool::Spooled,
-};
-
-/// How long the bot has to answer `get_msg` for a quoted message.
-const QUOTE_LOOKUP: Duration = Duration::from_secs(2);
+use crate::{hub::Hub, platform::Platform, spool::Spooled};
 /// How long one publish waits for JetStream's acknowledgement.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most one "could not take your message" notice per chat in this long.
@@ -54,20 +43,22 @@ pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, 
     })
 }
 
-/// Receives one connection's messages in order and spools each; returns when the connection's
-/// sender closes.
-pub async fn ingest(hub: Arc<Hub>, bot: Arc<Bot>, mut messages: mpsc::Receiver<pb::ChatMessage>) {
+/// Receives one connection's messages in order, completes each through its platform and spools
+/// it; returns when the connection's sender closes.
+pub async fn ingest<P: Platform>(
+    hub: Arc<Hub>,
+    platform: Arc<P>,
+    mut messages: mpsc::Receiver<pb::ChatMessage>,
+) {
     while let Some(message) = messages.recv().await {
         // Each message starts a trace of its own, which its spooled copy carries on.
-        trace::scope(None, ingest_one(&hub, &bot, message)).await;
+        trace::scope(None, ingest_one(&hub, &*platform, message)).await;
     }
 }
 
-async fn ingest_one(hub: &Arc<Hub>, bot: &Arc<Bot>, mut message: pb::ChatMessage) {
-    if !message.quoted_message_id.is_empty() {
-        complete_quote(bot, &mut message).await;
-    }
-    let stream = message.stream.clone();
+async fn ingest_one<P: Platform>(hub: &Arc<Hub>, platform: &P, mut message: pb::ChatMessage) {
+    platform.complete(&mut message).await;
+    let route = crate::platform::route(&message.platform, &message.bot_id, &message.stream);
     let spooled = match spooled(&hub.names, message) {
         Ok(s) => s,
         Err(e) => {
@@ -83,40 +74,13 @@ async fn ingest_one(hub: &Arc<Hub>, bot: &Arc<Bot>, mut message: pb::ChatMessage
         Err(e) => {
             // Not taken: the message is refused to its sender, who is told in the chat.
             tracing::error!(
-                bot = bot.self_id,
-                stream,
+                bot = route.bot_id,
+                stream = route.stream,
                 error = %e,
                 "refused an inbound message: the spool cannot take it"
             );
-            hub.tell_not_taken(bot, &stream).await;
+            hub.tell_not_taken(platform, &route).await;
         }
-    }
-}
-
-/// Asks the bot for the quoted message and notes its text and author in `message`.
-async fn complete_quote(bot: &Bot, message: &mut pb::ChatMessage) {
-    let params = serde_json::json!({"message_id": outbound::onebot_id(&message.quoted_message_id)});
-    match bot.call("get_msg", params, QUOTE_LOOKUP).await {
-        Ok(data) => {
-            let segments = match data.get("message") {
-                Some(m) if !m.is_null() => cq::parse_message(m),
-                _ => cq::parse_cq(data["raw_message"].as_str().unwrap_or_default()),
-            };
-            message.quoted_text = segments
-                .iter()
-                .filter(|s| s.kind == "text")
-                .filter_map(|s| s.get("text"))
-                .collect::<String>()
-                .chars()
-                .take(2000)
-                .collect();
-            message.quoted_sender = match data.pointer("/sender/user_id") {
-                Some(Value::Number(n)) => n.to_string(),
-                Some(Value::String(s)) => s.clone(),
-                _ => String::new(),
-            };
-        }
-        Err(e) => tracing::debug!(error = %e, "the bot did not say what the quoted message was"),
     }
 }
 

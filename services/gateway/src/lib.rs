@@ -1,6 +1,9 @@
 //! gateway: the only place that knows a chat platform's wire format.
 //!
-//! - [`onebot`] parses OneBot v11 frames and manages bot connections ([`onebot::conn::Hub`]).
+//! - [`platform`] is the seam a chat platform implements: normalise what it delivers, send
+//!   what hark says and report the message id.
+//! - [`onebot`] is OneBot v11: frames, bot connections, and its [`platform::Platform`].
+//! - [`hub`] holds what all connections share: the bus, the spool, the bots online.
 //! - [`inbound`] takes messages from bots to JetStream through the [`spool`] on disk.
 //! - [`ws`] is the reverse WebSocket server bots dial into; [`forward`] dials bots' own servers.
 //! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
@@ -10,9 +13,11 @@
 pub mod app;
 pub mod forward;
 pub mod http;
+pub mod hub;
 pub mod inbound;
 pub mod onebot;
 pub mod outbound;
+pub mod platform;
 pub mod spool;
 pub mod ws;
 

@@ -3,41 +3,31 @@
 //! acknowledged only after the platform confirmed it; failures are retried with backoff, then
 //! given up with an error line.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::StreamExt;
 use hark_core::{bus, codec};
 use hark_proto::v1 as pb;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::onebot::conn::{ActionError, Bot, Hub};
+use crate::{
+    hub::Hub,
+    platform::{Platform, SendError},
+};
 
 /// Attempts before a message is given up.
 pub const MAX_ATTEMPTS: u64 = 8;
 
-/// Why a send did not go through.
-#[derive(Debug)]
-pub enum SendError {
-    /// Try again later, after a backoff.
-    Retry(String),
-    /// The bot went away: deliver when it is back.
-    Offline,
-}
-
-/// Delivers the outbound messages of one bot with `send` until `closed`. `send` returns the
-/// platform's message id when it reports one.
-pub async fn run<F, Fut>(
+/// Delivers the outbound messages of the bot `bot_id` of `platform` through `sender` until
+/// `closed`.
+pub async fn run<P: Platform>(
     hub: Arc<Hub>,
+    sender: Arc<P>,
     platform: String,
     bot_id: String,
     closed: CancellationToken,
-    send: F,
-) where
-    F: Fn(pb::OutboundMessage) -> Fut,
-    Fut: Future<Output = Result<Option<String>, SendError>>,
-{
+) {
     let consumer = loop {
         let config = (|| {
             Ok::<_, bus::Error>(bus::durable(
@@ -84,7 +74,7 @@ pub async fn run<F, Fut>(
             match message {
                 Ok(message) => {
                     let trace = hark_core::trace::from_headers(message.headers.as_ref());
-                    if !hark_core::trace::scope(trace, handle(&hub, &message, &send)).await {
+                    if !hark_core::trace::scope(trace, handle(&hub, &message, &*sender)).await {
                         return;
                     }
                 }
@@ -95,11 +85,7 @@ pub async fn run<F, Fut>(
 }
 
 /// Delivers one message; returns false when the bot went offline.
-async fn handle<F, Fut>(hub: &Hub, message: &Message, send: &F) -> bool
-where
-    F: Fn(pb::OutboundMessage) -> Fut,
-    Fut: Future<Output = Result<Option<String>, SendError>>,
-{
+async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
     let outbound: pb::OutboundMessage = match codec::decode(&message.payload) {
         Ok(m) => m,
         Err(e) => {
@@ -109,7 +95,7 @@ where
         }
     };
     let attempt = message.info().map_or(1, |i| i.delivered as u64);
-    match send(outbound.clone()).await {
+    match sender.send(outbound.clone()).await {
         Ok(platform_id) => {
             if let Err(e) = message.double_ack().await {
                 tracing::warn!(error = %e, "delivered, but the ack was not confirmed; it may be sent again");
@@ -163,92 +149,5 @@ where
             let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
             true
         }
-    }
-}
-
-/// A OneBot id as the protocol expects it: a number when it is one.
-pub fn onebot_id(id: &str) -> Value {
-    id.parse::<i64>().map_or_else(|_| json!(id), |n| json!(n))
-}
-
-/// The OneBot action that sends `message`.
-pub fn onebot_action(message: &pb::OutboundMessage) -> Result<(&'static str, Value), String> {
-    let route = message.route.as_ref().ok_or("the message has no route")?;
-    let (kind, target) = route
-        .stream
-        .split_once(':')
-        .ok_or_else(|| format!("`{}` is not a stream", route.stream))?;
-    let mut segments = Vec::new();
-    if !message.reply_to_message_id.is_empty() {
-        segments.push(json!({"type": "reply", "data": {"id": message.reply_to_message_id}}));
-    }
-    segments.push(json!({"type": "text", "data": {"text": message.text}}));
-    match kind {
-        "group" => Ok((
-            "send_group_msg",
-            json!({"group_id": onebot_id(target), "message": segments}),
-        )),
-        "private" => Ok((
-            "send_private_msg",
-            json!({"user_id": onebot_id(target), "message": segments}),
-        )),
-        other => Err(format!("OneBot cannot send to a `{other}` stream")),
-    }
-}
-
-/// Delivers the messages of a OneBot bot while its connection lasts.
-pub async fn deliver(hub: Arc<Hub>, bot: Arc<Bot>) {
-    let timeout = hub.settings.send_timeout;
-    let (platform, self_id, closed) = (
-        bot.platform.clone(),
-        bot.self_id.clone(),
-        bot.closed.clone(),
-    );
-    run(hub, platform, self_id, closed, move |message| {
-        let bot = bot.clone();
-        async move {
-            let (action, params) = match onebot_action(&message) {
-                Ok(a) => a,
-                Err(e) => return Err(SendError::Retry(e)),
-            };
-            match bot.call(action, params, timeout).await {
-                Ok(data) => Ok(data.get("message_id").and_then(|v| match v {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                })),
-                Err(ActionError::Disconnected { .. }) => Err(SendError::Offline),
-                Err(e) => Err(SendError::Retry(e.to_string())),
-            }
-        }
-    })
-    .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_group_reply_becomes_send_group_msg_with_a_reply_segment() {
-        let message = pb::OutboundMessage {
-            route: Some(pb::ChatRoute {
-                platform: "qq".into(),
-                bot_id: "42".into(),
-                stream: "group:777".into(),
-                origin_message_id: String::new(),
-            }),
-            text: "hi".into(),
-            reply_to_message_id: "-5".into(),
-            ..Default::default()
-        };
-        let (action, params) = onebot_action(&message).expect("action");
-        assert_eq!(action, "send_group_msg");
-        assert_eq!(params["group_id"], json!(777));
-        assert_eq!(
-            params["message"][0],
-            json!({"type": "reply", "data": {"id": "-5"}})
-        );
-        assert_eq!(params["message"][1]["data"]["text"], "hi");
     }
 }

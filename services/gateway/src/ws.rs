@@ -15,7 +15,10 @@ use futures_util::StreamExt;
 use hark_core::secret::Secret;
 use tokio::sync::mpsc;
 
-use crate::onebot::conn::{Frames, Hub, Incoming, write_frames};
+use crate::{
+    hub::Hub,
+    onebot::conn::{self, Frames, Incoming, write_frames},
+};
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -82,7 +85,7 @@ pub async fn upgrade(
 
 async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
     let platform = hub.settings.platform.clone();
-    let (bot, outgoing) = hub.attach(&platform, &self_id);
+    let (bot, outgoing) = conn::attach(&hub, &platform, &self_id);
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel(256);
     let writer = tokio::spawn(write_frames(
@@ -134,7 +137,7 @@ async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
         }
         let _ = tx.send(Incoming::Closed("end of stream".into())).await;
     });
-    hub.serve(bot, rx).await;
+    conn::serve(hub, bot, rx).await;
     reader.abort();
     let _ = writer.await;
 }

@@ -1,5 +1,9 @@
 //! The generic HTTP adapter: inbound POSTs, the webhook and the SSE stream, on the real NATS.
 
+mod common;
+
+use common::Running;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -13,58 +17,34 @@ use hark_core::{
     codec,
     config::Config,
 };
-use hark_gateway::app::App;
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-
-fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
 
 struct Gw {
     base: String,
     names: Names,
     js: jetstream::Context,
-    stop: CancellationToken,
+    running: Running,
 }
 
 impl Gw {
     async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
-        hark_core::install_crypto();
-        let mut config = Config::default();
-        config.nats.url = nats_url().into();
-        config.nats.namespace = format!("h{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
-        config.gateway.spool_dir = std::env::temp_dir()
-            .join(format!("hark-gw-test-{}", uuid::Uuid::new_v4().simple()))
-            .display()
-            .to_string();
+        let mut config = common::config();
         config.gateway.http.platforms = vec!["myapp".into()];
         config.gateway.http.token = "app-secret".into();
         config.gateway.http.bots = vec!["myapp:main".into()];
         tweak(&mut config);
-        let app = App::build(&config).await.expect("gateway builds");
-        let base = format!("http://{}", app.addr());
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        let ready = app.ready();
-        tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
-        ready.cancelled().await;
-        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
+        let running = Running::start(&config).await;
         Self {
-            base,
-            names: Names::new(config.nats.namespace.parse().expect("ns")),
-            js,
-            stop,
+            base: format!("http://{}", running.addr),
+            names: running.names.clone(),
+            js: running.js.clone(),
+            running,
         }
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
+        self.running.stop().await;
     }
 
     /// The next message on `CHAT_IN` within a second, if any.

@@ -1,5 +1,9 @@
 //! The gateway against a OneBot bot played over WebSocket, and the real NATS.
 
+mod common;
+
+use common::{Running, nats_url, next, next_traced};
+
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
@@ -17,13 +21,8 @@ use tokio_tungstenite::{
     MaybeTlsStream, WebSocketStream, connect_async,
     tungstenite::{Message, client::IntoClientRequest},
 };
-use tokio_util::sync::CancellationToken;
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
 
 struct Gw {
     addr: std::net::SocketAddr,
@@ -31,59 +30,32 @@ struct Gw {
     js: jetstream::Context,
     inbound: PullConsumer,
     receipts: PullConsumer,
-    stop: CancellationToken,
+    running: Running,
 }
 
 impl Gw {
     async fn start(tweak: impl FnOnce(&mut Config)) -> Self {
-        hark_core::install_crypto();
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let mut config = Config::default();
-        config.nats.url = nats_url().into();
-        config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
-        config.gateway.spool_dir = std::env::temp_dir()
-            .join(format!("hark-gw-test-{}", uuid::Uuid::new_v4().simple()))
-            .display()
-            .to_string();
+        let mut config = common::config();
         config.gateway.onebot.access_token = "tok".into();
         config.gateway.send_timeout = "2s".parse().expect("duration");
         tweak(&mut config);
-        let app = App::build(&config).await.expect("gateway builds");
-        let addr = app.addr();
-        let names = Names::new(config.nats.namespace.parse().expect("ns"));
-        let stop = CancellationToken::new();
-        let token = stop.clone();
-        let ready = app.ready();
-        tokio::spawn(async move { app.run_until_stopped(token).await.expect("gateway runs") });
-        ready.cancelled().await;
-        let js = jetstream::new(async_nats::connect(nats_url()).await.expect("nats"));
-        let inbound = js
-            .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_in_stream())
-            .await
-            .expect("consumer");
-        let receipts = js
-            .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_receipt_stream())
-            .await
-            .expect("consumer");
+        let running = Running::start(&config).await;
         Self {
-            addr,
-            names,
-            js,
-            inbound,
-            receipts,
-            stop,
+            addr: running.addr,
+            names: running.names.clone(),
+            js: running.js.clone(),
+            inbound: running
+                .control_consumer(running.names.chat_in_stream())
+                .await,
+            receipts: running
+                .control_consumer(running.names.chat_receipt_stream())
+                .await,
+            running,
         }
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
+        self.running.stop().await;
     }
 
     /// Waits until the gateway's /healthz no longer lists the bot.
@@ -169,28 +141,6 @@ impl Gw {
         .expect("published");
         id
     }
-}
-
-async fn next<M: codec::Versioned>(consumer: &PullConsumer, wait: Duration) -> Option<M> {
-    next_traced(consumer, wait).await.map(|(m, _)| m)
-}
-
-/// The next message with the trace context it was published with.
-async fn next_traced<M: codec::Versioned>(
-    consumer: &PullConsumer,
-    wait: Duration,
-) -> Option<(M, Option<hark_core::trace::TraceContext>)> {
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(wait)
-        .messages()
-        .await
-        .expect("fetch");
-    let message = batch.next().await?.expect("message");
-    message.ack().await.expect("ack");
-    let trace = hark_core::trace::from_headers(message.headers.as_ref());
-    Some((codec::decode(&message.payload).expect("decodes"), trace))
 }
 
 fn group_event(message: Value, message_id: i64, user: i64) -> String {

@@ -411,7 +411,6 @@ impl TaskService for Api {
             .cancel(task.id, "api", &reason)
             .await
             .map_err(status_of)?;
-        self.shared.cancel_hint(task.id).await;
         Ok(Response::new(pb::CancelTaskResponse {
             task: Some(convert::task(&cancelled, None)),
         }))

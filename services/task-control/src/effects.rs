@@ -52,9 +52,9 @@ impl Effects {
                         out.extend(self.chat(route, &text, None, reply_to));
                     }
                 }
-                // Applied by the statement itself, or by the caller (a stop hint).
+                Effect::HintStop => out.push(self.stop_hint(task)),
+                // Applied by the statement itself.
                 Effect::CloseQuestion(_)
-                | Effect::HintStop
                 | Effect::RecordError(_)
                 | Effect::CountAttempt
                 | Effect::ShiftDeadline(_) => {}
@@ -74,6 +74,18 @@ impl Effects {
             subject: self.names.task_event(row.id),
             msg_id: Names::task_event_msg_id(row.id, row.generation as u64),
             payload: codec::encode(crate::convert::event(row, cause, question)),
+            durable: false,
+            trace: hark_core::trace::outgoing(),
+        }
+    }
+
+    /// Tells the worker holding `task` to stop now. Only a hint, published once and best
+    /// effort: the compare-and-set refuses the worker's next write for the task anyway.
+    pub fn stop_hint(&self, task: TaskId) -> OutboxMessage {
+        OutboxMessage {
+            subject: self.names.task_cancel(task),
+            msg_id: String::new(),
+            payload: Default::default(),
             durable: false,
             trace: hark_core::trace::outgoing(),
         }

@@ -8,7 +8,7 @@ use hark_core::{
     bus::{self, Names},
     codec,
     config::Config,
-    domain::{Owner, Role, TaskId},
+    domain::{Owner, Role},
 };
 use hark_proto::v1 as pb;
 
@@ -35,18 +35,6 @@ impl Shared {
 
     pub fn role_of(&self, owner: &Owner) -> Role {
         self.config.permission.role_of(owner)
-    }
-
-    /// Tells the worker holding a task to stop now. Only a hint: the compare-and-set refuses the
-    /// cancelled task's next write anyway.
-    pub async fn cancel_hint(&self, task: TaskId) {
-        if let Err(e) = self
-            .nats
-            .publish(self.names.task_cancel(task), Default::default())
-            .await
-        {
-            tracing::debug!(%task, error = %e, "cannot publish the cancel hint");
-        }
     }
 
     /// Sends a reply into a chat, quoting `reply_to` when given. A lost reply is logged, not

@@ -35,9 +35,6 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
     let recovered = store.recover_leases(max_attempts, BATCH).await?;
     let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
-    for id in &overtime {
-        shared.cancel_hint(*id).await;
-    }
     let scheduled = store
         .start_due_schedules(BATCH, task.max_active_per_owner)
         .await?

@@ -392,16 +392,11 @@ async fn heartbeats_keep_the_lease_and_hand_over_told_instructions() {
 }
 
 #[tokio::test]
-async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat_and_the_worker() {
+async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat() {
     let tc = TestControl::start().await;
     let id = tc.new_task_in_chat(GROUP, "100", "plan a party").await;
     let (lease, _) = tc.claim_and_ask("How many guests?", 0).await;
     tc.out_containing("How many guests?").await;
-    let mut hints = tc
-        .nats
-        .subscribe(tc.names.task_cancel(task_id(&id)))
-        .await
-        .expect("subscribe");
 
     // Another member cannot cancel it.
     tc.say(
@@ -419,12 +414,6 @@ async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat_and_th
     )
     .await;
     tc.out_containing("cancelled").await;
-    let hint = tokio::time::timeout(
-        Duration::from_secs(5),
-        futures_util::StreamExt::next(&mut hints),
-    )
-    .await;
-    assert!(matches!(hint, Ok(Some(_))), "the worker is told to stop");
     let task = tc.store.get_task(task_id(&id)).await.expect("task");
     assert_eq!(task.state, TaskState::Cancelled);
     let questions = tc.store.questions_of(task.id).await.expect("questions");
@@ -435,6 +424,39 @@ async fn cancelling_a_waiting_task_closes_its_question_and_tells_the_chat_and_th
         .await;
     tc.out_containing("closed").await;
     let refused = tc.checkpoint(&lease, 2).await.refusal.expect("refused");
+    assert_eq!(refused.reason, pb::RefusalReason::Cancelled as i32);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_running_task_tells_its_worker_to_stop_and_refuses_its_next_write() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "count the stars").await;
+    let job = tc.next_job().await;
+    let lease = tc.claim(&job, "w1").await.lease.expect("lease");
+    let mut hints = tc
+        .nats
+        .subscribe(tc.names.task_cancel(task_id(&id)))
+        .await
+        .expect("subscribe");
+    tc.say(
+        GROUP,
+        "100",
+        &format!("/task cancel {}", task_id(&id).short()),
+    )
+    .await;
+    tc.out_containing("cancelled").await;
+    let hint = tokio::time::timeout(
+        Duration::from_secs(5),
+        futures_util::StreamExt::next(&mut hints),
+    )
+    .await;
+    assert!(matches!(hint, Ok(Some(_))), "the worker is told to stop");
+    assert_eq!(
+        tc.store.get_task(task_id(&id)).await.expect("task").state,
+        TaskState::Cancelled
+    );
+    let refused = tc.checkpoint(&lease, 1).await.refusal.expect("refused");
     assert_eq!(refused.reason, pb::RefusalReason::Cancelled as i32);
     tc.stop().await;
 }

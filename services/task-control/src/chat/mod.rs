@@ -463,7 +463,6 @@ async fn run_command(
                     let reason = t.cancelled_by(sender.as_str());
                     match shared.store.cancel(task.id, sender.as_str(), &reason).await {
                         Ok(_) => {
-                            shared.cancel_hint(task.id).await;
                             // The task's own chat is told by the cancellation itself.
                             let same_chat = task.stream.as_deref() == Some(inbound.stream.as_str())
                                 && task.platform.as_deref() == Some(inbound.platform.as_str());

@@ -234,8 +234,8 @@ impl Store {
         Ok(moved)
     }
 
-    /// Fails running tasks whose total running time passed `max`. Returns their ids, so their
-    /// workers can be told to stop.
+    /// Fails running tasks whose total running time passed `max`, and tells their workers to
+    /// stop. Returns their ids.
     pub async fn enforce_max_runtime(
         &self,
         max: Duration,
@@ -269,7 +269,10 @@ impl Store {
             let command = Command::Fail { error: &error };
             let decision = decide::decide(&t.lifecycle(), &command, t.db_now, self.policy)
                 .map_err(|r| Error::refused(t.id, r))?;
+            // The worker still runs it: told to stop, unlike a worker that failed its own task.
+            let hint = self.effects.stop_hint(TaskId::from_uuid(t.id));
             if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
+                sent.push(hint);
                 failed.push(TaskId::from_uuid(t.id));
             }
         }

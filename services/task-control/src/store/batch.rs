@@ -15,8 +15,7 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Answer, AskInput, Error, Lease, NewTask, OutboxMessage, Store, TaskRow,
-    ops::{AnswerTarget, CasRow},
+    Answer, AnswerTarget, AskInput, CasRow, Error, Lease, NewTask, OutboxMessage, Store, TaskRow,
 };
 
 /// The most requests one statement decides.

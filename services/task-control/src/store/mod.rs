@@ -5,6 +5,14 @@
 //! and reports whether it won. Messages the change implies (a run job, a chat message, a task
 //! event) are written to the outbox in the same transaction and relayed to NATS after the
 //! commit, so a crash between the two loses nothing.
+//!
+//! - [`apply`]: a decision of [`decide`](hark_core::domain::decide::decide) becomes one
+//!   compare-and-set; [`batch`] decides many requests of one kind in one statement.
+//! - [`ops`]: creating tasks, and cancel, pause and resume; [`worker`]: what a worker does under
+//!   its lease; [`answers`]: applying answers; [`form`]: a questionnaire's steps; [`timers`]:
+//!   deadlines, reminders, leases and running time; [`schedules`]: scheduled and recurring tasks.
+//! - [`reads`]: reading; [`chat`]: what chat routing reads and marks; [`outbox`]: the relay.
+//! - [`retention`], [`upkeep`]: deleting what ended long ago, and vacuuming.
 
 /// The columns of `tasks`, in the order of [`TaskRow`].
 macro_rules! task_columns {
@@ -107,25 +115,35 @@ macro_rules! question_columns {
     };
 }
 
+mod answers;
+mod apply;
 mod batch;
+mod chat;
 mod connect;
 mod form;
 mod ops;
+mod outbox;
+mod reads;
 mod retention;
 mod rows;
 mod schedules;
 mod timers;
 mod upkeep;
+mod worker;
 
+use apply::{Cas, CasRow, columns};
+
+pub use answers::{Answer, AnswerOutcome, AnswerTarget};
+pub use chat::TellDelivery;
 pub use connect::{connect, migrate};
-pub use ops::{
-    Answer, AnswerOutcome, AnswerTarget, AskInput, Claimed, NewTask, OutboxEntry, OutboxMessage,
-    QuestionFilter, Resume, TaskFilter, TellDelivery,
-};
+pub use ops::NewTask;
+pub use outbox::{OutboxEntry, OutboxMessage};
+pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
 pub use schedules::{NewSchedule, Overlap, ScheduleRow};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
+pub use worker::{AskInput, Claimed, Resume};
 
 use hark_core::{
     domain::{Event, QuestionOutcome, TaskState, TransitionError},

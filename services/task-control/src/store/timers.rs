@@ -11,7 +11,7 @@ use hark_core::domain::{
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{ChatRoute, Error, OutboxMessage, QuestionRow, Store, ops::Cas};
+use super::{Cas, ChatRoute, Error, OutboxMessage, QuestionRow, Store};
 use crate::render;
 
 /// A question just marked reminded, with the database's clock.

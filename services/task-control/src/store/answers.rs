@@ -1,0 +1,242 @@
+//! Answers: finding the question an answer is for, and applying it in one compare-and-set.
+
+use hark_core::domain::{
+    QuestionId, TaskId, TaskState, TimeoutPolicy,
+    decide::{self, Command},
+    form::FormQuestion,
+};
+use hark_proto::v1 as pb;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+
+use super::{Error, QuestionRow, Store, TaskRow};
+
+/// An answer to apply.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// `platform:user_id`, or the API caller.
+    pub answerer: String,
+    pub text: String,
+    /// The inbound message (or request) id; the same key applied twice changes nothing.
+    pub inbound_key: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum AnswerOutcome {
+    Applied {
+        task: Box<TaskRow>,
+        question: Box<QuestionRow>,
+        /// The next question, when the answer's own statement asked it (a questionnaire's).
+        asked: Option<Box<pb::Question>>,
+    },
+    /// This inbound message was applied before; nothing changed. The question is the one it
+    /// answered, when the lookup found it.
+    Duplicate { question: Box<QuestionRow> },
+}
+
+/// A question an answer may go to, read together with its task's state and generation (what
+/// the answer's compare-and-set starts from) and with whether the answer's inbound message was
+/// applied before.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AnswerTarget {
+    #[sqlx(flatten)]
+    pub question: QuestionRow,
+    task_state: String,
+    task_generation: i64,
+    applied: bool,
+    /// The questions of a questionnaire, and its last round as `{round, messages}`.
+    task_questionnaire: Option<Json<Vec<FormQuestion>>>,
+    form_last_round: Option<Json<serde_json::Value>>,
+}
+
+impl Store {
+    /// Applies an answer to an open question: the question becomes answered, the inbound message
+    /// is recorded as applied, and the task goes from waiting_input to pending with its resume job
+    /// queued, all in one statement.
+    pub async fn answer(
+        &self,
+        question: QuestionId,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        self.apply_answer(Some(question), None, answer).await
+    }
+
+    /// Answers the open question of `task`, if it has one.
+    pub async fn answer_task(&self, task: TaskId, answer: &Answer) -> Result<AnswerOutcome, Error> {
+        self.apply_answer(None, Some(task), answer).await
+    }
+
+    /// Applies an answer to `question`, or to the open question of `task`.
+    async fn apply_answer(
+        &self,
+        question: Option<QuestionId>,
+        task: Option<TaskId>,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        if question.is_none() && task.is_none() {
+            return Err(Error::QuestionNotFound(String::new()));
+        }
+        let found = self
+            .decide(super::batch::AnswerLookup {
+                question,
+                task: task.filter(|_| question.is_none()),
+                inbound_key: answer.inbound_key.clone(),
+            })
+            .await?;
+        let Some(target) = found else {
+            return Err(match (question, task) {
+                (Some(q), _) => Error::QuestionNotFound(q.to_string()),
+                (None, t) => Error::NoOpenQuestion {
+                    task: t.map(|t| t.to_string()).unwrap_or_default(),
+                },
+            });
+        };
+        self.answer_target(target, answer).await
+    }
+
+    /// Applies an answer to the question of `target`, starting from the task's state and
+    /// generation as `target` read them (a compare-and-set: a task that moved since is refused).
+    /// `target.applied` must say whether `answer`'s inbound message was applied before.
+    pub async fn answer_target(
+        &self,
+        target: AnswerTarget,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let AnswerTarget {
+            question: mut question_row,
+            task_state: state,
+            task_generation: generation,
+            applied,
+            task_questionnaire,
+            form_last_round,
+        } = target;
+        let question = question_row.id;
+        if applied {
+            return Ok(AnswerOutcome::Duplicate {
+                question: Box::new(question_row),
+            });
+        }
+        let task_id = question_row.task_id;
+        if !question_row.outcome.is_open() {
+            return Err(Error::QuestionClosed {
+                id: question.to_string(),
+                outcome: question_row.outcome,
+            });
+        }
+        // A question with choices takes one of them, by number or by text, as that choice.
+        let picked;
+        let answer = match question_row.choices() {
+            [] => answer,
+            choices => match hark_core::domain::form::pick(choices, &answer.text) {
+                Some(choice) => {
+                    picked = Answer {
+                        text: choice.to_owned(),
+                        ..answer.clone()
+                    };
+                    &picked
+                }
+                None => {
+                    return Err(Error::NotAChoice {
+                        handle: question_row.handle.clone(),
+                        answer: hark_core::domain::ids::shown(&answer.text),
+                        choices: choices.to_vec(),
+                    });
+                }
+            },
+        };
+        let state: TaskState = state
+            .parse()
+            .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
+        // The task moves only from the generation just read. A question is only ever closed
+        // together with a move of its task, so when this move wins the question is still open.
+        let Some(open) = question_row.open() else {
+            return Err(Error::QuestionClosed {
+                id: question.to_string(),
+                outcome: question_row.outcome,
+            });
+        };
+        let now = OffsetDateTime::now_utc();
+        let lifecycle = decide::Task {
+            state: match state {
+                TaskState::WaitingInput => decide::State::WaitingInput { question: open },
+                TaskState::Paused => decide::State::Paused {
+                    since: now,
+                    question: Some(open),
+                },
+                TaskState::Pending => decide::State::Pending,
+                TaskState::Running => decide::State::Running {
+                    pause_requested: false,
+                },
+                TaskState::Completed => decide::State::Completed,
+                TaskState::Failed => decide::State::Failed,
+                TaskState::Cancelled => decide::State::Cancelled,
+            },
+            on_timeout: TimeoutPolicy::Resume,
+            attempt: 1,
+        };
+        let decision = decide::decide(&lifecycle, &Command::Answer, now, self.policy)
+            .map_err(|r| Error::refused(task_id, r))?;
+        if let Some(Json(questions)) = task_questionnaire.filter(|_| self.form_steps)
+            && !questions.is_empty()
+            && decision.to == TaskState::Pending
+        {
+            let last = form_last_round.map(|Json(round)| round);
+            return self
+                .answer_form(question_row, generation, answer, &questions, last)
+                .await;
+        }
+        let won = self
+            .decide(super::batch::AnswerRequest {
+                task: task_id,
+                generation,
+                question,
+                answer: answer.clone(),
+                from: decision.from,
+                to: decision.to,
+                job: decision
+                    .run()
+                    .map(|reason| self.effects.run(task_id, generation + 1, reason)),
+            })
+            .await?;
+        let Some(task) = won else {
+            return self.answer_lost(question, answer).await;
+        };
+        // The statement changed exactly these fields of the question read above.
+        question_row.answered_with(answer, task.updated_at);
+        Ok(AnswerOutcome::Applied {
+            task: Box::new(task),
+            question: Box::new(question_row),
+            asked: None,
+        })
+    }
+
+    /// What an answer whose compare-and-set lost is told: another writer won — the same
+    /// message applied concurrently, or a cancel or an expiry. Says which.
+    pub(super) async fn answer_lost(
+        &self,
+        question: QuestionId,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
+        let now = self.get_question(question).await?;
+        if let Some(key) = &answer.inbound_key
+            && self.was_applied(key).await?
+        {
+            return Ok(AnswerOutcome::Duplicate {
+                question: Box::new(now),
+            });
+        }
+        Err(Error::QuestionClosed {
+            id: question.to_string(),
+            outcome: now.outcome,
+        })
+    }
+
+    async fn was_applied(&self, key: &str) -> Result<bool, Error> {
+        Ok(
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM applied_inbound WHERE key = $1)")
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+}

@@ -1,0 +1,411 @@
+//! What the worker holding a task does under its lease: claim it, renew the lease, checkpoint
+//! rounds, ask, send progress, and end or hand back the run.
+
+use std::time::Duration;
+
+use hark_core::domain::{Handle, QuestionId, QuestionOutcome, TaskId, TaskState, decide::Command};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::{Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, columns};
+use crate::render;
+
+/// What a worker receives when its claim wins.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub task: TaskRow,
+    pub lease: Lease,
+    pub rounds: Vec<RoundRow>,
+    pub resume: Option<Resume>,
+    pub instructions: Vec<Instruction>,
+}
+
+/// The result of the pending ask_user call of a resumed task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    pub question_id: QuestionId,
+    pub tool_call_id: String,
+    pub expired: bool,
+    pub text: String,
+}
+
+/// What the agent asked, with the round that ends in the ask_user call.
+#[derive(Debug, Clone)]
+pub struct AskInput {
+    pub round: i32,
+    pub messages: serde_json::Value,
+    pub consumed_instructions: Vec<Uuid>,
+    pub tool_call_id: String,
+    pub question: String,
+    pub context: String,
+    /// Overrides the task's deadline for this question.
+    pub timeout: Option<Duration>,
+    /// The answers the question accepts, when it offers choices.
+    pub choices: Vec<String>,
+}
+
+/// The resume of a claimed task from the last question, as the claim statement returns it.
+fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
+    let id: QuestionId = question["id"].as_str()?.parse().ok()?;
+    let tool_call_id = question["tool_call_id"].as_str()?.to_owned();
+    let (expired, text) = match question["outcome"].as_str()? {
+        "answered" => (
+            false,
+            question["answer"].as_str().unwrap_or_default().to_owned(),
+        ),
+        "expired" => {
+            let waited = Duration::from_millis(
+                u64::try_from(question["waited_ms"].as_i64().unwrap_or(0)).unwrap_or(0),
+            );
+            (true, render::expiry_notice(waited))
+        }
+        _ => return None,
+    };
+    Some(Resume {
+        question_id: id,
+        tool_call_id,
+        expired,
+        text,
+    })
+}
+
+impl Store {
+    /// Takes a pending task for `worker`: the job's own task if its generation is still current
+    /// and no task of a higher priority is pending; else that task of a higher priority, or a
+    /// task this job is owed to (see [`Store::claim_best`]), so the claimed task may not be the
+    /// job's. One statement decides the claim and returns what the worker
+    /// needs: the checkpoint, the answer (or expiry notice) for its pending ask, and the
+    /// instructions told meanwhile.
+    pub async fn claim(
+        &self,
+        task: TaskId,
+        job_generation: i64,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Claimed, Error> {
+        // The job's own task; when it is not the one to take, a task of a higher priority or
+        // one this job is owed to; when that went meanwhile, the job's own task again.
+        let mut attempts = 0;
+        let row = loop {
+            let own = self
+                .decide(super::batch::ClaimRequest {
+                    task,
+                    generation: job_generation,
+                    worker: worker.to_owned(),
+                    lease,
+                })
+                .await?;
+            if let Some(row) = own {
+                break row;
+            }
+            if let Some(row) = self.claim_best(task, job_generation, worker, lease).await? {
+                break row;
+            }
+            let current = self.get_task(task).await?;
+            attempts += 1;
+            if current.state == TaskState::Pending
+                && current.generation == job_generation
+                && attempts < 3
+            {
+                continue;
+            }
+            return Err(match current.state {
+                TaskState::Cancelled => Error::Cancelled {
+                    task: task.to_string(),
+                },
+                state => Error::StaleJob {
+                    task: task.to_string(),
+                    state,
+                    current: current.generation,
+                    job: job_generation,
+                },
+            });
+        };
+        self.routes.remember(row.task.id, row.task.chat());
+        let rounds: Vec<RoundRow> = row
+            .ctx_rounds
+            .map(|j| j.0)
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| RoundRow {
+                round: r["round"].as_i64().unwrap_or(0) as i32,
+                messages: Json(r["messages"].clone()),
+            })
+            .collect();
+        let instructions = row
+            .ctx_instructions
+            .map(|j| j.0)
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| {
+                Some(Instruction {
+                    id: i["id"].as_str()?.parse().ok()?,
+                    text: i["text"].as_str()?.to_owned(),
+                    author: i["author"].as_str()?.to_owned(),
+                })
+            })
+            .collect();
+        let last_round = rounds.last().map_or(0, |r| r.round);
+        let resume = row
+            .ctx_question
+            .map(|j| j.0)
+            .filter(|q| q["round"].as_i64().unwrap_or(0) >= i64::from(last_round))
+            .and_then(|q| resume_from_json(&q));
+        Ok(Claimed {
+            lease: Lease {
+                task: row.task.id,
+                generation: row.task.generation,
+                worker_id: worker.to_owned(),
+            },
+            task: row.task,
+            rounds,
+            resume,
+            instructions,
+        })
+    }
+
+    /// The checkpointed rounds after `after`, for the worker that holds the task under `lease`.
+    pub async fn rounds_after(&self, lease: &Lease, after: i32) -> Result<Vec<RoundRow>, Error> {
+        let rows: Vec<(Option<i32>, Option<Json<serde_json::Value>>)> = sqlx::query_as(concat!(
+            "SELECT c.round, c.messages
+             FROM tasks t LEFT JOIN checkpoints c ON c.task_id = t.id AND c.round > $4
+             WHERE t.id = $1 AND t.state = ",
+            sql_state!(running),
+            " AND t.generation = $2 AND t.worker_id = $3
+             ORDER BY c.round"
+        ))
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(after)
+        .fetch_all(&self.pool)
+        .await?;
+        if rows.is_empty() {
+            return Err(self.refusal(lease).await);
+        }
+        Ok(rows
+            .into_iter()
+            .filter_map(|(round, messages)| {
+                Some(RoundRow {
+                    round: round?,
+                    messages: messages?,
+                })
+            })
+            .collect())
+    }
+
+    /// Renews the lease; returns the instructions not yet consumed.
+    pub async fn heartbeat(
+        &self,
+        lease: &Lease,
+        duration: Duration,
+    ) -> Result<Vec<Instruction>, Error> {
+        let renewed = sqlx::query(concat!(
+            "UPDATE tasks SET lease_until = now() + $4 * interval '1 millisecond'
+             WHERE id = $1 AND state = ",
+            sql_state!(running),
+            " AND generation = $2 AND worker_id = $3"
+        ))
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(duration.as_millis() as i64)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if renewed == 0 {
+            return Err(self.refusal(lease).await);
+        }
+        self.instructions_of(lease.task).await
+    }
+
+    /// Stores one round under the lease. Storing the same round again changes nothing. Returns
+    /// whether a pause waits for the task: the round is its boundary.
+    pub async fn checkpoint(
+        &self,
+        lease: &Lease,
+        round: i32,
+        messages: &serde_json::Value,
+        consumed_instructions: &[Uuid],
+    ) -> Result<bool, Error> {
+        let (held, pause): (bool, bool) = sqlx::query_as(
+            "WITH t AS (
+                UPDATE tasks SET rounds = greatest(rounds, $4), updated_at = now()
+                WHERE id = $1 AND state = $7 AND generation = $2 AND worker_id = $3
+                RETURNING id, pause_requested
+            ), c AS (
+                INSERT INTO checkpoints (task_id, round, messages) SELECT id, $4, $5 FROM t
+                ON CONFLICT DO NOTHING
+            ), i AS (
+                UPDATE instructions SET consumed_round = $4
+                WHERE task_id = $1 AND id = ANY($6) AND consumed_round IS NULL AND EXISTS (SELECT 1 FROM t)
+            )
+            SELECT EXISTS (SELECT 1 FROM t), coalesce((SELECT pause_requested FROM t), false)",
+        )
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(round)
+        .bind(Json(messages))
+        .bind(consumed_instructions)
+        .bind(TaskState::Running.as_str())
+        .fetch_one(&self.pool)
+        .await?;
+        if held {
+            Ok(pause)
+        } else {
+            Err(self.refusal(lease).await)
+        }
+    }
+
+    /// Suspends the task on a question: running → waiting_input, the round that ends in the
+    /// ask_user call, and the question row, all committed before the question is queued for the
+    /// chat (through the outbox, in the same transaction).
+    pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
+        // The statement checks the lease; only the (unchanging) chat is needed beforehand.
+        let chat = self.chat_of(lease.task).await?;
+
+        let question_id = QuestionId::new();
+        // A handle is unique among the open questions of one owner in one stream; a collision
+        // fails the statement on the unique index, and a new handle is drawn.
+        for _ in 0..8 {
+            let handle = Handle::random().to_string();
+            let outbox = match &chat {
+                Some(route) => self.effects.question(
+                    route,
+                    lease.task,
+                    question_id,
+                    &handle,
+                    &input.question,
+                    &input.context,
+                    &input.choices,
+                ),
+                None => Vec::new(),
+            };
+            let asked = self
+                .decide(super::batch::AskRequest {
+                    lease: lease.clone(),
+                    input: input.clone(),
+                    question: question_id,
+                    handle: handle.clone(),
+                    outbox,
+                })
+                .await?;
+            let row = match asked {
+                super::batch::Asked::Won(row) => row,
+                super::batch::Asked::Lost => return Err(self.refusal(lease).await),
+                super::batch::Asked::HandleTaken => continue,
+            };
+            // The question as the statement created it.
+            return Ok(QuestionRow {
+                id: question_id,
+                task_id: lease.task,
+                handle,
+                text: input.question.clone(),
+                context: input.context.clone(),
+                tool_call_id: input.tool_call_id.clone(),
+                round: input.round,
+                owner: row.task.owner.clone(),
+                platform: row.task.platform.clone(),
+                bot_id: row.task.bot_id.clone(),
+                stream: row.task.stream.clone(),
+                outcome: QuestionOutcome::Open,
+                asked_at: row.task.updated_at,
+                deadline: row.asked_deadline,
+                reminded_at: None,
+                closed_at: None,
+                answerer: None,
+                answer: None,
+                inbound_message_id: None,
+                chat_message_id: None,
+                choices: (!input.choices.is_empty()).then(|| Json(input.choices.clone())),
+            });
+        }
+        Err(Error::Busy("no free question handle after 8 tries".into()))
+    }
+
+    /// Ends a running task with its final answer, sent to its chat.
+    pub async fn complete(
+        &self,
+        lease: &Lease,
+        final_round: Option<(i32, &serde_json::Value)>,
+        result: &str,
+    ) -> Result<TaskRow, Error> {
+        let chat = self.chat_of(lease.task).await?;
+        let outbox = chat
+            .map(|route| self.effects.completed(&route, lease.task, result))
+            .unwrap_or_default();
+        let won = self
+            .decide(super::batch::CompleteRequest {
+                lease: lease.clone(),
+                round: final_round.map(|(n, m)| (n, m.clone())),
+                result: result.to_owned(),
+                outbox,
+            })
+            .await?;
+        match won {
+            Some(row) => Ok(row.task),
+            None => Err(self.refusal(lease).await),
+        }
+    }
+
+    /// Ends a running task as failed, telling its chat why.
+    pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
+        self.leased(lease, Command::Fail { error }, error).await
+    }
+
+    /// Hands a running task back from a worker that stops at a round boundary: it is queued
+    /// again at once to continue from its last checkpoint, and its attempts are not counted up;
+    /// or, when a pause was asked of it, it pauses.
+    pub async fn release(&self, lease: &Lease, reason: &str) -> Result<TaskRow, Error> {
+        self.leased(lease, Command::Release, reason).await
+    }
+
+    /// Queues a progress message to the task's chat, if the lease still holds. With an
+    /// idempotency key, sending again under the same key changes nothing.
+    pub async fn send(&self, lease: &Lease, text: &str, key: Option<&str>) -> Result<bool, Error> {
+        let Some(route) = self.chat_of(lease.task).await? else {
+            return Ok(false);
+        };
+        let messages = self.effects.chat(&route, text, None, None);
+        let (subjects, msg_ids, payloads, traces) = columns(messages.clone());
+        let (held, queued): (bool, bool) = sqlx::query_as(concat!(
+            "WITH t AS (
+                SELECT id FROM tasks WHERE id = $1 AND state = ",
+            sql_state!(running),
+            " AND generation = $2 AND worker_id = $3
+            ), fresh AS (
+                INSERT INTO applied_inbound (key, task_id)
+                SELECT 'send:' || $7, id FROM t WHERE $7::text IS NOT NULL
+                ON CONFLICT DO NOTHING
+                RETURNING 1
+            ), o AS (
+                INSERT INTO outbox (subject, msg_id, payload, traceparent)
+                SELECT s, m, p, tp FROM unnest($4::text[], $5::text[], $6::bytea[], $8::text[])
+                    AS x(s, m, p, tp)
+                WHERE EXISTS (SELECT 1 FROM t) AND ($7::text IS NULL OR EXISTS (SELECT 1 FROM fresh))
+                RETURNING 1
+            )
+            SELECT EXISTS (SELECT 1 FROM t), EXISTS (SELECT 1 FROM o)"
+        ))
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .bind(subjects)
+        .bind(msg_ids)
+        .bind(payloads)
+        .bind(key)
+        .bind(traces)
+        .fetch_one(&self.pool)
+        .await?;
+        if !held {
+            return Err(self.refusal(lease).await);
+        }
+        if queued {
+            self.published(messages);
+        }
+        Ok(true)
+    }
+}

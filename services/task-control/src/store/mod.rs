@@ -6,13 +6,13 @@
 //! event) are written to the outbox in the same transaction and relayed to NATS after the
 //! commit, so a crash between the two loses nothing.
 //!
-//! - [`apply`]: a decision of [`decide`](hark_core::domain::decide::decide) becomes one
-//!   compare-and-set; [`batch`] decides many requests of one kind in one statement.
-//! - [`ops`]: creating tasks, and cancel, pause and resume; [`worker`]: what a worker does under
-//!   its lease; [`answers`]: applying answers; [`form`]: a questionnaire's steps; [`timers`]:
-//!   deadlines, reminders, leases and running time; [`schedules`]: scheduled and recurring tasks.
-//! - [`reads`]: reading; [`chat`]: what chat routing reads and marks; [`outbox`]: the relay.
-//! - [`retention`], [`upkeep`]: deleting what ended long ago, and vacuuming.
+//! - `apply`: a decision of [`decide`](hark_core::domain::decide::decide) becomes one
+//!   compare-and-set; `batch` decides many requests of one kind in one statement.
+//! - `ops`: creating tasks, and cancel, pause and resume; `worker`: what a worker does under
+//!   its lease; `answers`: applying answers; `form`: a questionnaire's steps; `timers`:
+//!   deadlines, reminders, leases and running time; `schedules`: scheduled and recurring tasks.
+//! - `reads`: reading; `chat`: what chat routing reads and marks; `outbox`: the relay.
+//! - `retention`, `upkeep`: deleting what ended long ago, and vacuuming.
 
 /// The columns of `tasks`, in the order of [`TaskRow`].
 macro_rules! task_columns {

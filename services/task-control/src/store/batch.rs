@@ -151,6 +151,27 @@ pub(super) struct ClaimRequest {
     pub(super) generation: i64,
     pub(super) worker: String,
     pub(super) lease: Duration,
+    /// The move `decide` chose for a claim.
+    pub(super) decided: Move,
+}
+
+/// The move of a decision, as a hot statement binds it: from which state, to which, recorded
+/// as which event.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Move {
+    pub(super) from: &'static str,
+    pub(super) to: &'static str,
+    pub(super) event: &'static str,
+}
+
+impl Move {
+    pub(super) fn of(decision: &decide::Decision) -> Self {
+        Self {
+            from: decision.from.as_str(),
+            to: decision.to.as_str(),
+            event: decision.event.as_str(),
+        }
+    }
 }
 
 /// A run that ended: its lease, its last round, its result, and the chat message telling it.
@@ -160,6 +181,8 @@ pub(super) struct CompleteRequest {
     pub(super) round: Option<(i32, serde_json::Value)>,
     pub(super) result: String,
     pub(super) outbox: Vec<OutboxMessage>,
+    /// The move `decide` chose for the finish.
+    pub(super) decided: Move,
 }
 
 /// How a creation was decided.
@@ -369,8 +392,9 @@ batched!(AnswerRequest, Option<TaskRow>, answers, answer_batch);
 batched!(CompleteRequest, Option<CasRow>, completions, complete_batch);
 
 /// The claim statement: each row of `$candidates` (`c_id`, `c_generation`, `c_worker`,
-/// `c_lease_ms`, `c_ord`) moves its task `pending → running` under a lease when the task is still
-/// at that generation and `$guard` holds, and returns what the worker needs to run it.
+/// `c_lease_ms`, `c_ord`, and the decided move `c_from`, `c_to`, `c_event`) moves its task under a
+/// lease when the task is still at that state and generation and `$guard` holds, and returns what
+/// the worker needs to run it.
 macro_rules! claim_sql {
     ($candidates:expr, $guard:expr) => {
         concat!("WITH ", claim_sql!(@ctes $candidates, $guard))
@@ -381,7 +405,7 @@ macro_rules! claim_sql {
             $candidates,
             "), t AS (
                 UPDATE tasks SET
-                    state = ", sql_state!(running), ",
+                    state = c.c_to,
                     generation = generation + 1,
                     updated_at = now(),
                     worker_id = c.c_worker,
@@ -390,14 +414,14 @@ macro_rules! claim_sql {
                     finished_at = NULL,
                     owed = false
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(pending), " AND tasks.generation = c.c_generation",
+                WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation",
             $guard,
             " RETURNING ",
             task_columns!(),
-            ", c.c_ord
+            ", c.c_ord, c.c_from, c.c_event
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, ", sql_state!(pending), ", state, ", sql_event!(claim), ", generation, worker_id, '' FROM t
+                SELECT id, c_from, state, c_event, generation, worker_id, '' FROM t
             )
             SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
@@ -427,6 +451,7 @@ impl Store {
         job_generation: i64,
         worker: &str,
         lease: Duration,
+        decided: Move,
     ) -> Result<Option<CasRow>, Error> {
         let sql = concat!(
             "WITH owing AS (
@@ -446,7 +471,8 @@ impl Store {
             claim_sql!(@ctes
                 concat!(
                     "SELECT id AS c_id, generation AS c_generation, $1::text AS c_worker,
-                            $2::bigint AS c_lease_ms, 1::bigint AS c_ord
+                            $2::bigint AS c_lease_ms, 1::bigint AS c_ord,
+                            $5::text AS c_from, $6::text AS c_to, $7::text AS c_event
                      FROM tasks WHERE state = ",
                     sql_state!(pending),
                     " AND id <> $3
@@ -462,14 +488,13 @@ impl Store {
             .bind(lease.as_millis() as i64)
             .bind(job.as_uuid())
             .bind(job_generation)
+            .bind(decided.from)
+            .bind(decided.to)
+            .bind(decided.event)
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|r| {
-            self.published(vec![self.effects.event(
-                &r.row.task,
-                Event::Claim.as_str(),
-                None,
-            )]);
+            self.published(vec![self.effects.event(&r.row.task, decided.event, None)]);
             r.row
         }))
     }
@@ -479,8 +504,9 @@ impl Store {
     /// [`Store::claim_best`]).
     async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = claim_sql!(
-            "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[])
-                WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_ord)",
+            "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[],
+                                  $5::text[], $6::text[], $7::text[])
+                WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_from, c_to, c_event, c_ord)",
             // Once per statement, not per claim: the highest priority pending.
             concat!(
                 " AND tasks.priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
@@ -494,11 +520,17 @@ impl Store {
             .bind(column(batch, |r| r.generation))
             .bind(column(batch, |r| r.worker.as_str()))
             .bind(column(batch, |r| r.lease.as_millis() as i64))
+            .bind(column(batch, |r| r.decided.from))
+            .bind(column(batch, |r| r.decided.to))
+            .bind(column(batch, |r| r.decided.event))
             .fetch_all(&self.pool)
             .await?;
         let events = rows
             .iter()
-            .map(|r| self.effects.event(&r.row.task, Event::Claim.as_str(), None))
+            .filter_map(|r| {
+                let request = batch.get(usize::try_from(r.ord - 1).ok()?)?;
+                Some(self.effects.event(&r.row.task, request.decided.event, None))
+            })
             .collect();
         self.published(events);
         Ok(in_order(batch.len(), cas_rows(rows)))
@@ -512,11 +544,13 @@ impl Store {
     ) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = concat!(
             "WITH c AS (
-                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::int[], $6::jsonb[])
-                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_result, c_round, c_messages, c_ord)
+                SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::int[], $6::jsonb[],
+                                     $12::text[], $13::text[], $14::text[])
+                    WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_result, c_round, c_messages,
+                                         c_from, c_to, c_event, c_ord)
             ), t AS (
                 UPDATE tasks SET
-                    state = ", sql_state!(completed), ",
+                    state = c.c_to,
                     generation = generation + 1,
                     updated_at = now(),
                     ", run_ms_update!(), ",
@@ -527,14 +561,14 @@ impl Store {
                     result = c.c_result,
                     finished_at = now()
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(running), " AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker
                 RETURNING ",
             task_columns!(),
-            ", c.c_ord, c.c_worker, c.c_round, c.c_messages
+            ", c.c_ord, c.c_worker, c.c_round, c.c_messages, c.c_from, c.c_event
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, ", sql_state!(running), ", state, ", sql_event!(finish), ", generation, c_worker, '' FROM t
+                SELECT id, c_from, state, c_event, generation, c_worker, '' FROM t
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
                 SELECT id, c_round, c_messages FROM t WHERE c_round IS NOT NULL
@@ -558,14 +592,20 @@ impl Store {
             .bind(column(batch, |r| r.result.as_str()))
             .bind(column(batch, |r| r.round.as_ref().map(|(n, _)| *n)))
             .bind(column(batch, |r| r.round.as_ref().map(|(_, m)| Json(m))));
-        let rows: Vec<BatchRow> = out.bind_to(query).fetch_all(&self.pool).await?;
+        let rows: Vec<BatchRow> = out
+            .bind_to(query)
+            .bind(column(batch, |r| r.decided.from))
+            .bind(column(batch, |r| r.decided.to))
+            .bind(column(batch, |r| r.decided.event))
+            .fetch_all(&self.pool)
+            .await?;
         let mut sent = Vec::new();
         for r in &rows {
             let task = &r.row.task;
             if let Some(request) = usize::try_from(r.ord - 1).ok().and_then(|i| batch.get(i)) {
                 sent.extend(request.outbox.iter().cloned());
+                sent.push(self.effects.event(task, request.decided.event, None));
             }
-            sent.push(self.effects.event(task, Event::Finish.as_str(), None));
         }
         self.published(sent);
         Ok(in_order(batch.len(), cas_rows(rows)))

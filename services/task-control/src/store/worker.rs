@@ -3,11 +3,16 @@
 
 use std::time::Duration;
 
-use hark_core::domain::{Handle, QuestionId, QuestionOutcome, TaskId, TaskState, decide::Command};
+use hark_core::domain::{
+    Handle, QuestionId, QuestionOutcome, TaskId, TaskState,
+    decide::{self, Command},
+};
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::{Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, columns};
+use super::{
+    Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, batch::Move, columns,
+};
 use crate::render;
 
 /// What a worker receives when its claim wins.
@@ -85,6 +90,8 @@ impl Store {
     ) -> Result<Claimed, Error> {
         // The job's own task; when it is not the one to take, a task of a higher priority or
         // one this job is owed to; when that went meanwhile, the job's own task again.
+        let claim = self.decide_from(task, decide::State::Pending, &Command::Claim)?;
+        let decided = Move::of(&claim);
         let mut attempts = 0;
         let row = loop {
             let own = self
@@ -93,12 +100,16 @@ impl Store {
                     generation: job_generation,
                     worker: worker.to_owned(),
                     lease,
+                    decided,
                 })
                 .await?;
             if let Some(row) = own {
                 break row;
             }
-            if let Some(row) = self.claim_best(task, job_generation, worker, lease).await? {
+            if let Some(row) = self
+                .claim_best(task, job_generation, worker, lease, decided)
+                .await?
+            {
                 break row;
             }
             let current = self.get_task(task).await?;
@@ -326,6 +337,28 @@ impl Store {
         Err(Error::Busy("no free question handle after 8 tries".into()))
     }
 
+    /// What `command` does to a task in `state`, for the hot moves whose statement checks the
+    /// state itself (the claim of a pending task, the finish of a running one).
+    fn decide_from(
+        &self,
+        task: TaskId,
+        state: decide::State,
+        command: &Command<'_>,
+    ) -> Result<decide::Decision, Error> {
+        let lifecycle = decide::Task {
+            state,
+            on_timeout: hark_core::domain::TimeoutPolicy::Resume,
+            attempt: 1,
+        };
+        decide::decide(
+            &lifecycle,
+            command,
+            time::OffsetDateTime::now_utc(),
+            self.policy,
+        )
+        .map_err(|r| Error::refused(task, r))
+    }
+
     /// Ends a running task with its final answer, sent to its chat.
     pub async fn complete(
         &self,
@@ -334,15 +367,28 @@ impl Store {
         result: &str,
     ) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
-        let outbox = chat
-            .map(|route| self.effects.completed(&route, lease.task, result))
-            .unwrap_or_default();
+        let finish = self.decide_from(
+            lease.task,
+            decide::State::Running {
+                pause_requested: false,
+            },
+            &Command::Finish { result },
+        )?;
+        let decided = Move::of(&finish);
+        let outbox = self.effects.of(
+            lease.task,
+            lease.generation + 1,
+            chat.as_ref(),
+            None,
+            &finish,
+        );
         let won = self
             .decide(super::batch::CompleteRequest {
                 lease: lease.clone(),
                 round: final_round.map(|(n, m)| (n, m.clone())),
                 result: result.to_owned(),
                 outbox,
+                decided,
             })
             .await?;
         match won {

@@ -6,7 +6,7 @@ use hark_core::{
     codec,
     domain::{
         QuestionId, TaskId,
-        decide::{Decision, Effect, Say},
+        decide::{Decision, Effect},
     },
 };
 use hark_proto::v1 as pb;
@@ -179,14 +179,5 @@ impl Effects {
             Some(question),
             route.origin_message_id.as_deref(),
         )
-    }
-
-    /// The chat message of a finished task.
-    pub fn completed(&self, route: &ChatRoute, task: TaskId, result: &str) -> Vec<OutboxMessage> {
-        let say = Say::Completed {
-            result: result.to_owned(),
-        };
-        let text = self.languages.of(&route.platform).say(task, &say);
-        self.chat(route, &text, None, None)
     }
 }

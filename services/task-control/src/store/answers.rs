@@ -182,7 +182,14 @@ impl Store {
         {
             let last = form_last_round.map(|Json(round)| round);
             return self
-                .answer_form(question_row, generation, answer, &questions, last)
+                .answer_form(
+                    question_row,
+                    super::batch::Move::of(&decision),
+                    generation,
+                    answer,
+                    &questions,
+                    last,
+                )
                 .await;
         }
         let won = self

@@ -1,20 +1,23 @@
 //! A questionnaire's answer and its next step, in one statement. No model runs for a
 //! questionnaire, so its next step after an answer — ask the next question, or complete with
 //! every answer — needs no worker: the statement that records the answer also takes the step.
-//! The audit keeps the lifecycle's moves, one row each: the answer (`waiting_input → pending`),
-//! the claim by `task-control` (`pending → running`), and the ask (`running → waiting_input`) or
-//! the finish (`running → completed`); the task row goes from the first state to the last in one
-//! compare-and-set on its generation.
+//! Each of its moves is decided by `decide`, and the audit keeps them, one row each: the answer
+//! (`waiting_input → pending`), the claim by `task-control` (`pending → running`), and the ask
+//! (`running → waiting_input`) or the finish (`running → completed`); the task row goes from the
+//! first state to the last in one compare-and-set on its generation.
 
 use futures_util::future::BoxFuture;
 use hark_core::domain::{
-    Event, Handle, QuestionId, TaskState, form::FormQuestion, form::progress, transition,
+    Handle, QuestionId,
+    decide::{self, Command},
+    form::FormQuestion,
+    form::progress,
 };
 use sqlx::types::Json;
 
 use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
-    batch::{BatchQuery, Batched, Batches, OutboxColumns, column, in_order},
+    batch::{BatchQuery, Batched, Batches, Move, OutboxColumns, column, in_order},
 };
 
 /// What an answer to a questionnaire leads to.
@@ -25,9 +28,10 @@ enum Step<'a> {
 
 /// What both statements share, for each request `t` (the task row after its move, with the
 /// request's columns `c_*`): the answered question, the applied inbound id, the step's round and
-/// the audit of the answer and the claim, and then of `$event` into `$to` with `$detail`.
+/// the audit of the three decided moves (`c_a*`: the answer, `c_c*`: the claim, `c_l*`: the ask
+/// or finish; `*f`, `*t`, `*e`: from, to, event), the last with `$detail`.
 macro_rules! answered_and_audit {
-    ($to:expr, $event:expr, $detail:literal) => {
+    ($detail:literal) => {
         concat!(
             "answered AS (
                 UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
@@ -42,13 +46,9 @@ macro_rules! answered_and_audit {
                 ON CONFLICT DO NOTHING
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-                SELECT id, ", sql_state!(waiting_input), ", ", sql_state!(pending), ", ", sql_event!(answer), ", generation - 2, c_answerer, '' FROM t
-                UNION ALL SELECT id, ", sql_state!(pending), ", ", sql_state!(running), ", ", sql_event!(claim), ", generation - 1, 'task-control', '' FROM t
-                UNION ALL SELECT id, ", sql_state!(running), ", ",
-            $to,
-            ", ",
-            $event,
-            ", generation, 'task-control', ",
+                SELECT id, c_af, c_at, c_ae, generation - 2, c_answerer, '' FROM t
+                UNION ALL SELECT id, c_cf, c_ct, c_ce, generation - 1, 'task-control', '' FROM t
+                UNION ALL SELECT id, c_lf, c_lt, c_le, generation, 'task-control', ",
             $detail,
             " FROM t
             )"
@@ -56,9 +56,39 @@ macro_rules! answered_and_audit {
     };
 }
 
+/// The moves a questionnaire's step takes, each decided by `decide`: the answer, the claim by
+/// task-control, and the ask of the next question or the finish.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Moves {
+    pub(super) answer: Move,
+    pub(super) claim: Move,
+    pub(super) last: Move,
+}
+
+impl Moves {
+    /// Binds every request's moves as nine text arrays.
+    fn bind<'q, T, R>(
+        query: BatchQuery<'q, R>,
+        batch: &'q [T],
+        of: fn(&T) -> &Moves,
+    ) -> BatchQuery<'q, R> {
+        query
+            .bind(column(batch, |r| of(r).answer.from))
+            .bind(column(batch, |r| of(r).answer.to))
+            .bind(column(batch, |r| of(r).answer.event))
+            .bind(column(batch, |r| of(r).claim.from))
+            .bind(column(batch, |r| of(r).claim.to))
+            .bind(column(batch, |r| of(r).claim.event))
+            .bind(column(batch, |r| of(r).last.from))
+            .bind(column(batch, |r| of(r).last.to))
+            .bind(column(batch, |r| of(r).last.event))
+    }
+}
+
 /// An answer to a questionnaire and the round of the step it leads to.
 #[derive(Debug)]
 pub(super) struct Answered {
+    moves: Moves,
     task: hark_core::domain::TaskId,
     generation: i64,
     round: i32,
@@ -195,6 +225,7 @@ impl Store {
     pub(super) async fn answer_form(
         &self,
         mut question: QuestionRow,
+        answered_move: Move,
         generation: i64,
         answer: &Answer,
         questions: &[FormQuestion],
@@ -218,17 +249,22 @@ impl Store {
             Some(next) => Step::Ask(next),
             None => Step::Finish(progress::output(keys, &answers)),
         };
-        // The moves the statement takes, each as the lifecycle allows it.
-        let last_event = match step {
-            Step::Ask(_) => Event::Ask,
-            Step::Finish(_) => Event::Finish,
+        // The moves the statement takes after the answer, each as `decide` has it.
+        let running = || decide::State::Running {
+            pause_requested: false,
         };
-        for (from, event) in [
-            (TaskState::Pending, Event::Claim),
-            (TaskState::Running, last_event),
-        ] {
-            transition(from, event).map_err(|e| Error::wrong_state(task, e))?;
-        }
+        let claim = self.decide_from(task, decide::State::Pending, &Command::Claim)?;
+        let last = match &step {
+            Step::Ask(_) => self.decide_from(task, running(), &Command::Ask)?,
+            Step::Finish(output) => {
+                self.decide_from(task, running(), &Command::Finish { result: output })?
+            }
+        };
+        let moves = Moves {
+            answer: answered_move,
+            claim: Move::of(&claim),
+            last: Move::of(&last),
+        };
         let asking = match step {
             Step::Ask(next) => Some(next.key.as_str()),
             Step::Finish(_) => None,
@@ -236,6 +272,7 @@ impl Store {
         let messages = serde_json::Value::Array(progress::step(&answers, asking));
         let chat = self.chat_of(task).await?;
         let answered = |messages: serde_json::Value| Answered {
+            moves,
             task,
             generation,
             round: number,
@@ -245,9 +282,9 @@ impl Store {
         };
         let row = match &step {
             Step::Finish(output) => {
-                let outbox = chat
-                    .map(|route| self.effects.completed(&route, task, output))
-                    .unwrap_or_default();
+                let outbox = self
+                    .effects
+                    .of(task, generation + 3, chat.as_ref(), None, &last);
                 self.decide(FormFinish {
                     answered: answered(messages),
                     output: output.clone(),
@@ -319,7 +356,7 @@ impl Store {
         };
         self.published(vec![self.effects.event(
             &row,
-            last_event.as_str(),
+            last.event.as_str(),
             next.clone(),
         )]);
         question.answered_with(answer, row.updated_at);
@@ -337,20 +374,22 @@ impl Store {
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
                                      $7::text[], $8::jsonb[], $9::uuid[], $10::text[], $11::text[], $12::text[],
-                                     $13::jsonb[])
+                                     $13::jsonb[], $19::text[], $20::text[], $21::text[], $22::text[],
+                                     $23::text[], $24::text[], $25::text[], $26::text[], $27::text[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
-                                         c_choices, c_ord)
+                                         c_choices, c_af, c_at, c_ae, c_cf, c_ct, c_ce, c_lf, c_lt, c_le,
+                                         c_ord)
             ), t AS (
-                UPDATE tasks SET state = ", sql_state!(waiting_input), ", generation = generation + 3,
+                UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(waiting_input), " AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!(sql_state!(waiting_input), sql_event!(ask), "c_text"),
+            answered_and_audit!("c_text"),
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, deadline)
@@ -380,7 +419,8 @@ impl Store {
             .bind(column(batch, |r| {
                 (!r.choices.is_empty()).then_some(Json(&r.choices))
             }));
-        let rows: Vec<FormRow> = out.bind_to(query).fetch_all(&self.pool).await?;
+        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
+        let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(
             batch.len(),
@@ -406,20 +446,23 @@ impl Store {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
-                                     $7::text[], $8::jsonb[], $9::text[])
+                                     $7::text[], $8::jsonb[], $9::text[], $15::text[], $16::text[],
+                                     $17::text[], $18::text[], $19::text[], $20::text[], $21::text[],
+                                     $22::text[], $23::text[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
-                                         c_inbound, c_messages, c_output, c_ord)
+                                         c_inbound, c_messages, c_output, c_af, c_at, c_ae, c_cf, c_ct,
+                                         c_ce, c_lf, c_lt, c_le, c_ord)
             ), t AS (
-                UPDATE tasks SET state = ", sql_state!(completed), ", generation = generation + 3,
+                UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), result = c.c_output,
                     finished_at = now()
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(waiting_input), " AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
                 RETURNING ",
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!(sql_state!(completed), sql_event!(finish), "''"),
+            answered_and_audit!("''"),
             ", out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
@@ -432,7 +475,8 @@ impl Store {
         let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let query = Answered::bind(sqlx::query_as(sql), batch, |r| &r.answered)
             .bind(column(batch, |r| r.output.as_str()));
-        let rows: Vec<FinishRow> = out.bind_to(query).fetch_all(&self.pool).await?;
+        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
+        let rows: Vec<FinishRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
         self.publish_won(batch, &won, |r| &r.outbox);

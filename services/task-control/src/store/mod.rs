@@ -146,7 +146,7 @@ pub use upkeep::{UPKEEP_LOCK, Upkeep};
 pub use worker::{AskInput, Claimed, Resume};
 
 use hark_core::{
-    domain::{Event, QuestionOutcome, TaskState, TransitionError},
+    domain::{Event, QuestionOutcome, TaskState},
     error::Kind,
 };
 
@@ -362,14 +362,6 @@ impl Error {
                 state,
             },
             Refusal::NotDue => Error::Busy(format!("task {}: not due yet", task.to_string())),
-        }
-    }
-
-    fn wrong_state(task: impl ToString, err: TransitionError) -> Self {
-        Error::WrongState {
-            task: task.to_string(),
-            state: err.from,
-            event: err.event,
         }
     }
 }

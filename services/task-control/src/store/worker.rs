@@ -339,7 +339,7 @@ impl Store {
 
     /// What `command` does to a task in `state`, for the hot moves whose statement checks the
     /// state itself (the claim of a pending task, the finish of a running one).
-    fn decide_from(
+    pub(super) fn decide_from(
         &self,
         task: TaskId,
         state: decide::State,

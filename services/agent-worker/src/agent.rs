@@ -238,6 +238,7 @@ impl Runner {
                     continue;
                 }
                 let key = format!("{}:{number}:{}", spec.id, call.id);
+                let started = std::time::Instant::now();
                 let result = match self.registry.check(call, role) {
                     Err(error) => error,
                     Ok(checked) => match checked.tool.kind {
@@ -309,6 +310,7 @@ impl Runner {
                         Kind::WorkerInfo => json!({"worker_id": self.worker_id}).to_string(),
                     },
                 };
+                self.llm.metrics().tool(&call.name, started.elapsed());
                 pending.push(tool_message(
                     &call.id,
                     &limits::cut(&result, limits::MAX_TOOL_RESULT),

@@ -8,12 +8,14 @@
 //! - [`control`] is the client of task-control's control requests.
 //! - [`llm`] is the OpenAI-compatible chat-completions client; [`limits`] bounds what a round
 //!   keeps of it and of tools.
+//! - [`metrics`] times model and tool calls and says whether the pull loop is alive.
 //! - [`scripted`] is a scripted LLM server for tests and the demo model.
 
 pub mod agent;
 pub mod control;
 pub mod limits;
 pub mod llm;
+pub mod metrics;
 pub mod scripted;
 pub mod tools;
 pub mod worker;

@@ -28,6 +28,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// How a failed call is counted: its HTTP status, or its kind.
+    pub fn metric_label(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Error::Status { status, .. } => status.to_string().into(),
+            Error::Transport { source, .. } if source.is_timeout() => "timeout".into(),
+            Error::Transport { .. } => "transport".into(),
+            Error::Malformed { .. } => "malformed".into(),
+            Error::Cancelled => "cancelled".into(),
+        }
+    }
+
     fn retryable(&self) -> bool {
         match self {
             Error::Status { status, .. } => *status == 429 || *status >= 500,
@@ -90,6 +101,7 @@ pub struct Client {
     http: reqwest::Client,
     url: String,
     settings: Settings,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Client {
@@ -104,15 +116,26 @@ impl Client {
             "{}/chat/completions",
             settings.base_url.trim_end_matches('/')
         );
+        let provider = reqwest::Url::parse(&url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned))
+            .unwrap_or_default();
+        let metrics = crate::metrics::Metrics::global(&settings.model, &provider);
         Ok(Self {
             http,
             url,
             settings,
+            metrics,
         })
     }
 
     pub fn model(&self) -> &str {
         &self.settings.model
+    }
+
+    /// The process's worker metrics, which this client's calls are counted in.
+    pub fn metrics(&self) -> &std::sync::Arc<crate::metrics::Metrics> {
+        &self.metrics
     }
 
     pub fn url(&self) -> &str {
@@ -146,9 +169,20 @@ impl Client {
         let body = self.body(messages, tools);
         let mut attempt = 0;
         loop {
+            let started = std::time::Instant::now();
             let (result, retry_after) = self.once(&body).await;
+            let failed = result.as_ref().err().map(Error::metric_label);
+            self.metrics.call(started.elapsed(), failed.as_deref());
             match result {
-                Ok(raw) => return parse_reply(&raw, &self.url, call_prefix),
+                Ok(raw) => {
+                    let usage = |key: &str| {
+                        raw.pointer(&format!("/usage/{key}"))
+                            .and_then(Value::as_u64)
+                    };
+                    self.metrics
+                        .tokens(usage("prompt_tokens"), usage("completion_tokens"));
+                    return parse_reply(&raw, &self.url, call_prefix);
+                }
                 Err(e) if e.retryable() && attempt < self.settings.max_retries => {
                     let backoff = retry_after.unwrap_or_else(|| backoff(attempt));
                     tracing::warn!(error = %e, attempt, wait_ms = backoff.as_millis() as u64, "LLM call failed; retrying");

@@ -126,6 +126,11 @@ impl Registry {
         }
     }
 
+    /// The names of its tools.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.tools.iter().map(|t| t.name).collect()
+    }
+
     pub fn get(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
     }

@@ -20,6 +20,7 @@ use crate::{
     agent::{Inbox, Outcome, Runner},
     control::ControlClient,
     llm,
+    metrics::Metrics,
     tools::Registry,
 };
 
@@ -31,6 +32,57 @@ pub enum Error {
     Llm(#[from] reqwest::Error),
     #[error("cannot open the run job consumer: {0}")]
     Consumer(String),
+}
+
+/// Whether a worker is alive: its pull loop asks for jobs (or its slots are all busy), NATS is
+/// connected, and a task-control replica answers its requests.
+#[derive(Debug, Clone)]
+pub struct Health {
+    nats: async_nats::Client,
+    names: Names,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+/// How long the pull loop may be silent while no run is in flight (one pull waits 5 s).
+const PULL_SILENCE: Duration = Duration::from_secs(30);
+
+impl Health {
+    /// `Ok` with what was seen, or what is wrong.
+    pub async fn check(&self) -> Result<serde_json::Value, String> {
+        if self.nats.connection_state() != async_nats::connection::State::Connected {
+            return Err("NATS is not connected (nats.url)".into());
+        }
+        let running = self.metrics.running.get();
+        let since_pull = self.metrics.since_pull();
+        match since_pull {
+            None => return Err("the worker has not asked for jobs yet".into()),
+            Some(silent) if silent > PULL_SILENCE && running == 0 => {
+                return Err(format!(
+                    "the worker's pull loop has not asked for jobs for {}s",
+                    silent.as_secs()
+                ));
+            }
+            _ => {}
+        }
+        // Any answer, a refusal included, means a task-control replica serves requests.
+        let subject = self.names.control(bus::ControlOp::Heartbeat);
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            self.nats.request(subject, Default::default()),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Ok(serde_json::json!({
+                "status": "ok",
+                "runs": running,
+                "last_pull_ms": since_pull.map(|d| d.as_millis() as u64),
+            })),
+            Ok(Err(e)) => Err(format!(
+                "task-control does not answer control requests: {e}"
+            )),
+            Err(_) => Err("task-control did not answer a control request within 2s".into()),
+        }
+    }
 }
 
 /// A built worker, ready to run.
@@ -115,6 +167,21 @@ impl Worker {
         &self.runner.worker_id
     }
 
+    /// The process's worker metrics (shared by every worker of the process).
+    pub fn metrics(&self) -> &Metrics {
+        self.runner.llm.metrics()
+    }
+
+    /// What the worker's `/healthz` checks, usable after the worker has been moved into its
+    /// loop.
+    pub fn health(&self) -> Health {
+        Health {
+            nats: self.nats.clone(),
+            names: self.names.clone(),
+            metrics: self.runner.llm.metrics().clone(),
+        }
+    }
+
     /// Runs jobs until `shutdown`. Runs in flight then stop at their next step and hand their
     /// tasks back, so that another worker continues each from its last checkpoint at once.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
@@ -144,6 +211,7 @@ impl Worker {
             while let Ok(p) = slots.clone().try_acquire_owned() {
                 permits.push(p);
             }
+            this.runner.llm.metrics().pulling();
             let batch = consumer
                 .fetch()
                 .max_messages(permits.len())
@@ -178,7 +246,10 @@ impl Worker {
                 // The job runs in the trace of what queued it: a task's creation, an answer.
                 let trace = hark_core::trace::from_headers(message.headers.as_ref());
                 tracker.spawn(hark_core::trace::scope(trace, async move {
+                    let metrics = this.runner.llm.metrics();
+                    metrics.running.add(1);
                     this.handle(message, shutdown).await;
+                    metrics.running.add(-1);
                     drop(permit);
                 }));
             }

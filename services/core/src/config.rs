@@ -50,6 +50,19 @@ pub struct Config {
     pub permission: PermissionConfig,
     pub chat: ChatConfig,
     pub log: LogConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// Prometheus metrics of the process's roles.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where task-control and the worker serve `GET /metrics` (the worker also its `/healthz`),
+    /// e.g. `127.0.0.1:9464`; empty: no listener. The gateway serves `/metrics` on
+    /// `gateway.listen` in any case.
+    pub listen: String,
+    /// Required as `Authorization: Bearer` when `metrics.listen` is beyond loopback.
+    pub token: Secret,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -767,6 +780,33 @@ impl Config {
         })
     }
 
+    /// The metrics listener's address, `None` when there is none. Refuses an address beyond
+    /// loopback without `metrics.token`.
+    pub fn metrics_listen(&self) -> Result<Option<SocketAddr>, Error> {
+        let listen = self.metrics.listen.trim();
+        if listen.is_empty() {
+            return Ok(None);
+        }
+        let addr: SocketAddr = listen.parse().map_err(|_| Error::Key {
+            key: "metrics.listen".into(),
+            message: format!(
+                "`{listen}` is not a listen address: expected host:port, e.g. 127.0.0.1:9464, or \
+                 empty for no metrics listener"
+            ),
+        })?;
+        if !addr.ip().is_loopback() && self.metrics.token.is_empty() {
+            return Err(Error::Key {
+                key: "metrics.token".into(),
+                message: format!(
+                    "metrics.listen = {addr} is reachable from other hosts, but metrics.token is \
+                     empty. Set metrics.token (HARK_METRICS__TOKEN) and give it to the scraper as \
+                     a bearer token, or listen on 127.0.0.1"
+                ),
+            });
+        }
+        Ok(Some(addr))
+    }
+
     /// This configuration as it may be shown to people: every secret replaced by `[redacted]`
     /// (empty ones stay empty, so that "not set" shows) and the database password by `***`.
     pub fn redacted(&self) -> Self {
@@ -776,6 +816,7 @@ impl Config {
         shown.llm.api_key = self.llm.api_key.redacted();
         shown.gateway.onebot.access_token = self.gateway.onebot.access_token.redacted();
         shown.gateway.http.token = self.gateway.http.token.redacted();
+        shown.metrics.token = self.metrics.token.redacted();
         shown.control.api_tokens = self
             .control
             .api_tokens
@@ -1161,6 +1202,34 @@ mod tests {
             )
             .expect("a filter loads");
         }
+    }
+
+    #[test]
+    fn a_metrics_listener_beyond_loopback_needs_its_token() {
+        let load =
+            |vars: &[(&str, &str)]| Config::from_parts(None, "f", &env(vars)).expect("loads");
+        assert_eq!(load(&[]).metrics_listen().expect("fine"), None);
+        let local = load(&[("HARK_METRICS__LISTEN", "127.0.0.1:9464")]);
+        assert_eq!(
+            local.metrics_listen().expect("fine"),
+            Some("127.0.0.1:9464".parse().expect("addr"))
+        );
+        let open = load(&[("HARK_METRICS__LISTEN", "0.0.0.0:9464")]);
+        let err = open.metrics_listen().expect_err("refused").to_string();
+        assert!(err.contains("metrics.token"), "{err}");
+        let guarded = load(&[
+            ("HARK_METRICS__LISTEN", "0.0.0.0:9464"),
+            ("HARK_METRICS__TOKEN", "scrape-me"),
+        ]);
+        assert!(guarded.metrics_listen().expect("fine").is_some());
+        let err = load(&[("HARK_METRICS__LISTEN", "9464")])
+            .metrics_listen()
+            .expect_err("a port alone")
+            .to_string();
+        assert!(
+            err.contains("metrics.listen") && err.contains("127.0.0.1:9464"),
+            "{err}"
+        );
     }
 
     #[test]

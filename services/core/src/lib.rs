@@ -8,6 +8,7 @@
 //! - [`codec`] encodes and decodes the protobuf payloads that travel on the bus.
 //! - [`error`] is the one classification of failures that every service maps from.
 //! - [`startup`] waits for a dependency that does not answer yet, saying what it waits for.
+//! - [`metrics`] counts and times what each role does, for Prometheus, without locks.
 //! - [`secret`] types tokens and passwords so that nothing prints them.
 //! - [`trace`] carries W3C trace context across the bus and the gRPC API.
 
@@ -17,6 +18,7 @@ pub mod config;
 pub mod domain;
 pub mod error;
 pub mod failpoint;
+pub mod metrics;
 pub mod secret;
 pub mod startup;
 pub mod trace;

@@ -115,6 +115,13 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{authority}{tail}")
 }
 
+/// The token of an `Authorization: Bearer <token>` header, the scheme in any case.
+pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get("authorization")?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

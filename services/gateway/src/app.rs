@@ -43,6 +43,8 @@ pub struct App {
     listener: TcpListener,
     forward: Vec<String>,
     nats: hark_core::config::NatsConfig,
+    /// What `GET /metrics` asks for: `metrics.token`, else the OneBot access token.
+    metrics_token: hark_core::secret::Secret,
     shutdown: CancellationToken,
 }
 
@@ -83,6 +85,11 @@ impl App {
             listener,
             forward: config.gateway.onebot.forward.clone(),
             nats: config.nats.clone(),
+            metrics_token: if config.metrics.token.is_empty() {
+                config.gateway.onebot.access_token.clone()
+            } else {
+                config.metrics.token.clone()
+            },
             shutdown,
         })
     }
@@ -110,6 +117,7 @@ impl App {
             listener,
             forward,
             nats,
+            metrics_token,
             shutdown: own,
         } = self;
         // The streams, once NATS answers; then the spooled messages go out.
@@ -153,7 +161,8 @@ impl App {
         }
         let router = router
             .layer(DefaultBodyLimit::max(limit))
-            .with_state(hub.clone());
+            .with_state(hub.clone())
+            .merge(hark_core::metrics::router(metrics_token));
         tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
         // Chat frames are small and latency matters more than packet count.

@@ -29,6 +29,8 @@ pub struct Hub {
     pub(crate) connections: AtomicU64,
     /// The HTTP adapter, with the subscribers of its outbound stream.
     pub http: Arc<crate::http::Adapter>,
+    /// Bots, messages and failed sends per platform.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Where inbound messages wait until JetStream has them.
     pub spool: Arc<Spool>,
     pub spool_dir: std::path::PathBuf,
@@ -57,7 +59,12 @@ impl Hub {
     /// The hub, and the queue its publisher sends from.
     pub fn new(parts: Parts) -> (Arc<Self>, mpsc::UnboundedReceiver<Spooled>) {
         let (publisher, queue) = mpsc::unbounded_channel();
+        let platforms = std::iter::once(parts.settings.platform.clone())
+            .chain(parts.settings.http_platforms.iter().cloned());
+        let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
+        hark_core::metrics::Registry::global().register(metrics.clone());
         let hub = Arc::new(Self {
+            metrics,
             js: async_nats::jetstream::new(parts.nats.clone()),
             nats: parts.nats,
             names: parts.names,
@@ -125,10 +132,13 @@ impl Hub {
         message: hark_proto::v1::ChatMessage,
         trace: Option<hark_core::trace::TraceContext>,
     ) -> Result<(), String> {
+        let platform = message.platform.clone();
         hark_core::trace::scope(trace, async {
             let spooled = inbound::spooled(&self.names, message).map_err(|e| e.to_string())?;
             inbound::send(&self.js, &spooled).await
         })
-        .await
+        .await?;
+        self.metrics.inbound.of(&platform).inc();
+        Ok(())
     }
 }

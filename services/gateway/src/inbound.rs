@@ -69,6 +69,7 @@ async fn ingest_one<P: Platform>(hub: &Arc<Hub>, platform: &P, mut message: pb::
     match hub.spool.append(spooled).await {
         Ok(spooled) => {
             hark_core::failpoint::hit("inbound.after_spool");
+            hub.metrics.inbound.of(&route.platform).inc();
             hub.to_publish(spooled)
         }
         Err(e) => {

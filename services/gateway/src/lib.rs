@@ -8,6 +8,7 @@
 //! - [`ws`] is the reverse WebSocket server bots dial into; [`forward`] dials bots' own servers.
 //! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
 //! - [`http`] is the generic HTTP adapter for other apps.
+//! - [`metrics`] counts bots, messages and failed sends per platform.
 //! - [`app`] binds the listener and runs it all.
 
 pub mod app;
@@ -15,6 +16,7 @@ pub mod forward;
 pub mod http;
 pub mod hub;
 pub mod inbound;
+pub mod metrics;
 pub mod onebot;
 pub mod outbound;
 pub mod platform;
@@ -73,9 +75,4 @@ impl Settings {
     }
 }
 
-/// The token of an `Authorization: Bearer <token>` header, the scheme in any case.
-pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
-    let value = headers.get("authorization")?.to_str().ok()?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
+pub use hark_core::secret::bearer;

@@ -95,8 +95,15 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
         }
     };
     let attempt = message.info().map_or(1, |i| i.delivered as u64);
+    let platform = outbound
+        .route
+        .as_ref()
+        .map(|r| r.platform.as_str())
+        .unwrap_or_default();
+    let metrics = &hub.metrics;
     match sender.send(outbound.clone()).await {
         Ok(platform_id) => {
+            metrics.outbound.of(platform).inc();
             if let Err(e) = message.double_ack().await {
                 tracing::warn!(error = %e, "delivered, but the ack was not confirmed; it may be sent again");
             }
@@ -127,6 +134,7 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
             false
         }
         Err(SendError::Retry(reason)) if attempt >= MAX_ATTEMPTS => {
+            metrics.given_up.of(platform).inc();
             tracing::error!(
                 id = outbound.id,
                 attempt,
@@ -137,6 +145,7 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
             true
         }
         Err(SendError::Retry(reason)) => {
+            metrics.send_failures.of(platform).inc();
             let delay =
                 Duration::from_secs(2u64.pow(attempt.min(6) as u32)).min(Duration::from_secs(30));
             tracing::warn!(

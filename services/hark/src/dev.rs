@@ -26,6 +26,9 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
         }
     }
 
+    let metrics =
+        crate::listen::metrics(&config, built.first().map(Worker::health), shutdown.clone())
+            .await?;
     let onebot = format!("ws://{}/onebot/v11/ws", gateway.addr());
     let llm = match &demo {
         Some(demo) => format!(
@@ -43,7 +46,7 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
         ),
     };
     eprintln!(
-        "\nhark dev is up\n  OneBot reverse WebSocket: {onebot}{}\n  HTTP adapter:             http://{}/api/v1/messages\n  gRPC API:                 http://{}\n  LLM:                      {llm}\n  workers:                  {workers}\n  database:                 {}\n  NATS:                     {} (namespace {})\nStop with Ctrl-C; a second Ctrl-C exits at once.\n",
+        "\nhark dev is up\n  OneBot reverse WebSocket: {onebot}{}\n  HTTP adapter:             http://{}/api/v1/messages\n  gRPC API:                 http://{}\n  metrics:                  http://{}/metrics\n  LLM:                      {llm}\n  workers:                  {workers}\n  database:                 {}\n  NATS:                     {} (namespace {})\nStop with Ctrl-C; a second Ctrl-C exits at once.\n",
         if config.gateway.onebot.access_token.is_empty() {
             " (no access token)"
         } else {
@@ -51,6 +54,7 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
         },
         gateway.addr(),
         control.grpc_addr(),
+        metrics.unwrap_or(gateway.addr()),
         hark_core::secret::redact_url(config.database.url.expose()),
         hark_core::secret::redact_url(config.nats.url.expose()),
         config.nats.namespace,

@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 mod bench;
 mod dev;
 mod health;
+mod listen;
 mod task;
 
 use anyhow::Context as _;
@@ -112,6 +113,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             else {
                 return Ok(());
             };
+            listen::metrics(&config, Some(worker.health()), shutdown.clone()).await?;
             worker.run_until_stopped(shutdown).await?;
             Ok(())
         }
@@ -121,6 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 return Ok(());
             };
             tracing::info!(grpc = %app.grpc_addr(), "task-control started");
+            listen::metrics(&app.shared().config, None, shutdown.clone()).await?;
             app.run_until_stopped(shutdown).await?;
             Ok(())
         }

@@ -103,6 +103,16 @@ impl App {
             names,
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
+        let platforms = std::iter::once(config.gateway.onebot.platform.clone())
+            .chain(config.gateway.http.platforms.iter().cloned());
+        let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
+        let scraped = Arc::new(crate::metrics::Scraped {
+            metrics: metrics.clone(),
+            pool: pool.clone(),
+            js: js.clone(),
+            names: names.clone(),
+        });
+        hark_core::metrics::Registry::global().register(scraped.clone());
         let store = store::Store::new(
             pool,
             names.clone(),
@@ -112,7 +122,8 @@ impl App {
         .with_policy(hark_core::domain::decide::Policy {
             max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
         })
-        .with_questionnaire_steps();
+        .with_questionnaire_steps()
+        .with_metrics(metrics);
         Ok(Self {
             shared: Shared {
                 store,
@@ -123,6 +134,7 @@ impl App {
                     config.chat.commands_per_minute,
                 )),
                 watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
+                metrics: scraped,
                 config: Arc::new(config),
             },
             listener,

@@ -47,8 +47,10 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
             };
             let op = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
             let trace = hark_core::trace::from_headers(message.headers.as_ref());
+            let started = std::time::Instant::now();
             let response =
                 hark_core::trace::scope(trace, respond(&shared, &op, &message.payload)).await;
+            shared.store.metrics().request(&op, started.elapsed());
             if let Err(e) = shared.nats.publish(reply_to, response.into()).await {
                 tracing::warn!(op, error = %e, "cannot answer a control request");
             }

@@ -24,11 +24,22 @@ pub struct Effects {
     names: Names,
     /// Which language each chat is written in.
     languages: Languages,
+    /// Counts each move whose event is made here.
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Effects {
     pub fn new(names: Names, languages: Languages) -> Self {
-        Self { names, languages }
+        Self {
+            names,
+            languages,
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::new([])),
+        }
+    }
+
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The messages `decision` sends for `task` once its move to `generation` commits: its run
@@ -64,12 +75,15 @@ impl Effects {
     }
 
     /// The event of a move that won: `row` as it is now, `cause`, and the question it waits on.
+    /// Every move that won has its event made here, once, so this is where moves are counted.
     pub fn event(
         &self,
         row: &TaskRow,
         cause: &str,
         question: Option<pb::Question>,
     ) -> OutboxMessage {
+        self.metrics
+            .moved(row.platform.as_deref(), row.state, cause);
         OutboxMessage {
             subject: self.names.task_event(row.id),
             msg_id: Names::task_event_msg_id(row.id, row.generation as u64),

@@ -9,6 +9,7 @@
 //!   and relays the outbox.
 //! - [`effects`] turns what a decision makes happen into outbox messages: run jobs, chat text
 //!   (in the language of [`texts`]) and task events.
+//! - [`metrics`] counts what the store decides and reads the rest at scrape time.
 //! - [`watchers`] hands task events to the `WatchTask` streams of this process; [`events`] says
 //!   what a task's event carries, waits for the next one after an answer, and streams many tasks'.
 
@@ -19,6 +20,7 @@ pub mod control;
 pub mod convert;
 pub mod effects;
 pub mod events;
+pub mod metrics;
 pub mod render;
 pub mod shared;
 pub mod store;

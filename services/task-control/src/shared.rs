@@ -25,6 +25,8 @@ pub struct Shared {
     pub commands: Arc<crate::chat::limit::CommandLimiter>,
     /// The `WatchTask` streams of this process and the events they wait for.
     pub watchers: Arc<crate::watchers::Watchers>,
+    /// This role's metrics, registered with the process's registry while it lives.
+    pub metrics: Arc<crate::metrics::Scraped>,
 }
 
 impl Shared {

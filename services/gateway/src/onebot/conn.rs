@@ -234,6 +234,9 @@ pub fn attach(hub: &Arc<Hub>, platform: &str, self_id: &str) -> (Arc<Bot>, mpsc:
     let previous = hub
         .lock_bots()
         .insert((platform.to_owned(), self_id.to_owned()), bot.clone());
+    if previous.is_none() {
+        hub.metrics.bots.of(platform).add(1);
+    }
     if let Some(previous) = previous {
         tracing::info!(
             platform,
@@ -267,6 +270,7 @@ fn detach(hub: &Hub, bot: &Bot) {
         .is_some_and(|b| b.connection == bot.connection)
     {
         bots.remove(&key);
+        hub.metrics.bots.of(&bot.platform).add(-1);
         tracing::info!(platform = bot.platform, bot = bot.self_id, "bot offline");
     }
     bot.closed.cancel();

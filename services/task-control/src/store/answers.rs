@@ -102,6 +102,19 @@ impl Store {
         target: AnswerTarget,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
+        let outcome = self.answer_target_once(target, answer).await?;
+        if let AnswerOutcome::Applied { task, question, .. } = &outcome {
+            let waited = task.updated_at - question.asked_at;
+            self.metrics.answered(waited.try_into().unwrap_or_default());
+        }
+        Ok(outcome)
+    }
+
+    async fn answer_target_once(
+        &self,
+        target: AnswerTarget,
+        answer: &Answer,
+    ) -> Result<AnswerOutcome, Error> {
         let AnswerTarget {
             question: mut question_row,
             task_state: state,

@@ -240,6 +240,11 @@ impl Store {
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = &row {
+            for effect in &change.decision.effects {
+                if let Effect::CloseQuestion(outcome) = effect {
+                    self.metrics.closed(*outcome);
+                }
+            }
             sent.extend(outbox);
             sent.push(
                 self.effects

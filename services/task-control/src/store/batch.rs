@@ -428,7 +428,8 @@ macro_rules! claim_sql {
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
                         'outcome', outcome, 'answer', answer,
-                        'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint)
+                        'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint,
+                        'since_closed_ms', (extract(epoch FROM now() - closed_at) * 1000)::bigint)
                  FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
                                           ORDER BY created_at, id), '[]')

@@ -159,11 +159,17 @@ impl Store {
             })
             .collect();
         let last_round = rounds.last().map_or(0, |r| r.round);
-        let resume = row
+        let pending_ask = row
             .ctx_question
             .map(|j| j.0)
-            .filter(|q| q["round"].as_i64().unwrap_or(0) >= i64::from(last_round))
-            .and_then(|q| resume_from_json(&q));
+            .filter(|q| q["round"].as_i64().unwrap_or(0) >= i64::from(last_round));
+        let resume = pending_ask.as_ref().and_then(resume_from_json);
+        if let (Some(resume), Some(q)) = (&resume, &pending_ask)
+            && !resume.expired
+            && let Some(ms) = q["since_closed_ms"].as_u64()
+        {
+            self.metrics.resumed(Duration::from_millis(ms));
+        }
         Ok(Claimed {
             lease: Lease {
                 task: row.task.id,

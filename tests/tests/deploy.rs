@@ -204,6 +204,9 @@ fn every_compose_command_and_environment_key_exists_in_hark() {
         config
             .check_control_exposure()
             .unwrap_or_else(|e| panic!("{name}: {e}"));
+        config
+            .metrics_listen()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
     assert_eq!(hark_services, 4, "gateway, control and two workers");
     for required in ["nats", "postgres"] {
@@ -297,4 +300,96 @@ fn the_example_config_file_loads() {
     let config = Config::from_parts(Some(&text), "deploy/hark.example.toml", &BTreeMap::new())
         .expect("it loads");
     assert_eq!(config, Config::default(), "the example shows the defaults");
+}
+
+#[test]
+fn prometheus_under_compose_scrapes_every_hark_service_where_it_serves_metrics() {
+    let compose = &load("docker-compose.yml")[0];
+    let services = compose["services"].as_hash().expect("services");
+    // Where each hark service serves /metrics, as its environment says.
+    let mut expected = BTreeSet::new();
+    for (name, service) in services {
+        let name = name.as_str().expect("service name");
+        let service = merged(service);
+        if service["image"].as_str() != Some("hark:local") {
+            continue;
+        }
+        let env = &service["environment"];
+        let port_of = |key: &str| {
+            env[key]
+                .as_str()
+                .and_then(|v| v.rsplit(':').next())
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("{name} sets {key}"))
+        };
+        let command = strings(&service["command"]);
+        let port = match command[0].as_str() {
+            "gateway" => port_of("HARK_GATEWAY__LISTEN"),
+            _ => port_of("HARK_METRICS__LISTEN"),
+        };
+        expected.insert(format!("{name}:{port}"));
+    }
+    let prometheus = &services[&Yaml::String("prometheus".into())];
+    assert_eq!(strings(&prometheus["profiles"]), ["observability"]);
+    let mounted = strings(&prometheus["volumes"]);
+    assert!(
+        mounted
+            .iter()
+            .any(|v| v.starts_with("./deploy/prometheus/prometheus.yml:")),
+        "{mounted:?}"
+    );
+    let config = &load("deploy/prometheus/prometheus.yml")[0];
+    let mut scraped = BTreeSet::new();
+    for job in config["scrape_configs"].as_vec().expect("scrape configs") {
+        let name = job["job_name"].as_str().expect("job name");
+        assert_eq!(
+            job["authorization"]["credentials_file"].as_str(),
+            Some("/etc/prometheus/metrics-token"),
+            "{name} sends metrics.token"
+        );
+        for target in job["static_configs"]
+            .as_vec()
+            .expect("static configs")
+            .iter()
+            .flat_map(|c| strings(&c["targets"]))
+        {
+            scraped.insert(target);
+        }
+    }
+    assert_eq!(scraped, expected, "every hark service, at its metrics port");
+    let entry = strings(&prometheus["entrypoint"]).join(" ");
+    assert!(
+        entry.contains("/etc/prometheus/metrics-token") && entry.contains("METRICS_TOKEN"),
+        "{entry}"
+    );
+}
+
+#[test]
+fn the_grafana_dashboard_is_provisioned_and_each_panel_queries_something() {
+    let text = std::fs::read_to_string(root().join("deploy/grafana/dashboards/hark.json"))
+        .expect("dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{} panels", panels.len());
+    for panel in panels {
+        let exprs: Vec<&str> = panel["targets"]
+            .as_array()
+            .expect("targets")
+            .iter()
+            .filter_map(|t| t["expr"].as_str())
+            .collect();
+        assert!(!exprs.is_empty(), "{} queries nothing", panel["title"]);
+    }
+    let provider = &load("deploy/grafana/provisioning/dashboards/hark.yml")[0];
+    let path = provider["providers"][0]["options"]["path"]
+        .as_str()
+        .expect("a path");
+    let compose = &load("docker-compose.yml")[0];
+    let grafana = &compose["services"]["grafana"];
+    assert!(
+        strings(&grafana["volumes"])
+            .iter()
+            .any(|v| v == &format!("./deploy/grafana/dashboards:{path}:ro")),
+        "the dashboards directory is mounted where the provider reads"
+    );
 }

@@ -274,5 +274,44 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
         worker.at("gen_ai_client_operation_duration_seconds_count", &[]) > model_calls,
         "every attempt is timed"
     );
+
+    // Every metric the Grafana dashboard queries is one a role serves.
+    let served: std::collections::BTreeSet<String> =
+        [hark.control().await, hark.gateway().await, worker]
+            .iter()
+            .flat_map(|m| m.0.samples.iter().map(|s| s.metric.clone()))
+            .collect();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/grafana/dashboards/hark.json"),
+        )
+        .expect("dashboard"),
+    )
+    .expect("JSON");
+    let mut queried = 0;
+    for target in dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+    {
+        let expr = target["expr"].as_str().expect("expr");
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("hark_") || w.starts_with("gen_ai_client"))
+        {
+            queried += 1;
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            assert!(
+                served.contains(name) || served.contains(base),
+                "the dashboard queries {name}, which no role serves"
+            );
+        }
+    }
+    assert!(queried >= 20, "{queried}");
     hark.stop().await;
 }

@@ -239,6 +239,15 @@ impl Runner {
                 }
                 let key = format!("{}:{number}:{}", spec.id, call.id);
                 let started = std::time::Instant::now();
+                // Spans the tool's work from here to its result (ask_user ends the run instead).
+                let tool_span = tracing::info_span!(
+                    "execute_tool",
+                    otel.name = format!("execute_tool {}", call.name),
+                    otel.kind = "internal",
+                    gen_ai.operation.name = "execute_tool",
+                    gen_ai.tool.name = %call.name,
+                    gen_ai.tool.call.id = %call.id,
+                );
                 let result = match self.registry.check(call, role) {
                     Err(error) => error,
                     Ok(checked) => match checked.tool.kind {
@@ -311,6 +320,7 @@ impl Runner {
                     },
                 };
                 self.llm.metrics().tool(&call.name, started.elapsed());
+                drop(tool_span);
                 pending.push(tool_message(
                     &call.id,
                     &limits::cut(&result, limits::MAX_TOOL_RESULT),

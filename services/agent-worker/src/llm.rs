@@ -166,6 +166,36 @@ impl Client {
         tools: &[Value],
         call_prefix: &str,
     ) -> Result<Reply, Error> {
+        use tracing::Instrument as _;
+        // By the GenAI conventions: one client span per completion, retries inside it.
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = format!("chat {}", self.settings.model),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = %self.metrics.provider(),
+            gen_ai.request.model = %self.settings.model,
+            gen_ai.response.model = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let completed = self
+            .complete_in_span(messages, tools, call_prefix)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &completed {
+            span.record("error.type", tracing::field::display(e.metric_label()));
+        }
+        completed
+    }
+
+    async fn complete_in_span(
+        &self,
+        messages: &[Value],
+        tools: &[Value],
+        call_prefix: &str,
+    ) -> Result<Reply, Error> {
         let body = self.body(messages, tools);
         let mut attempt = 0;
         loop {
@@ -181,6 +211,16 @@ impl Client {
                     };
                     self.metrics
                         .tokens(usage("prompt_tokens"), usage("completion_tokens"));
+                    let span = tracing::Span::current();
+                    if let Some(n) = usage("prompt_tokens") {
+                        span.record("gen_ai.usage.input_tokens", n);
+                    }
+                    if let Some(n) = usage("completion_tokens") {
+                        span.record("gen_ai.usage.output_tokens", n);
+                    }
+                    if let Some(model) = raw["model"].as_str() {
+                        span.record("gen_ai.response.model", model);
+                    }
                     return parse_reply(&raw, &self.url, call_prefix);
                 }
                 Err(e) if e.retryable() && attempt < self.settings.max_retries => {

@@ -37,6 +37,7 @@ pub const ERRORS: &[&str] = &[
 pub struct Metrics {
     /// `gen_ai_provider_name`, `gen_ai_request_model` and the operation, on every GenAI sample.
     model: String,
+    provider: String,
     calls: Histogram,
     input_tokens: Histogram,
     output_tokens: Histogram,
@@ -65,6 +66,7 @@ impl Metrics {
     pub fn new(model: &str, provider: &str) -> Self {
         let tools = crate::tools::Registry::builtin().names();
         Self {
+            provider: provider.to_owned(),
             model: labels([
                 ("gen_ai_operation_name", "chat"),
                 ("gen_ai_provider_name", provider),
@@ -78,6 +80,11 @@ impl Metrics {
             running: Gauge::default(),
             last_pull_ms: AtomicI64::new(0),
         }
+    }
+
+    /// The provider as `gen_ai.provider.name` gives it: the endpoint's host.
+    pub fn provider(&self) -> &str {
+        &self.provider
     }
 
     /// One model call (one attempt) took `took`; `error` says how it failed, if it did.

@@ -245,7 +245,8 @@ impl Worker {
                 let (this, shutdown) = (this.clone(), shutdown.clone());
                 // The job runs in the trace of what queued it: a task's creation, an answer.
                 let trace = hark_core::trace::from_headers(message.headers.as_ref());
-                tracker.spawn(hark_core::trace::scope(trace, async move {
+                let span = hark_core::trace::process_span(&message.subject);
+                tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
                     let metrics = this.runner.llm.metrics();
                     metrics.running.add(1);
                     this.handle(message, shutdown).await;
@@ -426,7 +427,30 @@ impl Worker {
         }
 
         let task_id = lease.task_id.clone();
-        let outcome = self.runner.run(claimed, cancel, gone.clone(), inbox).await;
+        let span = tracing::info_span!(
+            "invoke_agent",
+            otel.name = "invoke_agent hark",
+            otel.kind = "internal",
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = "hark",
+            gen_ai.conversation.id = %task_id,
+            gen_ai.request.model = self.runner.llm.model(),
+        );
+        // The run that resumes a task links the span that asked its question.
+        if let Some(asked) = claimed
+            .resume
+            .as_ref()
+            .and_then(|r| hark_core::trace::TraceContext::parse(&r.asked_traceparent))
+        {
+            span.in_scope(|| hark_core::trace::link_current_to(asked));
+        }
+        let outcome = {
+            use tracing::Instrument as _;
+            self.runner
+                .run(claimed, cancel, gone.clone(), inbox)
+                .instrument(span)
+                .await
+        };
         self.lock_running().remove(&task_id);
         let outcome = self.hand_back(outcome, &lease, &shutdown, &gone).await;
         helpers.cancel();

@@ -51,6 +51,24 @@ pub struct Config {
     pub chat: ChatConfig,
     pub log: LogConfig,
     pub metrics: MetricsConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+/// Traces over OTLP/gRPC. Each key mirrors the standard OpenTelemetry environment variable,
+/// which wins when set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`, e.g. `http://127.0.0.1:4317`; empty: no traces exported.
+    pub endpoint: String,
+    /// `OTEL_SERVICE_NAME`; empty: `hark-control`, `hark-gateway`, `hark-worker` or `hark-dev`.
+    pub service_name: String,
+    /// `OTEL_RESOURCE_ATTRIBUTES`: `key=value` pairs, comma-separated.
+    pub resource_attributes: String,
+    /// `OTEL_TRACES_SAMPLER`: `parentbased_always_on` when empty.
+    pub sampler: String,
+    /// `OTEL_TRACES_SAMPLER_ARG`: the ratio of the `traceidratio` samplers.
+    pub sampler_arg: String,
 }
 
 /// Prometheus metrics of the process's roles.

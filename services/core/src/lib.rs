@@ -10,6 +10,7 @@
 //! - [`startup`] waits for a dependency that does not answer yet, saying what it waits for.
 //! - [`metrics`] counts and times what each role does, for Prometheus, without locks.
 //! - [`secret`] types tokens and passwords so that nothing prints them.
+//! - [`telemetry`] exports traces over OTLP when an endpoint is set.
 //! - [`trace`] carries W3C trace context across the bus and the gRPC API.
 
 pub mod bus;
@@ -21,6 +22,7 @@ pub mod failpoint;
 pub mod metrics;
 pub mod secret;
 pub mod startup;
+pub mod telemetry;
 pub mod trace;
 
 /// Installs ring as rustls's process-wide crypto provider, for HTTPS clients (the LLM client,

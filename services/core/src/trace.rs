@@ -8,7 +8,15 @@
 
 use std::{fmt, future::Future};
 
+use opentelemetry::{
+    propagation::TextMapPropagator as _,
+    trace::{
+        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId as OtelTraceId, TraceState,
+    },
+};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// The header (and gRPC metadata key) that carries the context.
 pub const HEADER: &str = "traceparent";
@@ -43,33 +51,38 @@ impl TraceContext {
         }
     }
 
-    /// Parses a `traceparent` value. Versions other than 00 are read by their 00 fields, as the
-    /// W3C recommendation asks; anything malformed, and all-zero ids, give `None`.
+    /// Parses a `traceparent` value, by the W3C TraceContext propagator of the OpenTelemetry
+    /// SDK. Anything malformed, and all-zero ids, give `None`.
     pub fn parse(value: &str) -> Option<Self> {
-        let value = value.trim();
-        let mut parts = value.splitn(5, '-');
-        let version = parts.next()?;
-        let trace = parts.next()?;
-        let parent = parts.next()?;
-        let flags = parts.next()?;
-        let rest = parts.next();
-        let lower_hex = |s: &str, len: usize| {
-            s.len() == len
-                && s.bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        };
-        if !lower_hex(version, 2) || version == "ff" || (version == "00" && rest.is_some()) {
+        // The propagator reads ids of any length up to theirs; W3C fixes them.
+        let mut fields = value.trim().split('-').skip(1);
+        if fields.next()?.len() != 32 || fields.next()?.len() != 16 {
             return None;
         }
-        if !(lower_hex(trace, 32) && lower_hex(parent, 16) && lower_hex(flags, 2)) {
-            return None;
-        }
-        let context = Self {
-            trace_id: u128::from_str_radix(trace, 16).ok()?,
-            parent_id: u64::from_str_radix(parent, 16).ok()?,
-            flags: u8::from_str_radix(flags, 16).ok()?,
-        };
-        (context.trace_id != 0 && context.parent_id != 0).then_some(context)
+        let carrier =
+            std::collections::HashMap::from([(HEADER.to_owned(), value.trim().to_owned())]);
+        let context = TraceContextPropagator::new().extract(&carrier);
+        Self::of(context.span().span_context())
+    }
+
+    /// The context of an OpenTelemetry span, when it is a valid one.
+    pub fn of(span: &SpanContext) -> Option<Self> {
+        span.is_valid().then(|| Self {
+            trace_id: u128::from_be_bytes(span.trace_id().to_bytes()),
+            parent_id: u64::from_be_bytes(span.span_id().to_bytes()),
+            flags: span.trace_flags().to_u8(),
+        })
+    }
+
+    /// This context as the remote parent of a span.
+    pub fn remote(&self) -> opentelemetry::Context {
+        opentelemetry::Context::new().with_remote_span_context(SpanContext::new(
+            OtelTraceId::from_bytes(self.trace_id.to_be_bytes()),
+            SpanId::from_bytes(self.parent_id.to_be_bytes()),
+            TraceFlags::new(self.flags),
+            true,
+            TraceState::default(),
+        ))
     }
 
     /// The trace id as 32 lowercase hex digits, as logs show it.
@@ -137,17 +150,119 @@ pub fn current() -> Option<TraceContext> {
     CURRENT.try_with(|c| *c).ok()
 }
 
-/// The `traceparent` to send with a message sent now: a child of the current context.
+/// The `traceparent` to send with a message sent now. While traces are exported, the current
+/// span's context through the propagator, so that the receiver's spans are its children;
+/// otherwise a child of the current context.
 pub fn outgoing() -> Option<String> {
+    if crate::telemetry::exporting() {
+        let mut carrier = std::collections::HashMap::new();
+        let context = tracing::Span::current().context();
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&context, &mut carrier)
+        });
+        if let Some(value) = carrier.remove(HEADER) {
+            return Some(value);
+        }
+    }
     current().map(|c| c.child().to_string())
 }
 
-/// Runs `work` under `context` (a new trace when `None`), with every log line inside it carrying
-/// the trace id.
+/// Runs `work` under `context` (a new trace when `None`), with every log line inside it
+/// carrying the trace id and the span id. While traces are exported, the span is exported as the
+/// child of `context`.
 pub async fn scope<F: Future>(context: Option<TraceContext>, work: F) -> F::Output {
-    let context = context.unwrap_or_else(TraceContext::new_root);
-    let span = tracing::info_span!("trace", trace_id = %TraceId(context.trace_id));
+    scope_in(
+        tracing::info_span!(
+            "trace",
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty
+        ),
+        context,
+        work,
+    )
+    .await
+}
+
+/// [`scope`] in a span of the caller's making (with `trace_id` and `span_id` fields left
+/// empty), so that it can carry the attributes of what it handles.
+pub async fn scope_in<F: Future>(
+    span: tracing::Span,
+    context: Option<TraceContext>,
+    work: F,
+) -> F::Output {
+    let context = if crate::telemetry::exporting() {
+        if let Some(remote) = context {
+            let _ = span.set_parent(remote.remote());
+        }
+        // A new root's trace id is the one the span is exported with.
+        TraceContext::of(span.context().span().span_context())
+            .or(context)
+            .unwrap_or_else(TraceContext::new_root)
+    } else {
+        context.unwrap_or_else(TraceContext::new_root)
+    };
+    span.record(
+        "trace_id",
+        tracing::field::display(TraceId(context.trace_id)),
+    );
+    // The exported span's own id; without export, the id this context's sender gave.
+    let span_id = span.context().span().span_context().span_id();
+    if span_id != SpanId::INVALID {
+        span.record("span_id", tracing::field::display(span_id));
+    } else {
+        span.record(
+            "span_id",
+            tracing::field::display(format_args!("{:016x}", context.parent_id)),
+        );
+    }
     CURRENT.scope(context, work.instrument(span)).await
+}
+
+/// The span of handling one NATS message on `subject`, by the OpenTelemetry messaging
+/// conventions; for [`scope_in`].
+pub fn process_span(subject: &str) -> tracing::Span {
+    tracing::info_span!(
+        "process",
+        otel.name = format!("process {subject}"),
+        otel.kind = "consumer",
+        messaging.system = "nats",
+        messaging.destination.name = subject,
+        messaging.operation.type = "process",
+        trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+    )
+}
+
+/// The span of publishing one NATS message to `subject`, by the messaging conventions.
+pub fn send_span(subject: &str) -> tracing::Span {
+    tracing::info_span!(
+        "send",
+        otel.name = format!("send {subject}"),
+        otel.kind = "producer",
+        messaging.system = "nats",
+        messaging.destination.name = subject,
+        messaging.operation.type = "send",
+    )
+}
+
+/// Makes `span` a child of `parent` (a message's stored context), while traces are exported.
+pub fn set_parent(span: &tracing::Span, parent: Option<TraceContext>) {
+    if crate::telemetry::exporting()
+        && let Some(parent) = parent
+    {
+        let _ = span.set_parent(parent.remote());
+    }
+}
+
+/// Links the current span to the span `context` names: the wait for a person is a link, not a
+/// span held open for days.
+pub fn link_current_to(context: TraceContext) {
+    if crate::telemetry::exporting()
+        && let Some(remote) = TraceContext::parse(&context.to_string())
+    {
+        let span = remote.remote();
+        tracing::Span::current().add_link(span.span().span_context().clone());
+    }
 }
 
 /// The context a NATS message carries, if any.

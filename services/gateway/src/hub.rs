@@ -133,7 +133,15 @@ impl Hub {
         trace: Option<hark_core::trace::TraceContext>,
     ) -> Result<(), String> {
         let platform = message.platform.clone();
-        hark_core::trace::scope(trace, async {
+        let span = tracing::info_span!(
+            "receive",
+            otel.name = format!("receive {platform} message"),
+            otel.kind = "server",
+            chat.platform = %platform,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        );
+        hark_core::trace::scope_in(span, trace, async {
             let spooled = inbound::spooled(&self.names, message).map_err(|e| e.to_string())?;
             inbound::send(&self.js, &spooled).await
         })

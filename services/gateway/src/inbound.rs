@@ -52,7 +52,15 @@ pub async fn ingest<P: Platform>(
 ) {
     while let Some(message) = messages.recv().await {
         // Each message starts a trace of its own, which its spooled copy carries on.
-        trace::scope(None, ingest_one(&hub, &*platform, message)).await;
+        let span = tracing::info_span!(
+            "receive",
+            otel.name = format!("receive {} message", message.platform),
+            otel.kind = "consumer",
+            chat.platform = %message.platform,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        );
+        trace::scope_in(span, None, ingest_one(&hub, &*platform, message)).await;
     }
 }
 
@@ -141,9 +149,28 @@ pub async fn publish(
 
 /// One publish, acknowledged by JetStream.
 pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), String> {
+    use tracing::Instrument as _;
+    let span = trace::send_span(&message.subject);
+    trace::set_parent(
+        &span,
+        message
+            .trace
+            .as_deref()
+            .and_then(trace::TraceContext::parse),
+    );
+    send_once(js, message).instrument(span).await
+}
+
+async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), String> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
-    if let Some(trace) = &message.trace {
+    // While traces are exported, the receiver continues from this send's span.
+    let traceparent = if hark_core::telemetry::exporting() {
+        trace::outgoing().or_else(|| message.trace.clone())
+    } else {
+        message.trace.clone()
+    };
+    if let Some(trace) = &traceparent {
         headers.insert(trace::HEADER, trace.as_str());
     }
     let published = tokio::time::timeout(PUBLISH_TIMEOUT, async {

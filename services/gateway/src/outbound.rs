@@ -74,7 +74,10 @@ pub async fn run<P: Platform>(
             match message {
                 Ok(message) => {
                     let trace = hark_core::trace::from_headers(message.headers.as_ref());
-                    if !hark_core::trace::scope(trace, handle(&hub, &message, &*sender)).await {
+                    let span = hark_core::trace::process_span(&message.subject);
+                    if !hark_core::trace::scope_in(span, trace, handle(&hub, &message, &*sender))
+                        .await
+                    {
                         return;
                     }
                 }

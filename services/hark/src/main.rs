@@ -92,7 +92,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         cli.command,
         Command::Task(_) | Command::Config { .. } | Command::Health { .. } | Command::Bench(_)
     );
-    init_tracing(&config, quiet);
+    let role = match &cli.command {
+        Command::Control => Some("control"),
+        Command::Gateway => Some("gateway"),
+        Command::Worker { .. } => Some("worker"),
+        Command::Dev { .. } => Some("dev"),
+        _ => None,
+    };
+    // Flushes the last spans when the role stops.
+    let _telemetry = init_tracing(&config, quiet, role)?;
     match cli.command {
         Command::Migrate => migrate(&config).await,
         Command::Dev { workers } => dev::run(config, workers, shutdown_on_signal()).await,
@@ -206,7 +214,12 @@ pub(crate) async fn llm_settings(
     Ok((settings, Some(demo)))
 }
 
-fn init_tracing(config: &Config, quiet: bool) {
+fn init_tracing(
+    config: &Config,
+    quiet: bool,
+    role: Option<&str>,
+) -> anyhow::Result<hark_core::telemetry::Guard> {
+    use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let wanted = if quiet {
         "warn"
     } else {
@@ -217,15 +230,27 @@ fn init_tracing(config: &Config, quiet: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only for a person at a terminal, not for a log file or a collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    if config.log.format == "json" {
-        builder.json().init();
+    let logs = if config.log.format == "json" {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed()
     } else {
-        builder.init();
-    }
+        tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .boxed()
+    };
+    let (traces, guard) = match role {
+        Some(role) => hark_core::telemetry::init(&config.telemetry, role)?,
+        None => (None, hark_core::telemetry::Guard::default()),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(logs)
+        .with(traces)
+        .init();
+    Ok(guard)
 }
 
 async fn migrate(config: &Config) -> anyhow::Result<()> {

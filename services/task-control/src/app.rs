@@ -499,7 +499,8 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
                 None => break,
             };
             let trace = hark_core::trace::from_headers(message.headers.as_ref());
-            let outcome = hark_core::trace::scope(trace, async {
+            let span = hark_core::trace::process_span(&message.subject);
+            let outcome = hark_core::trace::scope_in(span, trace, async {
                 if chat_in {
                     handle_chat(&shared, &message.payload).await
                 } else {

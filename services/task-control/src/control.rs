@@ -48,8 +48,10 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
             let op = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
             let trace = hark_core::trace::from_headers(message.headers.as_ref());
             let started = std::time::Instant::now();
+            let span = hark_core::trace::process_span(&message.subject);
             let response =
-                hark_core::trace::scope(trace, respond(&shared, &op, &message.payload)).await;
+                hark_core::trace::scope_in(span, trace, respond(&shared, &op, &message.payload))
+                    .await;
             shared.store.metrics().request(&op, started.elapsed());
             if let Err(e) = shared.nats.publish(reply_to, response.into()).await {
                 tracing::warn!(op, error = %e, "cannot answer a control request");
@@ -249,6 +251,7 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
                     tool_call_id: r.tool_call_id,
                     expired: r.expired,
                     text: r.text,
+                    asked_traceparent: r.asked_trace.unwrap_or_default(),
                 }),
                 instructions,
             }

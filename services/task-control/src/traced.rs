@@ -48,6 +48,19 @@ where
             .get(trace::HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(TraceContext::parse);
-        Box::pin(trace::scope(context, self.inner.call(request)))
+        // `/hark.v1.TaskService/CreateTask`: the service and the method, by the RPC conventions.
+        let path = request.uri().path().trim_start_matches('/');
+        let (service, method) = path.split_once('/').unwrap_or((path, ""));
+        let span = tracing::info_span!(
+            "grpc",
+            otel.name = path,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.service = service,
+            rpc.method = method,
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
+        );
+        Box::pin(trace::scope_in(span, context, self.inner.call(request)))
     }
 }

@@ -235,6 +235,8 @@ pub(super) struct AskRequest {
     pub(super) question: QuestionId,
     pub(super) handle: String,
     pub(super) outbox: Vec<OutboxMessage>,
+    /// The `traceparent` of the span that asked.
+    pub(super) trace: Option<String>,
 }
 
 impl AskRequest {
@@ -429,7 +431,8 @@ macro_rules! claim_sql {
                 (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
                         'outcome', outcome, 'answer', answer,
                         'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint,
-                        'since_closed_ms', (extract(epoch FROM now() - closed_at) * 1000)::bigint)
+                        'since_closed_ms', (extract(epoch FROM now() - closed_at) * 1000)::bigint,
+                        'traceparent', traceparent)
                  FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
                                           ORDER BY created_at, id), '[]')
@@ -842,10 +845,10 @@ impl Store {
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
                                      $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[],
-                                     $19::jsonb[])
+                                     $19::jsonb[], $24::text[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
                                          c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms,
-                                         c_choices, c_ord)
+                                         c_choices, c_traceparent, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END,
@@ -881,9 +884,9 @@ impl Store {
                 WHERE i.id = u.id AND i.task_id = t.id AND i.consumed_round IS NULL
             ), asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, choices, deadline)
+                                       platform, bot_id, stream, choices, traceparent, deadline)
                 SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
-                       platform, bot_id, stream, c_choices,
+                       platform, bot_id, stream, c_choices, c_traceparent,
                        CASE WHEN on_timeout = 'never' THEN NULL
                             WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
@@ -951,6 +954,7 @@ impl Store {
             .bind(asked(true)?)
             .bind(TaskState::Running.as_str())
             .bind(Event::Ask.as_str())
+            .bind(column(batch, |r| r.trace.as_deref()))
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

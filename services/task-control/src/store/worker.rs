@@ -32,6 +32,8 @@ pub struct Resume {
     pub tool_call_id: String,
     pub expired: bool,
     pub text: String,
+    /// The `traceparent` of the span that asked, when it was traced.
+    pub asked_trace: Option<String>,
 }
 
 /// What the agent asked, with the round that ends in the ask_user call.
@@ -71,6 +73,7 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
         tool_call_id,
         expired,
         text,
+        asked_trace: question["traceparent"].as_str().map(str::to_owned),
     })
 }
 
@@ -308,6 +311,7 @@ impl Store {
                     question: question_id,
                     handle: handle.clone(),
                     outbox,
+                    trace: hark_core::trace::outgoing(),
                 })
                 .await?;
             let row = match asked {

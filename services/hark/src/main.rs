@@ -245,10 +245,10 @@ fn init_tracing(
         Some(role) => hark_core::telemetry::init(&config.telemetry, role)?,
         None => (None, hark_core::telemetry::Guard::default()),
     };
+    // The log filter is the logs' own: spans are exported at info whatever the logs show.
     tracing_subscriber::registry()
-        .with(filter)
-        .with(logs)
-        .with(traces)
+        .with(logs.with_filter(filter))
+        .with(traces.map(|t| t.with_filter(tracing_subscriber::filter::LevelFilter::INFO)))
         .init();
     Ok(guard)
 }

@@ -10,6 +10,7 @@
 mod client;
 mod hub;
 mod limits;
+mod observe;
 mod procs;
 mod w1;
 mod w2;
@@ -55,6 +56,10 @@ pub struct BenchArgs {
     /// questionnaire and an agent task side by side (workloads limits,w1-client,w2-client).
     #[arg(long)]
     client: bool,
+    /// Everything observable on, to measure what it costs: every span exported (sampler 1.0) to
+    /// an OTLP sink the bench runs, and every role's `/metrics` scraped once a second.
+    #[arg(long)]
+    observe: bool,
     /// Which workloads to run, in order [default: limits,w1-grpc,w1-onebot,w2; with --client
     /// limits,w1-client,w2-client].
     #[arg(
@@ -124,6 +129,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen for the scripted LLM on {}", args.llm_listen))?;
     llm.keep_requests(false);
+    let mut observing = None;
     let procs = if args.external {
         procs::Processes::find_running()
     } else {
@@ -132,14 +138,24 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         let url = config.database.url.expose();
         let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
         config.database.url = format!("{base}/hark_bench_{tag}").into();
+        if args.observe {
+            observing = Some(observe::Observe::start(args.workers).await?);
+        }
         procs::Processes::spawn(
             &config,
             &llm.base_url(),
             args.workers,
             args.worker_concurrency,
+            observing.as_ref(),
         )
         .await?
     };
+    if let Some(observing) = &observing {
+        observing.scrape(
+            config.gateway.listen,
+            config.gateway.onebot.access_token.expose().to_owned(),
+        );
+    }
     let names = Names::new(config.nats.namespace.parse()?);
     let nats = hark_core::bus::connect_client(&config.nats, "hark bench").await?;
     let api = procs::connect_api(&config).await?;
@@ -173,7 +189,27 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             let _ = js.delete_stream(&stream.name).await;
         }
     }
-    let reports = measured?;
+    let mut reports = measured?;
+    if let Some(observing) = &observing {
+        observing.stop();
+        let spans = observing
+            .sink
+            .spans
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let scrapes = observing.scrapes.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "{}",
+            serde_json::json!({"workload": "observe", "spans_exported": spans, "scrapes": scrapes})
+        );
+        reports.push(Report {
+            json: serde_json::json!({"spans_exported": spans, "scrapes": scrapes}),
+            rows: vec![(
+                "observe".into(),
+                "spans exported (sampler 1.0) · /metrics scrapes".into(),
+                format!("{spans} · {scrapes}"),
+            )],
+        });
+    }
     println!("\n| workload | measure | value |\n|---|---|---|");
     for report in &reports {
         for (workload, measure, value) in &report.rows {

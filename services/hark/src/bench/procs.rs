@@ -31,6 +31,7 @@ impl Processes {
         llm_url: &str,
         workers: u32,
         concurrency: u32,
+        observing: Option<&super::observe::Observe>,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the hark binary")?;
         let env = [
@@ -67,11 +68,12 @@ impl Processes {
                 std::env::var("HARK_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
             ),
         ];
-        let start = |args: Vec<String>| -> anyhow::Result<Proc> {
+        let start = |args: Vec<String>, observed: Vec<(String, String)>| -> anyhow::Result<Proc> {
             let child = Command::new(&exe)
                 .args(&args)
                 .env_remove("HARK_CONFIG")
                 .envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())))
+                .envs(observed)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::inherit())
@@ -84,16 +86,17 @@ impl Processes {
                 child: Some(child),
             })
         };
-        let mut procs = vec![start(vec!["control".into()])?];
+        let observed =
+            |role: &str, index: usize| observing.map(|o| o.env(role, index)).unwrap_or_default();
+        let mut procs = vec![start(vec!["control".into()], observed("control", 0))?];
         // task-control migrates and creates the streams; the others start once it answers.
         connect_api(config).await?;
-        procs.push(start(vec!["gateway".into()])?);
+        procs.push(start(vec!["gateway".into()], observed("gateway", 0))?);
         for n in 1..=workers {
-            procs.push(start(vec![
-                "worker".into(),
-                "--id".into(),
-                format!("bench-w{n}"),
-            ])?);
+            procs.push(start(
+                vec!["worker".into(), "--id".into(), format!("bench-w{n}")],
+                observed("worker", n as usize - 1),
+            )?);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         Ok(Self { procs })

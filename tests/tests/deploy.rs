@@ -393,3 +393,151 @@ fn the_grafana_dashboard_is_provisioned_and_each_panel_queries_something() {
         "the dashboards directory is mounted where the provider reads"
     );
 }
+
+/// What is wrong with `value` against an OpenAPI v3 schema of a CRD: wrong types, missing
+/// required fields, and fields the schema does not have.
+fn schema_errors(value: &Yaml, schema: &Yaml, path: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if schema["x-kubernetes-int-or-string"].as_bool() == Some(true) {
+        if value.as_i64().is_none() && value.as_str().is_none() {
+            errors.push(format!("{path}: not an integer or a string"));
+        }
+        return errors;
+    }
+    match schema["type"].as_str() {
+        Some("object") => {
+            let Some(hash) = value.as_hash() else {
+                return vec![format!("{path}: not an object")];
+            };
+            let properties = schema["properties"].as_hash();
+            for required in strings(&schema["required"]) {
+                if !hash.contains_key(&Yaml::String(required.clone())) {
+                    errors.push(format!("{path}: `{required}` is required"));
+                }
+            }
+            let open = schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true)
+                || !schema["additionalProperties"].is_badvalue();
+            for (key, field) in hash {
+                let key = key.as_str().unwrap_or_default();
+                match properties.and_then(|p| p.get(&Yaml::String(key.to_owned()))) {
+                    Some(field_schema) => {
+                        errors.extend(schema_errors(field, field_schema, &format!("{path}.{key}")))
+                    }
+                    None if open => {}
+                    None => errors.push(format!("{path}: `{key}` is not a field of it")),
+                }
+            }
+        }
+        Some("array") => match value.as_vec() {
+            Some(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    errors.extend(schema_errors(
+                        item,
+                        &schema["items"],
+                        &format!("{path}[{i}]"),
+                    ));
+                }
+            }
+            None => errors.push(format!("{path}: not an array")),
+        },
+        Some("string") if value.as_str().is_none() => errors.push(format!("{path}: not a string")),
+        Some("integer") if value.as_i64().is_none() => {
+            errors.push(format!("{path}: not an integer"))
+        }
+        Some("boolean") if value.as_bool().is_none() => {
+            errors.push(format!("{path}: not a boolean"))
+        }
+        _ => {}
+    }
+    errors
+}
+
+/// The schema of `kind` at `apiVersion` from a CRD of `tests/crds/`.
+fn crd_schema(file: &str, api_version: &str) -> Yaml {
+    let crd = &load(&format!("tests/crds/{file}"))[0];
+    let version = api_version.rsplit('/').next().expect("a version");
+    crd["spec"]["versions"]
+        .as_vec()
+        .expect("versions")
+        .iter()
+        .find(|v| v["name"].as_str() == Some(version))
+        .map(|v| v["schema"]["openAPIV3Schema"].clone())
+        .unwrap_or_else(|| panic!("{file} has no version {version}"))
+}
+
+#[test]
+fn the_service_monitor_is_valid_and_scrapes_a_metrics_port_of_every_hark_role() {
+    let monitor = &load("deploy/kubernetes/servicemonitor.yaml")[0];
+    assert_eq!(monitor["kind"].as_str(), Some("ServiceMonitor"));
+    let api_version = monitor["apiVersion"].as_str().expect("apiVersion");
+    let schema = crd_schema("monitoring.coreos.com_servicemonitors.yaml", api_version);
+    let errors = schema_errors(&monitor["spec"], &schema["properties"]["spec"], "spec");
+    assert!(errors.is_empty(), "{errors:#?}");
+    // The validator sees what is wrong with a wrong one.
+    let mut broken = monitor["spec"].clone();
+    if let Yaml::Hash(h) = &mut broken {
+        h.insert(Yaml::String("endpoint".into()), Yaml::Boolean(true));
+    }
+    assert!(!schema_errors(&broken, &schema["properties"]["spec"], "spec").is_empty());
+
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_hash()
+        .expect("labels");
+    let endpoints: Vec<String> = monitor["spec"]["endpoints"]
+        .as_vec()
+        .expect("endpoints")
+        .iter()
+        .map(|e| e["port"].as_str().expect("a named port").to_owned())
+        .collect();
+    let docs = load("deploy/kubernetes/hark.yaml");
+    let mut scraped = BTreeSet::new();
+    for service in docs
+        .iter()
+        .filter(|d| d["kind"].as_str() == Some("Service"))
+    {
+        let labels = service["metadata"]["labels"].as_hash();
+        let selected = selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+        if !selected {
+            continue;
+        }
+        let ports: Vec<&str> = service["spec"]["ports"]
+            .as_vec()
+            .expect("ports")
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        if endpoints.iter().any(|e| ports.contains(&e.as_str())) {
+            scraped.insert(
+                service["metadata"]["name"]
+                    .as_str()
+                    .expect("name")
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(
+        scraped,
+        BTreeSet::from(["hark-control", "hark-gateway", "hark-worker"].map(str::to_owned)),
+        "every role's Service has a port the monitor scrapes"
+    );
+    // Where metrics listen beyond loopback, the token is there.
+    for doc in docs
+        .iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("Deployment" | "StatefulSet")))
+    {
+        let container = &doc["spec"]["template"]["spec"]["containers"][0];
+        let names: Vec<&str> = container["env"]
+            .as_vec()
+            .expect("env")
+            .iter()
+            .filter_map(|e| e["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&"HARK_METRICS__TOKEN"),
+            "{:?} has no metrics token",
+            doc["metadata"]["name"]
+        );
+    }
+}

@@ -254,6 +254,17 @@ async fn one_chat_round_trip_is_traced_across_the_three_services_and_the_resume_
             && r.attribute("messaging.operation.type").as_deref() == Some("send")),
         "the gateway's publish to CHAT_IN is a send span"
     );
+    for (service, subject) in [
+        ("hark-control", ".task.run"),
+        ("hark-worker", ".control.claim"),
+        ("hark-control", ".chat.out.qq.42"),
+    ] {
+        assert!(
+            in_trace.iter().any(|r| r.service == service
+                && r.span.name == format!("send {}{subject}", env.namespace)),
+            "{service} sends {subject} in a send span"
+        );
+    }
 
     // The model call by the GenAI conventions.
     let chat = collector

@@ -125,16 +125,21 @@ impl ControlClient {
         op: ControlOp,
         request: &Req,
     ) -> Result<Resp, Error> {
-        let mut headers = async_nats::HeaderMap::new();
-        hark_core::trace::inject(&mut headers);
-        let sent = tokio::time::timeout(
-            ATTEMPT_TIMEOUT,
-            self.nats.request_with_headers(
-                self.names.control(op),
-                headers,
-                codec::encode(request.clone()),
-            ),
-        )
+        use tracing::Instrument as _;
+        let subject = self.names.control(op);
+        // A request by the messaging conventions; task-control's span is its child.
+        let span = hark_core::trace::send_span(&subject);
+        let sent = async {
+            let mut headers = async_nats::HeaderMap::new();
+            hark_core::trace::inject(&mut headers);
+            tokio::time::timeout(
+                ATTEMPT_TIMEOUT,
+                self.nats
+                    .request_with_headers(subject, headers, codec::encode(request.clone())),
+            )
+            .await
+        }
+        .instrument(span)
         .await;
         let reply = match sent {
             Ok(Ok(reply)) => reply,

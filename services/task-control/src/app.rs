@@ -355,7 +355,23 @@ async fn relay(
         let mut pending = Vec::with_capacity(batch.len());
         for message in batch {
             let mut headers = async_nats::HeaderMap::new();
-            if let Some(trace) = &message.trace {
+            // While traces are exported, each publish is a span of the move that decided it,
+            // and the receiver continues from that span.
+            let traceparent = if hark_core::telemetry::exporting() {
+                let span = hark_core::trace::send_span(&message.subject);
+                hark_core::trace::set_parent(
+                    &span,
+                    message
+                        .trace
+                        .as_deref()
+                        .and_then(hark_core::trace::TraceContext::parse),
+                );
+                span.in_scope(hark_core::trace::outgoing)
+                    .or_else(|| message.trace.clone())
+            } else {
+                message.trace.clone()
+            };
+            if let Some(trace) = &traceparent {
                 headers.insert(hark_core::trace::HEADER, trace.as_str());
             }
             if !message.durable {

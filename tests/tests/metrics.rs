@@ -171,6 +171,25 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // `hark health worker` asks that listener, as a probe would.
+    let listen = hark.worker_metrics.trim_start_matches("http://").to_owned();
+    let mut probe = hark
+        .env
+        .spawn(&["health", "worker"], &[("HARK_METRICS__LISTEN", &listen)]);
+    let status = probe.exited_within(WAIT).await.expect("the probe ends");
+    assert!(status.success(), "{}", probe.output());
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let mut probe = hark
+        .env
+        .spawn(&["health", "worker"], &[("HARK_METRICS__LISTEN", &nowhere)]);
+    let status = probe.exited_within(WAIT).await.expect("the probe ends");
+    assert!(!status.success(), "no worker listens at {nowhere}");
+    assert!(
+        probe.output().contains("does not answer"),
+        "{}",
+        probe.output()
+    );
+
     let before = hark.control().await;
     assert_eq!(before.at("hark_tasks_created_total", &qq), 0.0);
     assert_eq!(before.at("hark_tasks", &[("state", "waiting_input")]), 0.0);

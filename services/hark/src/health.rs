@@ -11,7 +11,8 @@ pub enum Role {
     Control,
     /// The gateway's /healthz answers.
     Gateway,
-    /// NATS answers and the run job stream exists.
+    /// With `metrics.listen`, the worker's own /healthz (its pull loop, NATS, task-control);
+    /// without, NATS answers and the run job stream exists.
     Worker,
 }
 
@@ -45,29 +46,10 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
                 bail!("task-control is not serving (status {status})");
             }
         }
-        Role::Gateway => {
-            let addr = local(config.gateway.listen);
-            let mut stream = tokio::time::timeout(within, tokio::net::TcpStream::connect(addr))
-                .await
-                .context("the gateway did not answer in time")?
-                .with_context(|| format!("the gateway does not answer at {addr}"))?;
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            stream
-                .write_all(
-                    format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                        .as_bytes(),
-                )
-                .await?;
-            let mut head = [0u8; 12];
-            tokio::time::timeout(within, stream.read_exact(&mut head))
-                .await
-                .context("the gateway did not answer in time")??;
-            if !head.starts_with(b"HTTP/1.1 200") {
-                bail!(
-                    "the gateway's /healthz answered {}",
-                    String::from_utf8_lossy(&head)
-                );
-            }
+        Role::Gateway => get_ok(local(config.gateway.listen), "the gateway", within).await?,
+        Role::Worker if config.metrics_listen()?.is_some() => {
+            let addr = config.metrics_listen()?.map(local).expect("checked");
+            get_ok(addr, "the worker", within).await?;
         }
         Role::Worker => {
             let client = tokio::time::timeout(
@@ -84,6 +66,32 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
                     format!("the stream {} does not exist yet", names.task_run_stream())
                 })?;
         }
+    }
+    Ok(())
+}
+
+/// `GET /healthz` of `what` at `addr` answers 200; otherwise says what it answered.
+async fn get_ok(addr: std::net::SocketAddr, what: &str, within: Duration) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(within, tokio::net::TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("{what} did not answer in time"))?
+        .with_context(|| format!("{what} does not answer at {addr}"))?;
+    stream
+        .write_all(
+            format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(within, stream.read_to_end(&mut answer))
+        .await
+        .with_context(|| format!("{what} did not answer in time"))??;
+    let answer = String::from_utf8_lossy(&answer);
+    if !answer.starts_with("HTTP/1.1 200") {
+        let status = answer.lines().next().unwrap_or_default();
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        bail!("{what}'s /healthz at {addr} answered {status}: {body}");
     }
     Ok(())
 }

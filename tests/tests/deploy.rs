@@ -234,67 +234,6 @@ fn every_compose_command_and_environment_key_exists_in_hark() {
 }
 
 #[test]
-fn the_kubernetes_manifests_run_hark_commands_with_hark_config_keys() {
-    let docs = load("deploy/kubernetes/hark.yaml");
-    let mut config_map = BTreeMap::new();
-    let mut containers = Vec::new();
-    for doc in &docs {
-        match doc["kind"].as_str() {
-            Some("ConfigMap") => {
-                for (k, v) in doc["data"].as_hash().expect("data") {
-                    config_map.insert(
-                        k.as_str().expect("key").to_owned(),
-                        v.as_str().map(str::to_owned).unwrap_or_default(),
-                    );
-                }
-            }
-            Some("Deployment" | "StatefulSet") => {
-                for c in doc["spec"]["template"]["spec"]["containers"]
-                    .as_vec()
-                    .expect("containers")
-                {
-                    containers.push(c.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-    assert_eq!(containers.len(), 3);
-    for c in &containers {
-        let name = c["name"].as_str().expect("name");
-        assert_command_exists(&strings(&c["args"]), name);
-        let probe = strings(&c["readinessProbe"]["exec"]["command"]);
-        assert_eq!(
-            probe.first().map(String::as_str),
-            Some("hark"),
-            "{name} probe"
-        );
-        assert_command_exists(&probe[1..], &format!("{name} probe"));
-        let mut env = config_map.clone();
-        for e in c["env"].as_vec().into_iter().flatten() {
-            env.insert(
-                e["name"].as_str().expect("env name").to_owned(),
-                "postgres://x@y/z".into(),
-            );
-        }
-        // Secrets carry values only known at deploy time; check their names, not values.
-        let keys = Config::env_keys();
-        for key in env.keys() {
-            assert!(keys.contains(key), "{name}: {key} is not a hark config key");
-        }
-        assert_config_keys(&config_map, name);
-        // A role that listens beyond loopback gets its token from the secret.
-        let config = Config::from_parts(None, name, &env).expect("loads");
-        match strings(&c["args"]).first().map(String::as_str) {
-            Some("gateway") => config.check_gateway_exposure(),
-            Some("control") => config.check_control_exposure(),
-            _ => Ok(()),
-        }
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
-}
-
-#[test]
 fn the_example_config_file_loads() {
     let text = std::fs::read_to_string(root().join("deploy/hark.example.toml")).expect("example");
     let config = Config::from_parts(Some(&text), "deploy/hark.example.toml", &BTreeMap::new())
@@ -465,79 +404,314 @@ fn crd_schema(file: &str, api_version: &str) -> Yaml {
         .unwrap_or_else(|| panic!("{file} has no version {version}"))
 }
 
-#[test]
-fn the_service_monitor_is_valid_and_scrapes_a_metrics_port_of_every_hark_role() {
-    let monitor = &load("deploy/kubernetes/servicemonitor.yaml")[0];
-    assert_eq!(monitor["kind"].as_str(), Some("ServiceMonitor"));
-    let api_version = monitor["apiVersion"].as_str().expect("apiVersion");
-    let schema = crd_schema("monitoring.coreos.com_servicemonitors.yaml", api_version);
-    let errors = schema_errors(&monitor["spec"], &schema["properties"]["spec"], "spec");
-    assert!(errors.is_empty(), "{errors:#?}");
-    // The validator sees what is wrong with a wrong one.
-    let mut broken = monitor["spec"].clone();
-    if let Yaml::Hash(h) = &mut broken {
-        h.insert(Yaml::String("endpoint".into()), Yaml::Boolean(true));
-    }
-    assert!(!schema_errors(&broken, &schema["properties"]["spec"], "spec").is_empty());
+/// `kubectl kustomize` of an overlay: kubectl from `HARK_TEST_KUBECTL`, else the PATH (`.ci/run`
+/// installs a pinned one when the machine has none).
+fn rendered(overlay: &str) -> Vec<Yaml> {
+    let kubectl = std::env::var("HARK_TEST_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let dir = root().join("deploy/kubernetes/overlays").join(overlay);
+    let output = Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{kubectl} kustomize: {e}; install kubectl (see .ci/run)"));
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {overlay}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    YamlLoader::load_from_str(&String::from_utf8_lossy(&output.stdout))
+        .unwrap_or_else(|e| panic!("{overlay} renders invalid YAML: {e}"))
+}
 
+fn of_kind<'a>(docs: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect()
+}
+
+fn name(doc: &Yaml) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// The hark config a container runs with: the ConfigMap's hark.toml, then its `HARK_…`
+/// variables (values of secrets stand in as placeholders).
+fn container_config(docs: &[Yaml], container: &Yaml, context: &str) -> Config {
+    let toml = of_kind(docs, "ConfigMap")
+        .into_iter()
+        .find_map(|c| c["data"]["hark.toml"].as_str())
+        .expect("a ConfigMap with hark.toml");
+    let mut env = BTreeMap::new();
+    let keys = Config::env_keys();
+    for e in container["env"].as_vec().into_iter().flatten() {
+        let key = e["name"].as_str().expect("env name").to_owned();
+        if key == "HARK_CONFIG" {
+            assert_eq!(
+                e["value"].as_str(),
+                Some("/etc/hark/hark.toml"),
+                "{context}"
+            );
+            continue;
+        }
+        if NON_CONFIG.contains(&key.as_str()) {
+            continue;
+        }
+        assert!(
+            keys.contains(&key),
+            "{context}: {key} is not a hark config key"
+        );
+        let placeholder = if key == "HARK_DATABASE__URL" {
+            "postgres://x@y/z"
+        } else {
+            "secret-placeholder"
+        };
+        let value = e["value"].as_str().unwrap_or(placeholder).to_owned();
+        env.insert(key, value);
+    }
+    Config::from_parts(Some(toml), context, &env).unwrap_or_else(|e| panic!("{context}: {e}"))
+}
+
+#[test]
+fn every_overlay_renders_and_runs_hark_commands_probes_and_ports_the_binary_has() {
+    for overlay in ["dev", "production"] {
+        let docs = rendered(overlay);
+        let workloads: Vec<&Yaml> = of_kind(&docs, "Deployment")
+            .into_iter()
+            .chain(of_kind(&docs, "StatefulSet"))
+            .filter(|d| name(d).starts_with("hark-"))
+            .collect();
+        assert_eq!(workloads.len(), 3, "{overlay}: control, gateway and worker");
+        for workload in workloads {
+            let pod = &workload["spec"]["template"]["spec"];
+            let context = format!("{overlay}/{}", name(workload));
+            assert_eq!(
+                pod["automountServiceAccountToken"].as_bool(),
+                Some(false),
+                "{context}"
+            );
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"].as_bool(),
+                Some(true),
+                "{context}"
+            );
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"].as_str(),
+                Some("RuntimeDefault"),
+                "{context}"
+            );
+            let containers: Vec<&Yaml> = pod["containers"]
+                .as_vec()
+                .into_iter()
+                .flatten()
+                .chain(pod["initContainers"].as_vec().into_iter().flatten())
+                .collect();
+            for c in containers {
+                let context = format!("{context}/{}", c["name"].as_str().unwrap_or_default());
+                let security = &c["securityContext"];
+                assert_eq!(
+                    security["readOnlyRootFilesystem"].as_bool(),
+                    Some(true),
+                    "{context}"
+                );
+                assert_eq!(
+                    security["allowPrivilegeEscalation"].as_bool(),
+                    Some(false),
+                    "{context}"
+                );
+                assert_eq!(
+                    strings(&security["capabilities"]["drop"]),
+                    ["ALL"],
+                    "{context}"
+                );
+                assert!(
+                    !c["resources"]["requests"]["memory"].is_badvalue()
+                        && !c["resources"]["limits"]["memory"].is_badvalue(),
+                    "{context}: memory requests and limits"
+                );
+                let args = strings(&c["args"]);
+                assert_command_exists(&args, &context);
+                let config = container_config(&docs, c, &context);
+                let ports: BTreeMap<String, i64> = c["ports"]
+                    .as_vec()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        (
+                            p["name"].as_str().unwrap_or_default().to_owned(),
+                            p["containerPort"].as_i64().expect("a port"),
+                        )
+                    })
+                    .collect();
+                // Where the role serves metrics (beyond loopback only with its token).
+                let metrics_port = || {
+                    config
+                        .metrics_listen()
+                        .unwrap_or_else(|e| panic!("{context}: {e}"))
+                        .map(|a| i64::from(a.port()))
+                };
+                match args[0].as_str() {
+                    "control" => {
+                        config
+                            .check_control_exposure()
+                            .unwrap_or_else(|e| panic!("{context}: {e}"));
+                        let grpc = i64::from(config.control.grpc_listen.port());
+                        assert_eq!(ports.get("grpc"), Some(&grpc), "{context}");
+                        assert_eq!(ports.get("metrics").copied(), metrics_port(), "{context}");
+                        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+                            assert_eq!(
+                                c[probe]["grpc"]["port"].as_i64(),
+                                Some(grpc),
+                                "{context} {probe}"
+                            );
+                        }
+                    }
+                    "gateway" => {
+                        config
+                            .check_gateway_exposure()
+                            .unwrap_or_else(|e| panic!("{context}: {e}"));
+                        let http = i64::from(config.gateway.listen.port());
+                        assert_eq!(ports.get("http"), Some(&http), "{context}");
+                        assert_eq!(
+                            c["readinessProbe"]["httpGet"]["path"].as_str(),
+                            Some("/readyz")
+                        );
+                        for probe in ["startupProbe", "livenessProbe"] {
+                            assert_eq!(
+                                c[probe]["httpGet"]["path"].as_str(),
+                                Some("/healthz"),
+                                "{context}"
+                            );
+                        }
+                        let spool = config.gateway.spool_dir.clone();
+                        assert!(
+                            c["volumeMounts"]
+                                .as_vec()
+                                .into_iter()
+                                .flatten()
+                                .any(|m| m["mountPath"].as_str() == Some(spool.as_str())),
+                            "{context}: the spool {spool} is a volume"
+                        );
+                    }
+                    "worker" => {
+                        assert_eq!(ports.get("metrics").copied(), metrics_port(), "{context}");
+                        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+                            assert_eq!(
+                                c[probe]["httpGet"]["path"].as_str(),
+                                Some("/healthz"),
+                                "{context}"
+                            );
+                            assert_eq!(
+                                c[probe]["httpGet"]["port"].as_str(),
+                                Some("metrics"),
+                                "{context}"
+                            );
+                        }
+                        // Longer than a worker's drain (one lease).
+                        let grace = pod["terminationGracePeriodSeconds"]
+                            .as_i64()
+                            .expect("grace");
+                        assert!(grace as u64 > config.task.lease.0.as_secs(), "{context}");
+                    }
+                    "migrate" => {}
+                    other => panic!("{context}: unexpected role {other}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_custom_resources_are_valid_against_their_crds() {
+    let docs = rendered("production");
+    let check = |kind: &str, crd: &str| {
+        let found = of_kind(&docs, kind);
+        assert!(!found.is_empty(), "production has a {kind}");
+        for doc in found {
+            let schema = crd_schema(crd, doc["apiVersion"].as_str().expect("apiVersion"));
+            let errors = schema_errors(&doc["spec"], &schema["properties"]["spec"], "spec");
+            assert!(errors.is_empty(), "{kind} {}: {errors:#?}", name(doc));
+            // The validator sees what is wrong with a wrong one.
+            let mut broken = doc["spec"].clone();
+            if let Yaml::Hash(h) = &mut broken {
+                h.insert(Yaml::String("nonsense".into()), Yaml::Boolean(true));
+            }
+            assert!(!schema_errors(&broken, &schema["properties"]["spec"], "spec").is_empty());
+        }
+    };
+    check(
+        "ServiceMonitor",
+        "monitoring.coreos.com_servicemonitors.yaml",
+    );
+    check("ScaledObject", "keda.sh_scaledobjects.yaml");
+
+    // KEDA scales the workers on the run queue's lag: their consumer of the run job stream.
+    let scaled = of_kind(&docs, "ScaledObject")[0];
+    assert_eq!(
+        scaled["spec"]["scaleTargetRef"]["name"].as_str(),
+        Some("hark-worker")
+    );
+    let trigger = &scaled["spec"]["triggers"][0];
+    assert_eq!(trigger["type"].as_str(), Some("nats-jetstream"));
+    let names = hark_core::bus::Names::new("hark".parse().expect("namespace"));
+    assert_eq!(
+        trigger["metadata"]["stream"].as_str(),
+        Some(names.task_run_stream().as_str())
+    );
+    assert_eq!(
+        trigger["metadata"]["consumer"].as_str(),
+        Some(hark_core::bus::Names::WORKER_CONSUMER)
+    );
+    for key in ["natsServerMonitoringEndpoint", "account", "lagThreshold"] {
+        assert!(trigger["metadata"][key].as_str().is_some(), "{key}");
+    }
+
+    // The ServiceMonitor scrapes a metrics port of every role's Service, with the token.
+    let monitor = of_kind(&docs, "ServiceMonitor")[0];
     let selector = monitor["spec"]["selector"]["matchLabels"]
         .as_hash()
         .expect("labels");
-    let endpoints: Vec<String> = monitor["spec"]["endpoints"]
+    let endpoints: Vec<&Yaml> = monitor["spec"]["endpoints"]
         .as_vec()
         .expect("endpoints")
         .iter()
-        .map(|e| e["port"].as_str().expect("a named port").to_owned())
         .collect();
-    let docs = load("deploy/kubernetes/hark.yaml");
-    let mut scraped = BTreeSet::new();
-    for service in docs
+    for endpoint in &endpoints {
+        assert_eq!(
+            endpoint["bearerTokenSecret"]["key"].as_str(),
+            Some("metrics-token")
+        );
+    }
+    let ports: Vec<&str> = endpoints
         .iter()
-        .filter(|d| d["kind"].as_str() == Some("Service"))
-    {
+        .filter_map(|e| e["port"].as_str())
+        .collect();
+    let mut scraped = BTreeSet::new();
+    for service in of_kind(&docs, "Service") {
         let labels = service["metadata"]["labels"].as_hash();
-        let selected = selector
+        if !selector
             .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-        if !selected {
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        {
             continue;
         }
-        let ports: Vec<&str> = service["spec"]["ports"]
+        let named: Vec<&str> = service["spec"]["ports"]
             .as_vec()
             .expect("ports")
             .iter()
             .filter_map(|p| p["name"].as_str())
             .collect();
-        if endpoints.iter().any(|e| ports.contains(&e.as_str())) {
-            scraped.insert(
-                service["metadata"]["name"]
-                    .as_str()
-                    .expect("name")
-                    .to_owned(),
-            );
+        if ports.iter().any(|p| named.contains(p)) {
+            scraped.insert(name(service).to_owned());
         }
     }
     assert_eq!(
         scraped,
         BTreeSet::from(["hark-control", "hark-gateway", "hark-worker"].map(str::to_owned)),
-        "every role's Service has a port the monitor scrapes"
+        "each role is scraped once"
     );
-    // Where metrics listen beyond loopback, the token is there.
-    for doc in docs
+    // Each role has a disruption budget.
+    let budgets: BTreeSet<String> = of_kind(&docs, "PodDisruptionBudget")
         .iter()
-        .filter(|d| matches!(d["kind"].as_str(), Some("Deployment" | "StatefulSet")))
-    {
-        let container = &doc["spec"]["template"]["spec"]["containers"][0];
-        let names: Vec<&str> = container["env"]
-            .as_vec()
-            .expect("env")
-            .iter()
-            .filter_map(|e| e["name"].as_str())
-            .collect();
-        assert!(
-            names.contains(&"HARK_METRICS__TOKEN"),
-            "{:?} has no metrics token",
-            doc["metadata"]["name"]
-        );
-    }
+        .map(|b| name(b).to_owned())
+        .collect();
+    assert_eq!(budgets.len(), 3, "{budgets:?}");
 }

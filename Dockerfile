@@ -16,5 +16,7 @@ COPY --from=build /hark /usr/local/bin/hark
 USER hark
 # The gateway's inbound spool; mount a volume here so that it survives the container.
 ENV HARK_GATEWAY__SPOOL_DIR=/var/lib/hark/spool
+# The gateway (OneBot and the HTTP adapter), the gRPC API, and metrics.listen as the manifests set it.
+EXPOSE 8080 50051 9464
 ENTRYPOINT ["hark"]
 CMD ["--help"]

@@ -404,22 +404,60 @@ fn crd_schema(file: &str, api_version: &str) -> Yaml {
         .unwrap_or_else(|| panic!("{file} has no version {version}"))
 }
 
-/// `kubectl kustomize` of an overlay: kubectl from `HARK_TEST_KUBECTL`, else the PATH (`.ci/run`
-/// installs a pinned one when the machine has none).
+/// Where the Kubernetes tools are: `$variable`, else `name` on the PATH, else the venv `.ci/run`
+/// installs them into.
+fn tool(variable: &str, name: &str) -> String {
+    if let Ok(path) = std::env::var(variable) {
+        return path;
+    }
+    let on_path = Command::new(name).arg("--help").output().is_ok();
+    if on_path {
+        return name.to_owned();
+    }
+    let installed = format!("/opt/hark-ci/k8s-tools/bin/{name}");
+    assert!(
+        Path::new(&installed).exists(),
+        "{name} is not installed: run .ci/run once (it installs the pinned one into \
+         /opt/hark-ci/k8s-tools), or set {variable}"
+    );
+    installed
+}
+
+/// `kubectl kustomize` of an overlay, checked by `kubernetes-validate --strict` (which knows the
+/// core kinds; the custom resources are checked against their CRDs below).
 fn rendered(overlay: &str) -> Vec<Yaml> {
-    let kubectl = std::env::var("HARK_TEST_KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    let kubectl = tool("HARK_TEST_KUBECTL", "kubectl");
     let dir = root().join("deploy/kubernetes/overlays").join(overlay);
     let output = Command::new(&kubectl)
         .arg("kustomize")
         .arg(&dir)
         .output()
-        .unwrap_or_else(|e| panic!("{kubectl} kustomize: {e}; install kubectl (see .ci/run)"));
+        .unwrap_or_else(|e| panic!("{kubectl} kustomize: {e}"));
     assert!(
         output.status.success(),
         "kubectl kustomize {overlay}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    YamlLoader::load_from_str(&String::from_utf8_lossy(&output.stdout))
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let file = std::env::temp_dir().join(format!(
+        "hark-k8s-{overlay}-{}.yaml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, &text).expect("rendered manifests");
+    let validate = tool("HARK_TEST_KUBERNETES_VALIDATE", "kubernetes-validate");
+    let checked = Command::new(&validate)
+        .args(["--strict", "--quiet"])
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("{validate}: {e}"));
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        checked.status.success(),
+        "kubernetes-validate --strict refuses the {overlay} overlay: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    YamlLoader::load_from_str(&text)
         .unwrap_or_else(|e| panic!("{overlay} renders invalid YAML: {e}"))
 }
 

@@ -12,16 +12,31 @@ const WAIT: Duration = Duration::from_secs(30);
 const GROUP: i64 = 777;
 const OWNER: i64 = 100;
 
+/// The answer to a GET of `url`, once something listens there (a role binds its metrics listener
+/// as it starts).
+async fn answer(url: &str, token: Option<&str>) -> reqwest::Response {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut request = reqwest::Client::new().get(url);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        match request.send().await {
+            Ok(response) => return response,
+            Err(e) if e.is_connect() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+}
+
 /// One scrape, parsed.
 struct Metrics(Scrape);
 
 impl Metrics {
     async fn of(url: &str, token: Option<&str>) -> Self {
-        let mut request = reqwest::Client::new().get(url);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.expect("scraped");
+        let response = answer(url, token).await;
         assert_eq!(response.status(), 200, "{url}");
         let content_type = response
             .headers()
@@ -158,7 +173,7 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
     let health_url = format!("{}/healthz", hark.worker_metrics);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let response = reqwest::get(&health_url).await.expect("health");
+        let response = answer(&health_url, None).await;
         if response.status() == 200 {
             let body: serde_json::Value = response.json().await.expect("json");
             assert_eq!(body["status"], "ok", "{body}");
@@ -195,7 +210,7 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
     assert_eq!(before.at("hark_tasks", &[("state", "waiting_input")]), 0.0);
     // Tokens are refused to strangers wherever a token is set.
     let url = format!("http://127.0.0.1:{}/metrics", hark.env.gateway_port);
-    let refused = reqwest::get(&url).await.expect("asked");
+    let refused = answer(&url, None).await;
     assert_eq!(refused.status(), 401);
 
     hark.bot

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use hark_e2e::{Env, bot::Bot, free_port};
+use hark_e2e::{Env, bot::Bot};
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use opentelemetry_proto::tonic::{
     collector::trace::v1::{
@@ -112,14 +112,17 @@ impl Collector {
 async fn one_chat_round_trip_is_traced_across_the_three_services_and_the_resume_links_the_ask() {
     hark_core::install_crypto();
     let collector = Collector::default();
-    let port = free_port();
+    // Bound before any process starts, so that no export finds nothing listening.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the collector");
+    let port = listener.local_addr().expect("addr").port();
     {
         let collector = collector.clone();
-        let addr = format!("127.0.0.1:{port}").parse().expect("addr");
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(TraceServiceServer::new(collector))
-                .serve(addr)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
                 .await
                 .expect("the collector serves");
         });

@@ -74,15 +74,20 @@ impl TraceContext {
         })
     }
 
-    /// This context as the remote parent of a span.
-    pub fn remote(&self) -> opentelemetry::Context {
-        opentelemetry::Context::new().with_remote_span_context(SpanContext::new(
+    /// This context as the remote span it names.
+    pub fn span_context(&self) -> SpanContext {
+        SpanContext::new(
             OtelTraceId::from_bytes(self.trace_id.to_be_bytes()),
             SpanId::from_bytes(self.parent_id.to_be_bytes()),
             TraceFlags::new(self.flags),
             true,
             TraceState::default(),
-        ))
+        )
+    }
+
+    /// This context as the remote parent of a span.
+    pub fn remote(&self) -> opentelemetry::Context {
+        opentelemetry::Context::new().with_remote_span_context(self.span_context())
     }
 
     /// The trace id as 32 lowercase hex digits, as logs show it.
@@ -257,11 +262,8 @@ pub fn set_parent(span: &tracing::Span, parent: Option<TraceContext>) {
 /// Links the current span to the span `context` names: the wait for a person is a link, not a
 /// span held open for days.
 pub fn link_current_to(context: TraceContext) {
-    if crate::telemetry::exporting()
-        && let Some(remote) = TraceContext::parse(&context.to_string())
-    {
-        let span = remote.remote();
-        tracing::Span::current().add_link(span.span().span_context().clone());
+    if crate::telemetry::exporting() {
+        tracing::Span::current().add_link(context.span_context());
     }
 }
 

@@ -220,12 +220,30 @@ async fn a_new_platform_gets_hark_messages_retried_and_its_message_id_comes_back
     assert_eq!(receipt.outbound_id, "out-1");
     assert_eq!(receipt.question_id, "q-1");
     assert_eq!(receipt.platform_message_id, "sent-1");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), sent.recv())
+    // Acknowledged: the bot's consumer holds nothing more, and nothing else was sent.
+    let consumer = bed.hub.names.gateway_consumer(PLATFORM, BOT).expect("name");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c: async_nats::jetstream::consumer::PullConsumer = bed
+            .js
+            .get_consumer_from_stream(&consumer, bed.names.chat_out_stream())
             .await
-            .is_err(),
+            .expect("the bot's consumer");
+        let info = c.info().await.expect("info");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never acknowledged: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        sent.try_recv().is_err(),
         "an acknowledged message is not sent again"
     );
+    assert_eq!(platform.numbered.load(Ordering::SeqCst), 1, "sent once");
     delivering.cancel();
     bed.stop().await;
 }

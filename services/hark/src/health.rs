@@ -47,25 +47,24 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
             }
         }
         Role::Gateway => get_ok(local(config.gateway.listen), "the gateway", within).await?,
-        Role::Worker if config.metrics_listen()?.is_some() => {
-            let addr = config.metrics_listen()?.map(local).expect("checked");
-            get_ok(addr, "the worker", within).await?;
-        }
-        Role::Worker => {
-            let client = tokio::time::timeout(
-                within,
-                hark_core::bus::connect_client(&config.nats, "hark health"),
-            )
-            .await
-            .context("NATS did not answer in time")??;
-            let names = Names::new(config.nats.namespace.parse()?);
-            async_nats::jetstream::new(client)
-                .get_stream(names.task_run_stream())
+        Role::Worker => match config.metrics_listen()? {
+            Some(addr) => get_ok(local(addr), "the worker", within).await?,
+            None => {
+                let client = tokio::time::timeout(
+                    within,
+                    hark_core::bus::connect_client(&config.nats, "hark health"),
+                )
                 .await
-                .with_context(|| {
-                    format!("the stream {} does not exist yet", names.task_run_stream())
-                })?;
-        }
+                .context("NATS did not answer in time")??;
+                let names = Names::new(config.nats.namespace.parse()?);
+                async_nats::jetstream::new(client)
+                    .get_stream(names.task_run_stream())
+                    .await
+                    .with_context(|| {
+                        format!("the stream {} does not exist yet", names.task_run_stream())
+                    })?;
+            }
+        },
     }
     Ok(())
 }

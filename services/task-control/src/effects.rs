@@ -42,6 +42,10 @@ impl Effects {
         self
     }
 
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
     /// The messages `decision` sends for `task` once its move to `generation` commits: its run
     /// job and what its chat is told (as a reply to `reply_to`, when given). The task event is
     /// added by the store, from the row the move returned.

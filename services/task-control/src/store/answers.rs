@@ -105,7 +105,8 @@ impl Store {
         let outcome = self.answer_target_once(target, answer).await?;
         if let AnswerOutcome::Applied { task, question, .. } = &outcome {
             let waited = task.updated_at - question.asked_at;
-            self.metrics.answered(waited.try_into().unwrap_or_default());
+            self.metrics()
+                .answered(waited.try_into().unwrap_or_default());
         }
         Ok(outcome)
     }

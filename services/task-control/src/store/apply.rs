@@ -242,7 +242,7 @@ impl Store {
         if let Some(row) = &row {
             for effect in &change.decision.effects {
                 if let Effect::CloseQuestion(outcome) = effect {
-                    self.metrics.closed(*outcome);
+                    self.metrics().closed(*outcome);
                 }
             }
             sent.extend(outbox);

@@ -375,8 +375,6 @@ pub struct Store {
     outbox_ready: std::sync::Arc<tokio::sync::Notify>,
     /// What decisions' effects become.
     effects: crate::effects::Effects,
-    /// What the store counts and times.
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The limits decisions follow.
     policy: hark_core::domain::decide::Policy,
     /// Where committed outbox messages go to be published at once, when a relay runs here.
@@ -446,7 +444,6 @@ impl Store {
         Self {
             pool,
             effects: crate::effects::Effects::new(names.clone(), languages),
-            metrics: std::sync::Arc::new(crate::metrics::Metrics::new([])),
             policy: hark_core::domain::decide::Policy { max_attempts: 3 },
             names,
             outbox_ready: Default::default(),
@@ -466,13 +463,13 @@ impl Store {
 
     /// Counts into `metrics`.
     pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
-        self.effects = self.effects.with_metrics(metrics.clone());
-        self.metrics = metrics;
+        self.effects = self.effects.with_metrics(metrics);
         self
     }
 
+    /// What the store counts and times (kept by its effects, which count every move).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
-        &self.metrics
+        self.effects.metrics()
     }
 
     /// Decides by `policy` (`task.max_attempts` and the like).

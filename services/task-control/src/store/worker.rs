@@ -171,7 +171,7 @@ impl Store {
             && !resume.expired
             && let Some(ms) = q["since_closed_ms"].as_u64()
         {
-            self.metrics.resumed(Duration::from_millis(ms));
+            self.metrics().resumed(Duration::from_millis(ms));
         }
         Ok(Claimed {
             lease: Lease {

@@ -187,10 +187,10 @@ async fn one_chat_round_trip_is_traced_across_the_three_services_and_the_resume_
     // trace has arrived (none dangles), across the processes, and the trace has one root.
     let sends = [
         ("hark-control", format!("send {}.task.run", env.namespace)),
-        (
-            "hark-worker",
-            format!("send {}.control.claim", env.namespace),
-        ),
+        // The worker takes the run job in the trace, whether the job came through the run
+        // queue or was handed to its poll, and its control requests are sends of their own.
+        ("hark-worker", format!("process {}.task.run", env.namespace)),
+        ("hark-worker", format!("send {}.control.ask", env.namespace)),
         (
             "hark-control",
             format!("send {}.chat.out.qq.42", env.namespace),

@@ -98,6 +98,18 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// A task task-control claimed for this worker and handed over in the reply to its poll.
+#[derive(Debug)]
+pub struct Handed {
+    pub claim: pb::ClaimResponse,
+    /// The run job it was handed over for.
+    pub job: pb::RunJob,
+    /// The W3C traceparent the run continues.
+    pub traceparent: String,
+    /// Where to say it was taken.
+    ack: Option<async_nats::Subject>,
+}
+
 #[derive(Debug, Clone)]
 pub struct ControlClient {
     nats: async_nats::Client,
@@ -234,6 +246,81 @@ impl ControlClient {
             Persist::Briefly,
         )
         .await
+    }
+
+    /// Waits up to `wait` at task-control for a run job handed over directly; `None` when none
+    /// came. A handed-over task is this worker's: say so with [`Handed::take`] at once.
+    pub async fn poll(&self, worker_id: &str, wait: Duration) -> Result<Option<Handed>, Error> {
+        let op = ControlOp::Poll;
+        let request = async_nats::Request::new()
+            // An inbox of its own, unsubscribed when the poll is dropped: a task handed over
+            // after that finds no responder, and task-control takes it back at once.
+            .inbox(self.nats.new_inbox())
+            .payload(codec::encode(pb::PollRequest {
+                worker_id: worker_id.to_owned(),
+                wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
+                ..Default::default()
+            }))
+            // task-control answers by `wait` at the latest; past this it is not there.
+            .timeout(Some(wait + ATTEMPT_TIMEOUT));
+        let reply = self
+            .nats
+            .send_request(self.names.control(op), request)
+            .await
+            .map_err(|e| Error::Unreachable {
+                op: op.as_str(),
+                message: e.to_string(),
+            })?;
+        let response = pb::PollResponse::decode(reply.payload).map_err(|e| Error::Refused {
+            reason: pb::RefusalReason::Unspecified,
+            message: format!("undecodable response to poll: {e}"),
+        })?;
+        let pb::PollResponse {
+            claim: Some(claim),
+            job,
+            traceparent,
+        } = response
+        else {
+            return Ok(None);
+        };
+        if claim.refusal.is_some() || claim.lease.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Handed {
+            claim,
+            job: job.unwrap_or_default(),
+            traceparent,
+            ack: reply.reply,
+        }))
+    }
+
+    /// Tells every task-control replica that this worker stops, so that they forget its polls,
+    /// and waits until NATS has routed that.
+    pub async fn stopping(&self, worker_id: &str) {
+        let subject = self.names.worker_stopping();
+        if let Err(e) = self
+            .nats
+            .publish(subject, worker_id.to_owned().into())
+            .await
+        {
+            tracing::debug!(error = %e, "cannot say the worker stops");
+            return;
+        }
+        if tokio::time::timeout(Duration::from_secs(2), self.nats.flush())
+            .await
+            .is_err()
+        {
+            tracing::debug!("NATS did not confirm that the worker stops");
+        }
+    }
+
+    /// Tells task-control that a handed-over task was taken.
+    pub async fn take(&self, handed: &Handed) {
+        if let Some(ack) = &handed.ack
+            && let Err(e) = self.nats.publish(ack.clone(), Default::default()).await
+        {
+            tracing::debug!(error = %e, "cannot acknowledge a handed-over task");
+        }
     }
 
     pub async fn heartbeat(&self, lease: &pb::Lease) -> Result<pb::HeartbeatResponse, Error> {

@@ -43,6 +43,9 @@ pub struct Health {
     metrics: std::sync::Arc<Metrics>,
 }
 
+/// How long a poll waits at task-control before it is sent again.
+const POLL_WAIT: Duration = Duration::from_secs(5);
+
 /// How long the pull loop may be silent while no run is in flight (one pull waits 5 s).
 const PULL_SILENCE: Duration = Duration::from_secs(30);
 
@@ -93,6 +96,8 @@ pub struct Worker {
     js: jetstream::Context,
     names: Names,
     concurrency: usize,
+    /// Whether one idle slot waits at task-control for a job handed over directly.
+    poll: bool,
     /// The runs in flight, by task id, so a cancel hint can stop the right one: its stop token
     /// and its "no longer ours" token.
     running: Arc<std::sync::Mutex<std::collections::HashMap<String, RunTokens>>>,
@@ -159,6 +164,8 @@ impl Worker {
             js,
             names,
             concurrency: config.worker.concurrency as usize,
+            // With one slot, a poll and the pull would take turns at it.
+            poll: config.worker.poll && config.worker.concurrency >= 2,
             running: Default::default(),
         })
     }
@@ -194,6 +201,30 @@ impl Worker {
         let tracker = TaskTracker::new();
         let this = Arc::new(self);
         tokio::spawn(this.clone().watch_cancels(shutdown.clone()));
+        // Runs stop once task-control forgot this worker's polls, so that a task a run hands
+        // back is never handed to this worker again.
+        let runs_stop = CancellationToken::new();
+        {
+            let (this, shutdown, runs_stop) = (this.clone(), shutdown.clone(), runs_stop.clone());
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                if this.poll {
+                    this.runner.control.stopping(&this.runner.worker_id).await;
+                }
+                runs_stop.cancel();
+            });
+        }
+        if this.poll
+            && let Ok(permit) = slots.clone().try_acquire_owned()
+        {
+            tracker.spawn(this.clone().poll(
+                permit,
+                slots.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+                runs_stop.clone(),
+            ));
+        }
         tracing::info!(
             worker = this.runner.worker_id,
             slots = this.concurrency,
@@ -242,7 +273,7 @@ impl Worker {
                     }
                 };
                 let Some(permit) = permits.pop() else { break };
-                let (this, shutdown) = (this.clone(), shutdown.clone());
+                let (this, shutdown) = (this.clone(), runs_stop.clone());
                 // The job runs in the trace of what queued it: a task's creation, an answer.
                 let trace = hark_core::trace::from_headers(message.headers.as_ref());
                 let span = hark_core::trace::process_span(&message.subject);
@@ -262,6 +293,56 @@ impl Worker {
         tracker.wait().await;
         tracing::info!(worker = this.runner.worker_id, "worker stopped");
         Ok(())
+    }
+
+    /// Keeps one idle slot waiting at task-control for a job handed over directly (see
+    /// `PollRequest`); the slot goes with each task handed over, and the next free one waits.
+    async fn poll(
+        self: Arc<Self>,
+        mut permit: tokio::sync::OwnedSemaphorePermit,
+        slots: Arc<Semaphore>,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+        runs_stop: CancellationToken,
+    ) {
+        loop {
+            let polled = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                polled = self.runner.control.poll(&self.runner.worker_id, POLL_WAIT) => polled,
+            };
+            match polled {
+                Ok(Some(handed)) => {
+                    self.runner.control.take(&handed).await;
+                    tracing::debug!(task = handed.job.task_id, "claimed (handed over)");
+                    let span = hark_core::trace::process_span(&self.names.task_run());
+                    let trace = hark_core::trace::TraceContext::parse(&handed.traceparent);
+                    let (this, stop) = (self.clone(), runs_stop.clone());
+                    tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
+                        let metrics = this.runner.llm.metrics();
+                        metrics.running.add(1);
+                        let outcome = this.run_claimed(handed.claim, stop).await;
+                        tracing::info!(task = handed.job.task_id, ?outcome, "run ended");
+                        metrics.running.add(-1);
+                        drop(permit);
+                    }));
+                    permit = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        next = slots.clone().acquire_owned() => match next {
+                            Ok(next) => next,
+                            Err(_) => return,
+                        },
+                    };
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot poll task-control; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
     }
 
     fn lock_running(

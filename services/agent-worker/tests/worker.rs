@@ -53,6 +53,58 @@ async fn a_question_suspends_the_task_and_the_answer_resumes_it_to_the_end() {
 }
 
 #[tokio::test]
+async fn an_idle_worker_is_handed_the_answered_task_without_the_run_queue() {
+    let llm = llm(vec![
+        Step::ask("Which city?"),
+        Step::say("Booked in {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    bed.polling(1, WAIT).await;
+    let id = bed.create("api:alice", "book a hotel", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    // The run that asked has ended and its slot polls again.
+    bed.polling(1, WAIT).await;
+    let before = bed.run_queue_last_sequence().await;
+
+    bed.answer(&id, "Lisbon").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "Booked in Lisbon.");
+    assert_eq!(
+        bed.run_queue_last_sequence().await,
+        before,
+        "the resume did not go through the run queue"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn with_polling_off_every_run_job_goes_through_the_run_queue() {
+    let llm = llm(vec![
+        Step::ask("Which city?"),
+        Step::say("Booked in {answer}."),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |c| c.worker.poll = false).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "book a hotel", |_| {}).await;
+    bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let before = bed.run_queue_last_sequence().await;
+    assert!(bed.parked.is_empty(), "nothing polls");
+
+    bed.answer(&id, "Lisbon").await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert_eq!(done.task.expect("task").result, "Booked in Lisbon.");
+    assert_eq!(
+        bed.run_queue_last_sequence().await,
+        before + 1,
+        "the resume was one job of the run queue"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
 async fn two_questions_in_a_row_are_each_answered() {
     let llm = llm(vec![
         Step::ask("First name?"),

@@ -96,6 +96,8 @@ impl fmt::Display for Namespace {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ControlOp {
     Claim,
+    /// An idle worker waits for a run job handed over directly (see `PollRequest`).
+    Poll,
     Heartbeat,
     Checkpoint,
     Ask,
@@ -107,8 +109,9 @@ pub enum ControlOp {
 }
 
 impl ControlOp {
-    pub const ALL: [ControlOp; 9] = [
+    pub const ALL: [ControlOp; 10] = [
         ControlOp::Claim,
+        ControlOp::Poll,
         ControlOp::Heartbeat,
         ControlOp::Checkpoint,
         ControlOp::Ask,
@@ -122,6 +125,7 @@ impl ControlOp {
     pub fn as_str(self) -> &'static str {
         match self {
             ControlOp::Claim => "claim",
+            ControlOp::Poll => "poll",
             ControlOp::Heartbeat => "heartbeat",
             ControlOp::Checkpoint => "checkpoint",
             ControlOp::Ask => "ask",
@@ -216,6 +220,12 @@ impl Names {
 
     pub fn control(&self, op: ControlOp) -> String {
         format!("{}.control.{}", self.ns, op.as_str())
+    }
+
+    /// Where a stopping worker says so (plain publish, every task-control replica listens): its
+    /// polls are forgotten, so that no task is handed to it any more.
+    pub fn worker_stopping(&self) -> String {
+        format!("{}.worker.stopping", self.ns)
     }
 
     pub fn control_all(&self) -> String {

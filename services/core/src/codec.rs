@@ -45,6 +45,7 @@ versioned!(
     RunJob,
     TaskEvent,
     ClaimRequest,
+    PollRequest,
     HeartbeatRequest,
     CheckpointRequest,
     AskRequest,

@@ -260,11 +260,18 @@ impl Default for ControlConfig {
 pub struct WorkerConfig {
     /// Tasks one worker process runs at once.
     pub concurrency: u32,
+    /// Whether an idle slot also waits at task-control for a run job handed over directly,
+    /// which spares a resume the run queue's hop and the claim request. Takes effect with
+    /// `concurrency` of 2 or more (one slot polls, the others pull from the run queue).
+    pub poll: bool,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        Self { concurrency: 4 }
+        Self {
+            concurrency: 4,
+            poll: true,
+        }
     }
 }
 

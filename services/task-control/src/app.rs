@@ -17,7 +17,7 @@ use hark_proto::v1 as pb;
 use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{api, chat, control, shared::Shared, store, store::OutboxMessage, timers};
+use crate::{api, chat, control, handoff, shared::Shared, store, store::OutboxMessage, timers};
 use hark_core::startup;
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,7 @@ impl App {
                 )),
                 watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
                 metrics: scraped,
+                parked: Default::default(),
                 config: Arc::new(config),
             },
             listener,
@@ -170,6 +171,7 @@ impl App {
         }
         tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
+        tracker.spawn(handoff::forget_stopping(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::upkeep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::retention(shared.clone(), shutdown.clone()));
@@ -331,18 +333,19 @@ async fn relay(
     mut committed: UnboundedReceiver<Vec<OutboxMessage>>,
     shutdown: CancellationToken,
 ) {
-    let mut acknowledged: Vec<(String, String)> = Vec::new();
+    let acknowledged: handoff::Delivered = Default::default();
     let mut flush = tokio::time::interval(Duration::from_millis(50));
     let events_prefix = shared
         .names
         .task_events_all()
         .trim_end_matches('>')
         .to_owned();
+    let run_subject = shared.names.task_run();
     loop {
         let batch = tokio::select! {
             batch = committed.recv() => batch,
             _ = flush.tick() => {
-                forget(&shared, &mut acknowledged).await;
+                forget(&shared, &acknowledged).await;
                 continue;
             }
             _ = shutdown.cancelled() => None,
@@ -393,6 +396,19 @@ async fn relay(
                 }
                 continue;
             }
+            // A worker waits here: it gets the run job at once, claimed for it.
+            if message.subject == run_subject
+                && let Some(waiter) = shared.parked.take()
+            {
+                tokio::spawn(handoff::hand_over(
+                    shared.clone(),
+                    waiter,
+                    message,
+                    traceparent,
+                    acknowledged.clone(),
+                ));
+                continue;
+            }
             headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
             match shared
                 .js
@@ -407,30 +423,40 @@ async fn relay(
             }
         }
         tracing::debug!(messages = pending.len(), "relayed");
+        let mut published = Vec::with_capacity(pending.len());
         for (message, ack) in pending {
             match ack.await {
-                Ok(_) => acknowledged.push((message.subject, message.msg_id)),
+                Ok(_) => published.push((message.subject, message.msg_id)),
                 Err(e) => {
                     tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry")
                 }
             }
         }
-        if acknowledged.len() >= 256 {
-            forget(&shared, &mut acknowledged).await;
+        let many = {
+            let mut acknowledged = acknowledged.lock().unwrap_or_else(|p| p.into_inner());
+            acknowledged.extend(published);
+            acknowledged.len() >= 256
+        };
+        if many {
+            forget(&shared, &acknowledged).await;
         }
     }
-    forget(&shared, &mut acknowledged).await;
+    forget(&shared, &acknowledged).await;
 }
 
-async fn forget(shared: &Shared, acknowledged: &mut Vec<(String, String)>) {
-    if acknowledged.is_empty() {
+async fn forget(shared: &Shared, acknowledged: &handoff::Delivered) {
+    let rows = std::mem::take(&mut *acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
+    if rows.is_empty() {
         return;
     }
-    match shared.store.outbox_forget(acknowledged).await {
-        Ok(()) => acknowledged.clear(),
+    if let Err(e) = shared.store.outbox_forget(&rows).await {
         // Kept for the next try; if this process dies first, the sweep publishes the rows again
         // and JetStream drops the duplicates by their Nats-Msg-Id.
-        Err(e) => tracing::warn!(error = %e, "cannot clear published outbox rows"),
+        tracing::warn!(error = %e, "cannot clear published outbox rows");
+        acknowledged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(rows);
     }
 }
 

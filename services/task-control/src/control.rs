@@ -31,6 +31,7 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
         )
         .await?;
     let tracker = TaskTracker::new();
+    let poll_subject = shared.names.control(ControlOp::Poll);
     loop {
         let message = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -40,6 +41,15 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
             },
         };
         let shared = shared.clone();
+        if message.subject.as_str() == poll_subject {
+            // Parked before the next request is read, then held until a job comes for the
+            // worker or its wait ends; not timed as a request.
+            if let Some(poll) = crate::handoff::park(&shared, message).await {
+                let shutdown = shutdown.clone();
+                tracker.spawn(async move { poll.hold(&shared, &shutdown).await });
+            }
+            continue;
+        }
         tracker.spawn(async move {
             let Some(reply_to) = message.reply.clone() else {
                 tracing::debug!(subject = %message.subject, "control request without a reply subject");
@@ -169,6 +179,8 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
         Some(ControlOp::Fail) => ack(fail(shared, payload).await),
         Some(ControlOp::Release) => ack(release(shared, payload).await),
         Some(ControlOp::History) => history(shared, payload).await.encode_to_vec(),
+        // Served by `handoff::poll`; one that reaches here has nothing for it.
+        Some(ControlOp::Poll) => pb::PollResponse::default().encode_to_vec(),
         Some(ControlOp::Send) => ack(send(shared, payload).await),
         None => ack(Err(invalid("unknown control operation"))),
     }
@@ -187,7 +199,7 @@ fn decode<M: codec::Versioned>(payload: &[u8]) -> Result<M, Option<pb::Refusal>>
 }
 
 async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimResponse {
-    let result = async {
+    let request = async {
         let request: pb::ClaimRequest = decode(payload)?;
         let task: TaskId = request
             .task_id
@@ -198,14 +210,44 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
         }
         let generation =
             i64::try_from(request.generation).map_err(|_| invalid("generation out of range"))?;
-        tracing::debug!(%task, generation, worker = request.worker_id, "claim requested");
-        shared
-            .store
-            .claim(task, generation, &request.worker_id, lease)
-            .await
-            .map_err(|e| refusal_of(&e))
+        Ok((task, generation, request.worker_id))
     }
     .await;
+    match request {
+        Ok((task, generation, worker)) => {
+            tracing::debug!(%task, generation, worker, "claim requested");
+            claim_for(shared, task, generation, &worker, lease).await
+        }
+        Err(refusal) => pb::ClaimResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
+/// A claim refused for `reason`.
+pub fn refused(reason: pb::RefusalReason, message: impl Into<String>) -> pb::ClaimResponse {
+    pb::ClaimResponse {
+        refusal: refusal(reason, message),
+        ..Default::default()
+    }
+}
+
+/// Claims `task`, pending at `generation`, for `worker` (see [`store::Store::claim`]), and says
+/// what the worker needs to run it: the claim response a worker's claim request gets, and what
+/// a task handed to a polling worker carries.
+pub async fn claim_for(
+    shared: &Shared,
+    task: TaskId,
+    generation: i64,
+    worker: &str,
+    lease: Duration,
+) -> pb::ClaimResponse {
+    let result = shared
+        .store
+        .claim(task, generation, worker, lease)
+        .await
+        .map_err(|e| refusal_of(&e));
     match result {
         Err(refusal) => pb::ClaimResponse {
             refusal,

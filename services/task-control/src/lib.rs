@@ -3,7 +3,8 @@
 //! - [`store`] is the Postgres store: tasks, checkpoints, questions, instructions, the audit of
 //!   transitions, applied inbound ids and the outbox, with every state change a compare-and-set.
 //! - [`chat`] interprets inbound chat messages: commands, and answers routed to open questions.
-//! - [`control`] answers the requests of agent workers over NATS.
+//! - [`control`] answers the requests of agent workers over NATS; [`handoff`] holds idle
+//!   workers' polls and hands them run jobs directly.
 //! - [`api`] serves `hark.v1.TaskService` over gRPC, with health and reflection.
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
@@ -20,6 +21,7 @@ pub mod control;
 pub mod convert;
 pub mod effects;
 pub mod events;
+pub mod handoff;
 pub mod metrics;
 pub mod render;
 pub mod shared;

@@ -27,6 +27,8 @@ pub struct Shared {
     pub watchers: Arc<crate::watchers::Watchers>,
     /// This role's metrics, registered with the process's registry while it lives.
     pub metrics: Arc<crate::metrics::Scraped>,
+    /// Workers polling this replica, to whom the relay hands run jobs directly.
+    pub parked: Arc<crate::handoff::Parked>,
 }
 
 impl Shared {

@@ -28,6 +28,8 @@ pub struct Bed {
     pub names: Names,
     pub grpc: String,
     pub nats: async_nats::Client,
+    /// The workers polling task-control for jobs handed over directly.
+    pub parked: std::sync::Arc<hark_control::handoff::Parked>,
     database: String,
     control_stop: CancellationToken,
     control: tokio::task::JoinHandle<()>,
@@ -56,6 +58,7 @@ impl Bed {
         let grpc = format!("http://{}", app.grpc_addr());
         let store = app.shared().store.clone();
         let names = app.shared().names.clone();
+        let parked = app.shared().parked.clone();
         let control_stop = CancellationToken::new();
         let token = control_stop.clone();
         let control = tokio::spawn(async move {
@@ -71,6 +74,7 @@ impl Bed {
             names,
             grpc,
             nats,
+            parked,
             database,
             control_stop,
             control,
@@ -181,6 +185,34 @@ impl Bed {
             })
             .await
             .expect("answered");
+    }
+
+    /// Waits until `count` workers poll task-control.
+    pub async fn polling(&self, count: usize, wait: Duration) {
+        let deadline = tokio::time::Instant::now() + wait;
+        while self.parked.len() != count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{count} polling workers expected, {} poll",
+                self.parked.len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The sequence of the last run job published to the run queue.
+    pub async fn run_queue_last_sequence(&self) -> u64 {
+        let js = async_nats::jetstream::new(self.nats.clone());
+        let mut stream = js
+            .get_stream(self.names.task_run_stream())
+            .await
+            .expect("the run queue exists");
+        stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence
     }
 
     pub async fn stop(self) {

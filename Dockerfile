@@ -18,5 +18,7 @@ USER hark
 ENV HARK_GATEWAY__SPOOL_DIR=/var/lib/hark/spool
 # The gateway (OneBot and the HTTP adapter), the gRPC API, and metrics.listen as the manifests set it.
 EXPOSE 8080 50051 9464
+# Checks the role the container runs (`hark health` reads it from PID 1's command line).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["hark", "health"]
 ENTRYPOINT ["hark"]
 CMD ["--help"]

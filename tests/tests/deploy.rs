@@ -20,6 +20,9 @@ const NON_CONFIG: &[&str] = &[
     "HARK_API_TOKEN",
 ];
 
+/// The image compose builds and the dev overlay runs: hark's name, tagged with its version.
+const HARK_IMAGE: &str = concat!("hark:", env!("CARGO_PKG_VERSION"));
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -153,6 +156,48 @@ fn env_example() -> BTreeMap<String, String> {
 }
 
 #[test]
+fn the_image_exposes_the_ports_hark_listens_on_and_checks_its_own_health() {
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).expect("the Dockerfile");
+    let line = |word: &str| {
+        dockerfile
+            .lines()
+            .find(|l| l.starts_with(word))
+            .unwrap_or_else(|| panic!("the Dockerfile has {word}"))
+            .to_owned()
+    };
+    let defaults = Config::default();
+    let exposed: BTreeSet<u16> = line("EXPOSE ")
+        .split_whitespace()
+        .skip(1)
+        .map(|p| p.parse().expect("a port"))
+        .collect();
+    for (what, port) in [
+        ("gateway.listen", defaults.gateway.listen.port()),
+        ("control.grpc_listen", defaults.control.grpc_listen.port()),
+    ] {
+        assert!(exposed.contains(&port), "EXPOSE {port} ({what})");
+    }
+    // HEALTHCHECK … CMD ["hark", "health"]: a command the binary has, with no role to name.
+    let healthcheck = line("HEALTHCHECK ");
+    let cmd = healthcheck
+        .split_once("CMD ")
+        .map(|(_, c)| c.trim())
+        .expect("HEALTHCHECK has a CMD");
+    let cmd: Vec<String> = serde_json::from_str(cmd).expect("CMD in exec form");
+    assert_eq!(cmd[0], "hark");
+    assert_command_exists(&cmd[1..], "HEALTHCHECK");
+    // Run outside a container, it says which role to name instead of passing.
+    let output = Command::new(hark_binary())
+        .args(&cmd[1..])
+        .env_remove("HARK_CONFIG")
+        .output()
+        .expect("hark runs");
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("hark health worker"), "{said}");
+}
+
+#[test]
 fn every_compose_command_and_environment_key_exists_in_hark() {
     let docs = load("docker-compose.yml");
     let compose = &docs[0];
@@ -163,7 +208,7 @@ fn every_compose_command_and_environment_key_exists_in_hark() {
     for (name, service) in services {
         let name = name.as_str().expect("service name");
         let service = merged(service);
-        if service["image"].as_str() != Some("hark:local") {
+        if service["image"].as_str() != Some(HARK_IMAGE) {
             continue;
         }
         hark_services += 1;
@@ -250,7 +295,7 @@ fn prometheus_under_compose_scrapes_every_hark_service_where_it_serves_metrics()
     for (name, service) in services {
         let name = name.as_str().expect("service name");
         let service = merged(service);
-        if service["image"].as_str() != Some("hark:local") {
+        if service["image"].as_str() != Some(HARK_IMAGE) {
             continue;
         }
         let env = &service["environment"];
@@ -565,6 +610,14 @@ fn every_overlay_renders_and_runs_hark_commands_probes_and_ports_the_binary_has(
                         && !c["resources"]["limits"]["memory"].is_badvalue(),
                     "{context}: memory requests and limits"
                 );
+                // One image, tagged with hark's version: the one compose builds, or the
+                // operator's registry's copy of it.
+                let image = c["image"].as_str().unwrap_or_default();
+                let expected = match overlay {
+                    "dev" => HARK_IMAGE.to_owned(),
+                    _ => format!("registry.example.com/{HARK_IMAGE}"),
+                };
+                assert_eq!(image, expected, "{context}");
                 let args = strings(&c["args"]);
                 assert_command_exists(&args, &context);
                 let config = container_config(&docs, c, &context);
@@ -680,6 +733,10 @@ fn the_custom_resources_are_valid_against_their_crds() {
         "monitoring.coreos.com_servicemonitors.yaml",
     );
     check("ScaledObject", "keda.sh_scaledobjects.yaml");
+    check(
+        "TriggerAuthentication",
+        "keda.sh_triggerauthentications.yaml",
+    );
 
     // KEDA scales the workers on the run queue's lag: their consumer of the run job stream.
     let scaled = of_kind(&docs, "ScaledObject")[0];
@@ -698,9 +755,26 @@ fn the_custom_resources_are_valid_against_their_crds() {
         trigger["metadata"]["consumer"].as_str(),
         Some(hark_core::bus::Names::WORKER_CONSUMER)
     );
-    for key in ["natsServerMonitoringEndpoint", "account", "lagThreshold"] {
+    for key in ["account", "lagThreshold"] {
         assert!(trigger["metadata"][key].as_str().is_some(), "{key}");
     }
+    // The monitoring endpoint comes from a key of hark-secrets, through the TriggerAuthentication
+    // the trigger names.
+    let auth = trigger["authenticationRef"]["name"]
+        .as_str()
+        .expect("the trigger names its TriggerAuthentication");
+    let auth = of_kind(&docs, "TriggerAuthentication")
+        .into_iter()
+        .find(|a| name(a) == auth)
+        .unwrap_or_else(|| panic!("no TriggerAuthentication {auth}"));
+    let endpoint = auth["spec"]["secretTargetRef"]
+        .as_vec()
+        .expect("secretTargetRef")
+        .iter()
+        .find(|r| r["parameter"].as_str() == Some("natsServerMonitoringEndpoint"))
+        .expect("the monitoring endpoint from a secret");
+    assert_eq!(endpoint["name"].as_str(), Some("hark-secrets"));
+    assert_eq!(endpoint["key"].as_str(), Some("nats-monitoring-endpoint"));
 
     // The ServiceMonitor scrapes a metrics port of every role's Service, with the token.
     let monitor = of_kind(&docs, "ServiceMonitor")[0];

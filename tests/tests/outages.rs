@@ -38,6 +38,76 @@ async fn get(url: &str) -> (u16, serde_json::Value) {
 }
 
 #[tokio::test]
+async fn hark_migrate_waits_for_postgres_and_nats_when_told_to_and_otherwise_fails_naming_the_key()
+{
+    let postgres = PrivatePostgres::start();
+    postgres.crash();
+    let mut nats = PrivateNats::start();
+    nats.kill();
+    let env = Env::on(
+        nats.url(),
+        format!("postgres://postgres@127.0.0.1:{}", postgres.port),
+    )
+    .await;
+
+    // Without --wait, a Postgres that does not answer fails it at once, naming the key.
+    let mut at_once = env.spawn_named("migrate-at-once", &["migrate"], &[]);
+    let status = at_once
+        .exited_within(Duration::from_secs(30))
+        .await
+        .expect("exits");
+    assert!(!status.success());
+    assert!(
+        at_once.output().contains("database.url"),
+        "{}",
+        at_once.output()
+    );
+
+    // With it, it waits for each in turn, saying so, and migrates once they answer.
+    let mut waiting = env.spawn_named("migrate-waiting", &["migrate", "--wait", "5m"], &[]);
+    waiting
+        .wait_for_output("waiting for Postgres at database.url", WAIT)
+        .await;
+    postgres.start_again();
+    waiting
+        .wait_for_output("waiting for NATS with JetStream at nats.url", WAIT)
+        .await;
+    nats.start_again();
+    let status = waiting
+        .exited_within(Duration::from_secs(60))
+        .await
+        .expect("exits once both answer");
+    assert!(status.success(), "{}", waiting.output());
+    assert_ne!(
+        env.sql("SELECT count(*) FROM _sqlx_migrations WHERE success")
+            .await,
+        "0"
+    );
+    let mut stream = env
+        .js
+        .get_stream(env.names.task_run_stream())
+        .await
+        .expect("the run queue was created");
+    assert!(stream.info().await.is_ok());
+
+    // A wait that runs out says so.
+    postgres.crash();
+    let mut short = env.spawn_named("migrate-short", &["migrate", "--wait", "1s"], &[]);
+    let status = short
+        .exited_within(Duration::from_secs(30))
+        .await
+        .expect("gives up");
+    assert!(!status.success());
+    assert!(
+        short
+            .output()
+            .contains("did not answer within 1s (hark migrate --wait)"),
+        "{}",
+        short.output()
+    );
+}
+
+#[tokio::test]
 async fn every_role_waits_for_postgres_and_nats_at_start_and_says_so() {
     let postgres = PrivatePostgres::start();
     postgres.crash();

@@ -23,6 +23,52 @@ fn local(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
     addr
 }
 
+/// The role of the hark process running as PID 1 — the container's command — from its command
+/// line (`hark worker --id …` → worker); `dev` runs them all.
+pub fn of_container() -> anyhow::Result<Vec<Role>> {
+    let cmdline = std::fs::read("/proc/1/cmdline").context("cannot read /proc/1/cmdline")?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    roles_in(&args).with_context(|| {
+        format!(
+            "PID 1 ({}) runs no hark role: name one, as in `hark health worker`",
+            args.first().map(String::as_str).unwrap_or("?")
+        )
+    })
+}
+
+/// The roles a `hark …` command line runs, if it runs any.
+fn roles_in(args: &[String]) -> Option<Vec<Role>> {
+    let program = args.first()?;
+    let is_hark = std::path::Path::new(program)
+        .file_name()
+        .is_some_and(|name| name == "hark");
+    if !is_hark {
+        return None;
+    }
+    // The first word that is not an option (or an option's value) is the subcommand.
+    let mut words = args.iter().skip(1);
+    while let Some(word) = words.next() {
+        if word == "--config" {
+            words.next();
+            continue;
+        }
+        if word.starts_with('-') {
+            continue;
+        }
+        return match word.as_str() {
+            "control" => Some(vec![Role::Control]),
+            "gateway" => Some(vec![Role::Gateway]),
+            "worker" => Some(vec![Role::Worker]),
+            "dev" => Some(vec![Role::Control, Role::Gateway]),
+            _ => None,
+        };
+    }
+    None
+}
+
 pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
     let within = Duration::from_secs(5);
     match role {
@@ -93,4 +139,42 @@ async fn get_ok(addr: std::net::SocketAddr, what: &str, within: Duration) -> any
         bail!("{what}'s /healthz at {addr} answered {status}: {body}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles(line: &str) -> Option<Vec<&'static str>> {
+        let args: Vec<String> = line.split(' ').map(str::to_owned).collect();
+        roles_in(&args).map(|roles| {
+            roles
+                .into_iter()
+                .map(|r| match r {
+                    Role::Control => "control",
+                    Role::Gateway => "gateway",
+                    Role::Worker => "worker",
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn the_role_is_read_from_a_hark_command_line() {
+        assert_eq!(roles("hark worker --id w1"), Some(vec!["worker"]));
+        assert_eq!(roles("/usr/local/bin/hark control"), Some(vec!["control"]));
+        assert_eq!(
+            roles("hark --config /etc/hark/hark.toml gateway"),
+            Some(vec!["gateway"])
+        );
+        assert_eq!(roles("hark dev"), Some(vec!["control", "gateway"]));
+    }
+
+    #[test]
+    fn a_command_line_that_runs_no_role_has_none() {
+        assert_eq!(roles("hark migrate --wait 10m"), None);
+        assert_eq!(roles("hark --help"), None);
+        assert_eq!(roles("/bin/sh -c hark worker"), None);
+        assert_eq!(roles("hark"), None);
+    }
 }

@@ -31,7 +31,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Create the database if needed, run its migrations, and create the NATS streams.
-    Migrate,
+    Migrate {
+        /// Wait this long (e.g. `10m`) for Postgres and NATS to answer, saying so, instead of
+        /// failing at once: for an init container that may start before them.
+        #[arg(long, value_name = "DURATION")]
+        wait: Option<hark_core::domain::HumanDuration>,
+    },
     /// Print the effective configuration (file, then environment overrides) as TOML, with
     /// tokens, keys and passwords redacted.
     Config {
@@ -62,8 +67,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Exit 0 when a role answers on this host (for container healthchecks).
     Health {
+        /// Without one: the role the container runs (the `hark` command of PID 1).
         #[arg(value_enum)]
-        role: health::Role,
+        role: Option<health::Role>,
     },
 }
 
@@ -102,10 +108,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // Flushes the last spans when the role stops.
     let _telemetry = init_tracing(&config, quiet, role)?;
     match cli.command {
-        Command::Migrate => migrate(&config).await,
+        Command::Migrate { wait } => migrate(&config, wait.map(|w| w.0)).await,
         Command::Dev { workers } => dev::run(config, workers, shutdown_on_signal()).await,
         Command::Task(args) => task::run(&config, args).await,
-        Command::Health { role } => health::check(&config, role).await,
+        Command::Health { role } => {
+            let roles = match role {
+                Some(role) => vec![role],
+                None => health::of_container()?,
+            };
+            for role in roles {
+                health::check(&config, role).await?;
+            }
+            Ok(())
+        }
         Command::Bench(args) => bench::run(config, args).await,
         Command::Gateway => {
             let app = hark_gateway::app::App::build(&config).await?;
@@ -253,17 +268,67 @@ fn init_tracing(
     Ok(guard)
 }
 
-async fn migrate(config: &Config) -> anyhow::Result<()> {
+async fn migrate(config: &Config, wait: Option<std::time::Duration>) -> anyhow::Result<()> {
     let shown = hark_core::secret::redact_url(config.database.url.expose());
-    let pool = hark_control::store::connect(config.database.url.expose(), 2)
-        .await
-        .with_context(|| format!("cannot reach Postgres at database.url = {shown}"))?;
+    let connect = || hark_control::store::connect(config.database.url.expose(), 2);
+    let pool = match wait {
+        None => connect()
+            .await
+            .with_context(|| format!("cannot reach Postgres at database.url = {shown}"))?,
+        Some(wait) => {
+            waited(
+                &format!("Postgres at database.url = {shown}"),
+                wait,
+                connect,
+            )
+            .await?
+        }
+    };
     hark_control::store::migrate(&pool).await?;
     tracing::info!(database = shown, "database migrated");
-    bus::connect(&config.nats, "hark migrate").await?;
+    let name = "hark migrate";
+    match wait {
+        None => {
+            bus::connect(&config.nats, name).await?;
+        }
+        Some(wait) => {
+            let what = format!(
+                "NATS with JetStream at nats.url = {}",
+                hark_core::secret::redact_url(config.nats.url.expose())
+            );
+            waited(&what, wait, || bus::connect(&config.nats, name)).await?;
+        }
+    }
     tracing::info!(
         namespace = config.nats.namespace,
         "streams and consumers are in place"
     );
     Ok(())
+}
+
+/// Runs `attempt` until it succeeds, for at most `wait` (a signal ends the wait too).
+async fn waited<T, E, F, Fut>(
+    what: &str,
+    wait: std::time::Duration,
+    attempt: F,
+) -> anyhow::Result<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let give_up = shutdown_on_signal();
+    let timer = give_up.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        timer.cancel();
+    });
+    hark_core::startup::wait_for(what, &give_up, attempt)
+        .await
+        .with_context(|| {
+            format!(
+                "{what} did not answer within {} (hark migrate --wait)",
+                hark_core::domain::HumanDuration(wait)
+            )
+        })
 }

@@ -284,6 +284,10 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
     );
     assert_eq!(done.at("hark_question_answer_seconds_count", &[]), 1.0);
     assert_eq!(done.at("hark_resume_seconds_count", &[]), 1.0);
+    // Its start and its resume each reached the worker: handed to its poll or queued.
+    let relayed = done.at("hark_run_jobs_total", &[("path", "handed_over")])
+        + done.at("hark_run_jobs_total", &[("path", "queued")]);
+    assert_eq!(relayed, 2.0);
     assert_eq!(done.at("hark_tasks", &[("state", "waiting_input")]), 0.0);
     assert_eq!(done.at("hark_tasks_failed_total", &qq), 0.0);
 

@@ -426,7 +426,12 @@ async fn relay(
         let mut published = Vec::with_capacity(pending.len());
         for (message, ack) in pending {
             match ack.await {
-                Ok(_) => published.push((message.subject, message.msg_id)),
+                Ok(_) => {
+                    if message.subject == run_subject {
+                        shared.store.metrics().run_job(crate::metrics::QUEUED);
+                    }
+                    published.push((message.subject, message.msg_id))
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry")
                 }

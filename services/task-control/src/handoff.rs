@@ -238,6 +238,7 @@ pub async fn hand_over(
         .timeout(Some(ACK_WAIT));
     // The claim spent the job: its generation is gone.
     done(&delivered, message);
+    shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
     if let Err(e) = shared.nats.send_request(waiter.reply, request).await {
         tracing::info!(task = lease.task_id, worker = lease.worker_id, error = %e, "the worker did not take the task handed to it; queueing it again");
         take_back(&shared, &lease).await;
@@ -298,7 +299,10 @@ async fn publish(
         .await;
     match sent {
         Ok(ack) => match ack.await {
-            Ok(_) => done(&delivered, message),
+            Ok(_) => {
+                shared.store.metrics().run_job(crate::metrics::QUEUED);
+                done(&delivered, message)
+            }
             Err(e) => tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry"),
         },
         Err(e) => tracing::warn!(error = %e, "cannot publish; the sweep will retry"),

@@ -25,7 +25,12 @@ pub struct Metrics {
     time_to_answer: Histogram,
     resume: Histogram,
     requests: Family<Histogram>,
+    run_jobs: Family<Counter>,
 }
+
+/// How a run job reached a worker: handed to a worker's poll, or published to the run queue.
+pub const HANDED_OVER: &str = "handed_over";
+pub const QUEUED: &str = "queued";
 
 impl Metrics {
     /// Metrics whose platform label takes the values of `platforms` (the configured ones), `api`
@@ -57,7 +62,13 @@ impl Metrics {
                 ),
                 metrics::LATENCY,
             ),
+            run_jobs: Family::counters(Labels::new("path", [HANDED_OVER, QUEUED])),
         }
+    }
+
+    /// A run job reached a worker by `path` ([`HANDED_OVER`] or [`QUEUED`]).
+    pub fn run_job(&self, path: &str) {
+        self.run_jobs.of(path).inc();
     }
 
     /// A move of a task on `platform` into `state` won, recorded as `event`.
@@ -139,6 +150,11 @@ impl Metrics {
             "hark_control_request_seconds",
             "How long task-control took to answer a worker request.",
             &self.requests,
+        );
+        out.counters(
+            "hark_run_jobs_total",
+            "Run jobs relayed: handed to a polling worker, or queued on the run queue.",
+            &self.run_jobs,
         );
     }
 }

@@ -284,3 +284,199 @@ async fn killing_task_control_after_a_handed_over_claim_commits_loses_nothing_an
     control.stop().await;
     env.cleanup().await;
 }
+
+/// Takes the task handed to `worker`'s poll, acknowledges it, and asks its owner a question
+/// under its lease; returns the lease and the question's id.
+async fn take_and_ask(
+    env: &Env,
+    polling: tokio::task::JoinHandle<Option<async_nats::Message>>,
+) -> (pb::Lease, String) {
+    let (response, reply) = handed(polling.await.expect("joined"));
+    env.nats
+        .publish(reply.reply.expect("an ack subject"), Default::default())
+        .await
+        .expect("acknowledged");
+    let lease = response
+        .claim
+        .and_then(|c| c.lease)
+        .expect("a handed-over lease");
+    let messages = serde_json::json!([{"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call-1", "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]);
+    let asked: pb::AskResponse = env
+        .request(
+            ControlOp::Ask,
+            codec::encode(pb::AskRequest {
+                lease: Some(lease.clone()),
+                round: Some(pb::Round {
+                    number: 1,
+                    messages_json: serde_json::to_vec(&messages).expect("json"),
+                    ..Default::default()
+                }),
+                tool_call_id: "call-1".into(),
+                question: "Which day?".into(),
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
+    (lease, asked.question_id)
+}
+
+#[tokio::test]
+async fn an_answer_claims_its_task_for_a_polling_worker_in_its_own_statement() {
+    let env = Env::new().await;
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let before = run_queue_last_sequence(&env).await;
+    let polling = poll(&env, "w1");
+    parked(&env).await;
+    let task = hark_e2e::new_task(&mut api, "api:erin", "pick a day").await;
+    let (_, question) = take_and_ask(&env, polling).await;
+
+    // The worker polls again; the answer's statement claims the task for it.
+    let polling = poll(&env, "w1");
+    parked(&env).await;
+    api.answer_question(pb::AnswerQuestionRequest {
+        question_id: question.clone(),
+        answer: "Friday".into(),
+        request_id: "answer-1".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("answered");
+    let (response, _) = handed(polling.await.expect("joined"));
+    let claim = response.claim.expect("a claim");
+    let resume = claim.resume.expect("the answer comes with the claim");
+    assert_eq!(resume.text, "Friday");
+    assert_eq!(resume.tool_call_id, "call-1");
+    assert!(!resume.expired);
+    assert_eq!(claim.rounds.len(), 1, "the checkpoint comes with it");
+    assert_eq!(
+        response.job.expect("the job").reason,
+        pb::RunReason::ResumeReply as i32
+    );
+
+    // Both moves are in the audit, one commit after the ask, and no run job was written.
+    let moves = env
+        .sql(&format!(
+            "SELECT string_agg(event || ':' || from_state || '>' || to_state || '@' || generation, ',' ORDER BY id)
+             FROM transitions WHERE task_id = '{}' AND event IN ('answer', 'claim')",
+            task.id
+        ))
+        .await;
+    assert_eq!(
+        moves,
+        "claim:pending>running@2,answer:waiting_input>pending@4,claim:pending>running@5"
+    );
+    let last_claim = env
+        .sql(&format!(
+            "SELECT actor FROM transitions WHERE task_id = '{}' ORDER BY id DESC LIMIT 1",
+            task.id
+        ))
+        .await;
+    assert_eq!(last_claim, "w1");
+    assert_eq!(run_queue_last_sequence(&env).await, before);
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT state, worker_id FROM tasks WHERE id = '{}'",
+            task.id
+        ))
+        .await,
+        "running|w1"
+    );
+
+    control.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn killing_task_control_after_an_answer_claimed_for_a_polling_worker_loses_nothing() {
+    let mut env = Env::new().await;
+    env.set("HARK_TASK__LEASE", "2s");
+    let mut control = env.spawn(
+        &["control"],
+        &[("HARK_FAILPOINT", "answer_claim.after_commit")],
+    );
+    let mut api = env.client().await;
+    let jobs = env.jobs().await;
+    let polling = poll(&env, "w1");
+    parked(&env).await;
+    let task = hark_e2e::new_task(&mut api, "api:erin", "pick a day").await;
+    let (_, question) = take_and_ask(&env, polling).await;
+
+    // The answer and the claim commit together, then the process dies before handing it over.
+    let _polling = poll(&env, "w1");
+    parked(&env).await;
+    let answered = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: question.clone(),
+            answer: "Friday".into(),
+            request_id: "answer-1".into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(answered.is_err(), "the process dies before it replies");
+    let status = control
+        .exited_within(Duration::from_secs(10))
+        .await
+        .expect("control died");
+    assert!(!status.success());
+
+    // Started again: the lease lapses, the task is recovered with the answer, once.
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let mut won = None;
+    for _ in 0..30 {
+        for job in fetch::<pb::RunJob>(&jobs, 10, Duration::from_secs(1)).await {
+            let claimed = claim(&env, &job, "w2").await;
+            if claimed.refusal.is_none() {
+                assert!(won.is_none(), "a second claim won: {claimed:?}");
+                assert_eq!(job.reason, pb::RunReason::Recover as i32);
+                won = Some(claimed);
+            }
+        }
+        if won.is_some() {
+            break;
+        }
+    }
+    let won = won.expect("the task is recovered");
+    let resume = won.resume.clone().expect("with the answer");
+    assert_eq!(resume.text, "Friday");
+    // The answer survived, and sending it again changes nothing.
+    let again = api
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: question,
+            answer: "Friday".into(),
+            request_id: "answer-1".into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(again.is_ok(), "{again:?}");
+    let done: pb::ControlAck = env
+        .request(
+            ControlOp::Complete,
+            codec::encode(pb::CompleteRequest {
+                lease: won.lease,
+                result: "Friday it is".into(),
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert!(done.refusal.is_none(), "{:?}", done.refusal);
+    assert_eq!(
+        env.sql(&format!(
+            "SELECT count(*) FROM transitions WHERE task_id = '{}' AND event = 'answer'",
+            task.id
+        ))
+        .await,
+        "1"
+    );
+    assert_eq!(
+        env.sql(&format!("SELECT state FROM tasks WHERE id = '{}'", task.id))
+            .await,
+        "completed"
+    );
+
+    control.stop().await;
+    env.cleanup().await;
+}

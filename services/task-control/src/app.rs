@@ -44,6 +44,8 @@ pub struct App {
     listener: TcpListener,
     /// Outbox messages of committed transactions, for the relay.
     committed: UnboundedReceiver<Vec<OutboxMessage>>,
+    /// Tasks answers claimed for polling workers, to hand over.
+    claims: UnboundedReceiver<handoff::Handoff>,
 }
 
 impl App {
@@ -103,6 +105,8 @@ impl App {
             names,
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
+        let (handoffs, claims) = tokio::sync::mpsc::unbounded_channel();
+        let parked = Arc::new(handoff::Parked::default());
         let platforms = std::iter::once(config.gateway.onebot.platform.clone())
             .chain(config.gateway.http.platforms.iter().cloned());
         let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
@@ -123,6 +127,7 @@ impl App {
             max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
         })
         .with_questionnaire_steps()
+        .with_handoffs(parked.clone(), handoffs, config.task.lease.0)
         .with_metrics(metrics);
         Ok(Self {
             shared: Shared {
@@ -135,11 +140,12 @@ impl App {
                 )),
                 watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
                 metrics: scraped,
-                parked: Default::default(),
+                parked,
                 config: Arc::new(config),
             },
             listener,
             committed,
+            claims,
         })
     }
 
@@ -159,6 +165,7 @@ impl App {
             shared,
             listener,
             committed,
+            claims,
         } = self;
         let tracker = TaskTracker::new();
 
@@ -172,6 +179,7 @@ impl App {
         tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(handoff::forget_stopping(shared.clone(), shutdown.clone()));
+        tokio::spawn(handoff::hand_over_claims(shared.clone(), claims));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::upkeep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::retention(shared.clone(), shutdown.clone()));

@@ -253,51 +253,58 @@ pub async fn claim_for(
             refusal,
             ..Default::default()
         },
-        Ok(claimed) => {
-            tracing::debug!(task = %claimed.task.id, "claim won");
-            let role = shared.role_of(&claimed.task.owner);
-            let (rounds, more_rounds) = pieces(&claimed.rounds, 0, HISTORY_BUDGET);
-            let instructions = within_budget(
-                claimed.instructions.into_iter().map(convert::instruction),
-                INSTRUCTION_BUDGET,
-            );
-            pb::ClaimResponse {
-                rounds,
-                more_rounds,
-                refusal: None,
-                lease: Some(pb::Lease {
-                    task_id: claimed.lease.task.to_string(),
-                    generation: claimed.lease.generation as u64,
-                    worker_id: claimed.lease.worker_id.clone(),
-                }),
-                lease_ms: lease.as_millis() as u32,
-                task: Some(pb::TaskSpec {
-                    id: claimed.task.id.to_string(),
-                    owner: claimed.task.owner.to_string(),
-                    owner_role: role.as_str().to_owned(),
-                    goal: claimed.task.goal.clone(),
-                    chat: claimed.task.chat().map(|c| convert::route(&c)),
-                    // Questions are answered in the chat or with AnswerQuestion; only a task whose
-                    // owner may not use ask_user has no way to be answered.
-                    can_ask: role >= Role::User,
-                    attempt: claimed.task.attempt as u32,
-                    questionnaire: claimed
-                        .task
-                        .questionnaire()
-                        .iter()
-                        .map(convert::form_question)
-                        .collect(),
-                }),
-                resume: claimed.resume.map(|r| pb::Resume {
-                    question_id: r.question_id.to_string(),
-                    tool_call_id: r.tool_call_id,
-                    expired: r.expired,
-                    text: r.text,
-                    asked_traceparent: r.asked_trace.unwrap_or_default(),
-                }),
-                instructions,
-            }
-        }
+        Ok(claimed) => claim_response(shared, claimed, lease),
+    }
+}
+
+/// What a worker needs to run a task its claim won.
+pub fn claim_response(
+    shared: &Shared,
+    claimed: store::Claimed,
+    lease: Duration,
+) -> pb::ClaimResponse {
+    tracing::debug!(task = %claimed.task.id, "claim won");
+    let role = shared.role_of(&claimed.task.owner);
+    let (rounds, more_rounds) = pieces(&claimed.rounds, 0, HISTORY_BUDGET);
+    let instructions = within_budget(
+        claimed.instructions.into_iter().map(convert::instruction),
+        INSTRUCTION_BUDGET,
+    );
+    pb::ClaimResponse {
+        rounds,
+        more_rounds,
+        refusal: None,
+        lease: Some(pb::Lease {
+            task_id: claimed.lease.task.to_string(),
+            generation: claimed.lease.generation as u64,
+            worker_id: claimed.lease.worker_id.clone(),
+        }),
+        lease_ms: lease.as_millis() as u32,
+        task: Some(pb::TaskSpec {
+            id: claimed.task.id.to_string(),
+            owner: claimed.task.owner.to_string(),
+            owner_role: role.as_str().to_owned(),
+            goal: claimed.task.goal.clone(),
+            chat: claimed.task.chat().map(|c| convert::route(&c)),
+            // Questions are answered in the chat or with AnswerQuestion; only a task whose
+            // owner may not use ask_user has no way to be answered.
+            can_ask: role >= Role::User,
+            attempt: claimed.task.attempt as u32,
+            questionnaire: claimed
+                .task
+                .questionnaire()
+                .iter()
+                .map(convert::form_question)
+                .collect(),
+        }),
+        resume: claimed.resume.map(|r| pb::Resume {
+            question_id: r.question_id.to_string(),
+            tool_call_id: r.tool_call_id,
+            expired: r.expired,
+            text: r.text,
+            asked_traceparent: r.asked_trace.unwrap_or_default(),
+        }),
+        instructions,
     }
 }
 

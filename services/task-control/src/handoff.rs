@@ -90,6 +90,11 @@ impl Parked {
         before - waiting.len()
     }
 
+    /// Gives back a poll taken for a job that went elsewhere: it waited longest, so it is first.
+    pub fn put_back(&self, waiter: Waiter) {
+        self.lock().push_front(waiter);
+    }
+
     /// The worker that has waited longest, taken for a job.
     pub fn take(&self) -> Option<Waiter> {
         self.lock().pop_front()
@@ -102,6 +107,43 @@ impl Parked {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl Waiter {
+    /// The polling worker.
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+}
+
+/// A task an answer claimed for a polling worker in its own statement, to hand over.
+#[derive(Debug)]
+pub struct Handoff {
+    pub waiter: Waiter,
+    pub claimed: crate::store::Claimed,
+    /// The run job the claim stands for (never published).
+    pub job: pb::RunJob,
+    /// The trace the run continues: the answer's.
+    pub trace: Option<String>,
+}
+
+/// Hands over the tasks answers claimed for polling workers, until the answers stop.
+pub async fn hand_over_claims(
+    shared: Shared,
+    mut claims: tokio::sync::mpsc::UnboundedReceiver<Handoff>,
+) {
+    while let Some(handoff) = claims.recv().await {
+        let lease = shared.config.task.lease.0;
+        let claim = control::claim_response(&shared, handoff.claimed, lease);
+        shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
+        tokio::spawn(deliver(
+            shared.clone(),
+            handoff.waiter,
+            claim,
+            handoff.job,
+            handoff.trace,
+        ));
     }
 }
 
@@ -207,7 +249,7 @@ pub async fn hand_over(
     let started = std::time::Instant::now();
     let claim = claim(&shared, &job, &waiter.worker).await;
     shared.store.metrics().request("claim", started.elapsed());
-    let Some(lease) = claim.lease.clone().filter(|_| claim.refusal.is_none()) else {
+    if claim.lease.is_none() || claim.refusal.is_some() {
         let kind = claim
             .refusal
             .as_ref()
@@ -226,8 +268,26 @@ pub async fn hand_over(
                 publish(&shared, message, traceparent, delivered).await
             }
         };
-    };
+    }
     hark_core::failpoint::hit("handoff.after_claim");
+    // The claim spent the job: its generation is gone.
+    done(&delivered, message);
+    shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
+    deliver(shared, waiter, claim, job, traceparent).await;
+}
+
+/// Replies to `waiter`'s poll with `claim`, and takes the task back (queued again) when the
+/// worker does not acknowledge it within [`ACK_WAIT`].
+async fn deliver(
+    shared: Shared,
+    waiter: Waiter,
+    claim: pb::ClaimResponse,
+    job: pb::RunJob,
+    traceparent: Option<String>,
+) {
+    let Some(lease) = claim.lease.clone() else {
+        return;
+    };
     let response = pb::PollResponse {
         claim: Some(claim),
         job: Some(job),
@@ -236,9 +296,6 @@ pub async fn hand_over(
     let request = async_nats::Request::new()
         .payload(response.encode_to_vec().into())
         .timeout(Some(ACK_WAIT));
-    // The claim spent the job: its generation is gone.
-    done(&delivered, message);
-    shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
     if let Err(e) = shared.nats.send_request(waiter.reply, request).await {
         tracing::info!(task = lease.task_id, worker = lease.worker_id, error = %e, "the worker did not take the task handed to it; queueing it again");
         take_back(&shared, &lease).await;

@@ -1,7 +1,7 @@
 //! Answers: finding the question an answer is for, and applying it in one compare-and-set.
 
 use hark_core::domain::{
-    QuestionId, TaskId, TaskState, TimeoutPolicy,
+    Event, QuestionId, TaskId, TaskState, TimeoutPolicy,
     decide::{self, Command},
     form::FormQuestion,
 };
@@ -9,7 +9,17 @@ use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use time::OffsetDateTime;
 
-use super::{Error, QuestionRow, Store, TaskRow};
+use super::{Error, QuestionRow, Store, TaskRow, batch::Move};
+
+/// Where an answer hands the claim of its task to a polling worker (see
+/// [`Store::with_handoffs`]).
+#[derive(Debug, Clone)]
+pub(super) struct Handoffs {
+    pub(super) parked: std::sync::Arc<crate::handoff::Parked>,
+    pub(super) sink: tokio::sync::mpsc::UnboundedSender<crate::handoff::Handoff>,
+    /// The lease a claim grants (`task.lease`).
+    pub(super) lease: std::time::Duration,
+}
 
 /// An answer to apply.
 #[derive(Debug, Clone)]
@@ -206,6 +216,18 @@ impl Store {
                 )
                 .await;
         }
+        if decision.to == TaskState::Pending
+            && let Some(claimed) = self
+                .answer_and_claim(&question_row, generation, answer, &decision)
+                .await?
+        {
+            question_row.answered_with(answer, claimed.updated_at);
+            return Ok(AnswerOutcome::Applied {
+                task: claimed,
+                question: Box::new(question_row),
+                asked: None,
+            });
+        }
         let won = self
             .decide(super::batch::AnswerRequest {
                 task: task_id,
@@ -229,6 +251,155 @@ impl Store {
             question: Box::new(question_row),
             asked: None,
         })
+    }
+
+    /// With a worker polling here, applies the answer and claims the task for that worker in one
+    /// statement (`waiting_input → pending → running`, both moves in the audit, one commit), and
+    /// sends the claim to be handed over. `None`, and nothing changed, when no worker polls, a
+    /// task of a higher priority is pending (it goes first: the answer then queues its run as
+    /// usual), or the task moved since it was read (the plain answer then says how).
+    async fn answer_and_claim(
+        &self,
+        question: &QuestionRow,
+        generation: i64,
+        answer: &Answer,
+        answered: &decide::Decision,
+    ) -> Result<Option<Box<TaskRow>>, Error> {
+        let Some(handoffs) = &self.handoffs else {
+            return Ok(None);
+        };
+        let Some(waiter) = handoffs.parked.take() else {
+            return Ok(None);
+        };
+        let task = question.task_id;
+        let decided = self
+            .decide_from(task, decide::State::Pending, &Command::Claim)
+            .map(|claim| (Move::of(answered), Move::of(&claim)));
+        let row = match decided {
+            Ok((answer_move, claim_move)) => {
+                self.answer_claim_statement(
+                    question,
+                    generation,
+                    answer,
+                    waiter.worker(),
+                    handoffs.lease,
+                    answer_move,
+                    claim_move,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let row = match row {
+            Ok(Some(row)) => row,
+            other => {
+                handoffs.parked.put_back(waiter);
+                return other.map(|_| None);
+            }
+        };
+        hark_core::failpoint::hit("answer_claim.after_commit");
+        // The resume's latency (none: the answer's commit is the claim's) is recorded here.
+        let claimed = self.claimed(row, waiter.worker());
+        self.published(vec![self.effects.event(
+            &claimed.task,
+            Event::Claim.as_str(),
+            None,
+        )]);
+        let task_row = Box::new(claimed.task.clone());
+        let job = pb::RunJob {
+            task_id: task.to_string(),
+            generation: (generation + 1) as u64,
+            reason: pb::RunReason::ResumeReply as i32,
+            ..Default::default()
+        };
+        let handoff = crate::handoff::Handoff {
+            waiter,
+            claimed,
+            job,
+            trace: hark_core::trace::outgoing(),
+        };
+        if let Err(unsent) = handoffs.sink.send(handoff) {
+            // Nobody hands it over (the process stops): the lease lapses and the task is
+            // recovered, as after a crash here.
+            tracing::warn!(task = %unsent.0.job.task_id, "a claimed task could not be handed over");
+        }
+        Ok(Some(task_row))
+    }
+
+    /// The statement of [`Store::answer_and_claim`]: the row the claim returns, or `None`.
+    #[allow(clippy::too_many_arguments)]
+    async fn answer_claim_statement(
+        &self,
+        question: &QuestionRow,
+        generation: i64,
+        answer: &Answer,
+        worker: &str,
+        lease: std::time::Duration,
+        answered: Move,
+        claimed: Move,
+    ) -> Result<Option<super::CasRow>, Error> {
+        let sql = concat!(
+            "WITH t AS (
+                UPDATE tasks SET
+                    state = $13,
+                    generation = generation + 2,
+                    updated_at = now(),
+                    worker_id = $7,
+                    lease_until = now() + $8 * interval '1 millisecond',
+                    running_since = now(),
+                    finished_at = NULL,
+                    owed = false
+                WHERE id = $1 AND state = $9 AND generation = $2
+                  AND priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
+                                   WHERE h.state = ",
+            sql_state!(pending),
+            ")
+                RETURNING ",
+            task_columns!(),
+            "
+            ), answered AS (
+                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = $4,
+                                       answer = $5, inbound_message_id = $6
+                FROM t WHERE q.id = $3 AND q.outcome = 'open'
+                RETURNING q.id, q.tool_call_id, q.round, q.traceparent
+            ), applied AS (
+                INSERT INTO applied_inbound (key, task_id, question_id)
+                SELECT $6, id, $3 FROM t WHERE $6::text IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, $9, $10, $11, generation - 1, $4, '' FROM t
+                UNION ALL SELECT id, $12, $13, $14, generation, $7, '' FROM t
+            )
+            SELECT t.*, NULL::timestamptz AS asked_deadline,
+                (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
+                 FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
+                (SELECT json_build_object('id', a.id, 'tool_call_id', a.tool_call_id, 'round', a.round,
+                        'outcome', 'answered', 'answer', $5::text, 'since_closed_ms', 0,
+                        'traceparent', a.traceparent)
+                 FROM answered a) AS ctx_question,
+                (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
+                                          ORDER BY created_at, id), '[]')
+                 FROM instructions WHERE task_id = t.id AND consumed_round IS NULL) AS ctx_instructions
+            FROM t"
+        );
+        Ok(sqlx::query_as(sql)
+            .bind(question.task_id.as_uuid())
+            .bind(generation)
+            .bind(question.id.as_uuid())
+            .bind(answer.answerer.as_str())
+            .bind(answer.text.as_str())
+            .bind(answer.inbound_key.as_deref())
+            .bind(worker)
+            .bind(lease.as_millis() as i64)
+            .bind(answered.from)
+            .bind(answered.to)
+            .bind(answered.event)
+            .bind(claimed.from)
+            .bind(claimed.to)
+            .bind(claimed.event)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 
     /// What an answer whose compare-and-set lost is told: another writer won — the same

@@ -394,6 +394,9 @@ pub struct Store {
     /// Whether a questionnaire's answer takes its next step in the same statement (see
     /// [`form`]) instead of queueing a run for a worker.
     form_steps: bool,
+    /// Workers polling this process: an answer claims its task for one of them in its own
+    /// statement and hands the claim over here (see [`crate::handoff`]).
+    handoffs: Option<answers::Handoffs>,
 }
 
 /// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
@@ -458,6 +461,7 @@ impl Store {
             form_asks: Default::default(),
             form_finishes: Default::default(),
             form_steps: false,
+            handoffs: None,
         }
     }
 
@@ -481,6 +485,22 @@ impl Store {
     /// Takes a questionnaire's next step with each answer, in the answer's own statement.
     pub fn with_questionnaire_steps(mut self) -> Self {
         self.form_steps = true;
+        self
+    }
+
+    /// Lets an answer claim its task for a worker polling in `parked`, under a lease of
+    /// `lease`, and send the claim to `handoffs` to be handed over.
+    pub fn with_handoffs(
+        mut self,
+        parked: std::sync::Arc<crate::handoff::Parked>,
+        handoffs: tokio::sync::mpsc::UnboundedSender<crate::handoff::Handoff>,
+        lease: std::time::Duration,
+    ) -> Self {
+        self.handoffs = Some(answers::Handoffs {
+            parked,
+            sink: handoffs,
+            lease,
+        });
         self
     }
 

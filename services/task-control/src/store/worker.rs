@@ -11,7 +11,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{
-    Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, batch::Move, columns,
+    CasRow, Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, batch::Move, columns,
 };
 use crate::render;
 
@@ -135,6 +135,11 @@ impl Store {
                 },
             });
         };
+        Ok(self.claimed(row, worker))
+    }
+
+    /// What a worker needs of a task its claim won, from the claim statement's row.
+    pub(super) fn claimed(&self, row: CasRow, worker: &str) -> Claimed {
         self.routes.remember(row.task.id, row.task.chat());
         let rounds: Vec<RoundRow> = row
             .ctx_rounds
@@ -173,7 +178,7 @@ impl Store {
         {
             self.metrics().resumed(Duration::from_millis(ms));
         }
-        Ok(Claimed {
+        Claimed {
             lease: Lease {
                 task: row.task.id,
                 generation: row.task.generation,
@@ -183,7 +188,7 @@ impl Store {
             rounds,
             resume,
             instructions,
-        })
+        }
     }
 
     /// The checkpointed rounds after `after`, for the worker that holds the task under `lease`.

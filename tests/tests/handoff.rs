@@ -1,7 +1,7 @@
 //! Run jobs handed to a polling worker, against a real task-control process: the job is claimed
-//! for the worker and skips the run queue; a worker that does not take it has it queued again;
-//! and task-control killed right after such a claim commits loses nothing and runs nothing
-//! twice.
+//! for the worker and skips the run queue; an answer claims its task for the worker in its own
+//! statement; a worker that does not take it has it queued again; and task-control killed right
+//! after either claim commits loses nothing and runs nothing twice.
 
 use std::time::Duration;
 

@@ -475,3 +475,25 @@ pub async fn claim(env: &Env, job: &pb::RunJob, worker: &str) -> pb::ClaimRespon
     )
     .await
 }
+
+/// Asks the task held under `lease` "Which day?" as a worker would, with round 1 ending in the
+/// ask_user call `call-1`.
+pub async fn ask(env: &Env, lease: Option<pb::Lease>) -> pb::AskResponse {
+    let messages = serde_json::json!([{"role": "assistant", "content": null, "tool_calls": [
+        {"id": "call-1", "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]);
+    env.request(
+        ControlOp::Ask,
+        codec::encode(pb::AskRequest {
+            lease,
+            round: Some(pb::Round {
+                number: 1,
+                messages_json: serde_json::to_vec(&messages).expect("json"),
+                ..Default::default()
+            }),
+            tool_call_id: "call-1".into(),
+            question: "Which day?".into(),
+            ..Default::default()
+        }),
+    )
+    .await
+}

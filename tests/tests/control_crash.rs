@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use hark_core::{bus::ControlOp, codec};
 use hark_e2e::{Env, claim, fetch};
 use hark_proto::v1 as pb;
 
@@ -22,24 +21,7 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
     let start: Vec<pb::RunJob> = fetch(&jobs, 1, Duration::from_secs(10)).await;
     assert_eq!(start.len(), 1);
     let claimed = claim(&env, &start[0], "w1").await;
-    let messages = serde_json::json!([{"role": "assistant", "content": null, "tool_calls": [
-        {"id": "call-1", "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]);
-    let asked: pb::AskResponse = env
-        .request(
-            ControlOp::Ask,
-            codec::encode(pb::AskRequest {
-                lease: claimed.lease,
-                round: Some(pb::Round {
-                    number: 1,
-                    messages_json: serde_json::to_vec(&messages).expect("json"),
-                    ..Default::default()
-                }),
-                tool_call_id: "call-1".into(),
-                question: "Which day?".into(),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let asked = hark_e2e::ask(&env, claimed.lease).await;
     assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
 
     // The answer commits, then the process dies before the relay publishes the run job.

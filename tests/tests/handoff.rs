@@ -300,24 +300,7 @@ async fn take_and_ask(
         .claim
         .and_then(|c| c.lease)
         .expect("a handed-over lease");
-    let messages = serde_json::json!([{"role": "assistant", "content": null, "tool_calls": [
-        {"id": "call-1", "type": "function", "function": {"name": "ask_user", "arguments": "{}"}}]}]);
-    let asked: pb::AskResponse = env
-        .request(
-            ControlOp::Ask,
-            codec::encode(pb::AskRequest {
-                lease: Some(lease.clone()),
-                round: Some(pb::Round {
-                    number: 1,
-                    messages_json: serde_json::to_vec(&messages).expect("json"),
-                    ..Default::default()
-                }),
-                tool_call_id: "call-1".into(),
-                question: "Which day?".into(),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let asked = hark_e2e::ask(env, Some(lease.clone())).await;
     assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
     (lease, asked.question_id)
 }

@@ -204,26 +204,36 @@ impl Worker {
         // Runs stop once task-control forgot this worker's polls, so that a task a run hands
         // back is never handed to this worker again.
         let runs_stop = CancellationToken::new();
+        // Cancelled once the poll loop has stopped: no poll of this worker is sent after it.
+        let polls_stopped = CancellationToken::new();
         {
-            let (this, shutdown, runs_stop) = (this.clone(), shutdown.clone(), runs_stop.clone());
+            let (this, shutdown, runs_stop, polls_stopped) = (
+                this.clone(),
+                shutdown.clone(),
+                runs_stop.clone(),
+                polls_stopped.clone(),
+            );
             tokio::spawn(async move {
                 shutdown.cancelled().await;
                 if this.poll {
+                    polls_stopped.cancelled().await;
                     this.runner.control.stopping(&this.runner.worker_id).await;
                 }
                 runs_stop.cancel();
             });
         }
-        if this.poll
-            && let Ok(permit) = slots.clone().try_acquire_owned()
-        {
-            tracker.spawn(this.clone().poll(
-                permit,
-                slots.clone(),
-                tracker.clone(),
-                shutdown.clone(),
-                runs_stop.clone(),
-            ));
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) if this.poll => {
+                tracker.spawn(this.clone().poll(
+                    permit,
+                    slots.clone(),
+                    tracker.clone(),
+                    shutdown.clone(),
+                    runs_stop.clone(),
+                    polls_stopped,
+                ));
+            }
+            _ => polls_stopped.cancel(),
         }
         tracing::info!(
             worker = this.runner.worker_id,
@@ -304,9 +314,13 @@ impl Worker {
         tracker: TaskTracker,
         shutdown: CancellationToken,
         runs_stop: CancellationToken,
+        polls_stopped: CancellationToken,
     ) {
+        let _stopped = polls_stopped.drop_guard();
         loop {
             let polled = tokio::select! {
+                // A stopping worker sends no new poll.
+                biased;
                 _ = shutdown.cancelled() => return,
                 polled = self.runner.control.poll(&self.runner.worker_id, POLL_WAIT) => polled,
             };

@@ -44,6 +44,9 @@ pub type Delivered = Arc<Mutex<Vec<(String, String)>>>;
 #[derive(Debug, Default)]
 pub struct Parked {
     waiting: Mutex<VecDeque<Waiter>>,
+    /// Workers that said they stop, and when: a poll of theirs that arrives after that (it was
+    /// sent before, or read after the word) is not parked.
+    stopped: Mutex<std::collections::HashMap<String, std::time::Instant>>,
     next: AtomicU64,
 }
 
@@ -63,7 +66,15 @@ impl Parked {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn park(&self, worker: String, reply: async_nats::Subject) -> (u64, oneshot::Receiver<()>) {
+    /// Parks a poll of `worker`; `None` when the worker said it stops.
+    fn park(
+        &self,
+        worker: String,
+        reply: async_nats::Subject,
+    ) -> Option<(u64, oneshot::Receiver<()>)> {
+        if self.has_stopped(&worker) {
+            return None;
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (taken, gone) = oneshot::channel();
         self.lock().push_back(Waiter {
@@ -72,7 +83,14 @@ impl Parked {
             reply,
             _taken: taken,
         });
-        (id, gone)
+        Some((id, gone))
+    }
+
+    fn has_stopped(&self, worker: &str) -> bool {
+        let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        stopped
+            .get(worker)
+            .is_some_and(|since| since.elapsed() < MAX_WAIT)
     }
 
     /// Removes the poll `id`; whether it was still waiting (its reply is then the caller's).
@@ -84,6 +102,13 @@ impl Parked {
 
     /// Forgets the polls of `worker`, which stops; how many there were.
     pub fn withdraw(&self, worker: &str) -> usize {
+        {
+            // Remembered for as long as a poll of the worker may still arrive; a worker that
+            // comes back under the same id after that polls as usual.
+            let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+            stopped.retain(|_, since| since.elapsed() < MAX_WAIT);
+            stopped.insert(worker.to_owned(), std::time::Instant::now());
+        }
         let mut waiting = self.lock();
         let before = waiting.len();
         waiting.retain(|w| w.worker != worker);
@@ -176,7 +201,10 @@ pub async fn park(shared: &Shared, message: async_nats::Message) -> Option<Poll>
             return None;
         }
     };
-    let (id, taken) = shared.parked.park(request.worker_id, reply);
+    let Some((id, taken)) = shared.parked.park(request.worker_id, reply.clone()) else {
+        nothing(shared, reply).await;
+        return None;
+    };
     Some(Poll {
         id,
         wait: Duration::from_millis(request.wait_ms.into()).min(MAX_WAIT),
@@ -390,13 +418,16 @@ mod tests {
         assert_eq!(parked.withdraw("w1"), 2);
         assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
         assert!(parked.is_empty());
+        // A poll it sent before it stopped, read only now, is not parked.
+        assert!(parked.park("w1".into(), subject("r4")).is_none());
+        assert!(parked.park("w2".into(), subject("r5")).is_some());
     }
 
     #[test]
     fn the_worker_that_waited_longest_is_taken_first() {
         let parked = Parked::default();
-        let (_a, _ga) = parked.park("w1".into(), subject("r1"));
-        let (_b, _gb) = parked.park("w2".into(), subject("r2"));
+        let _a = parked.park("w1".into(), subject("r1"));
+        let _b = parked.park("w2".into(), subject("r2"));
         assert_eq!(parked.take().map(|w| w.worker), Some("w1".into()));
         assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
         assert!(parked.take().is_none());
@@ -405,8 +436,8 @@ mod tests {
     #[test]
     fn a_poll_whose_wait_ended_is_no_longer_taken_and_a_taken_one_is_not_unparked() {
         let parked = Parked::default();
-        let (a, _ga) = parked.park("w1".into(), subject("r1"));
-        let (b, mut gb) = parked.park("w2".into(), subject("r2"));
+        let (a, _ga) = parked.park("w1".into(), subject("r1")).expect("parked");
+        let (b, mut gb) = parked.park("w2".into(), subject("r2")).expect("parked");
         assert!(
             parked.unpark(a).is_some(),
             "its wait ended first: its reply is the poll's"

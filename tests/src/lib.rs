@@ -497,3 +497,28 @@ pub async fn ask(env: &Env, lease: Option<pb::Lease>) -> pb::AskResponse {
     )
     .await
 }
+
+/// Renews `lease` as its worker would.
+pub async fn heartbeat(env: &Env, lease: &pb::Lease) -> pb::HeartbeatResponse {
+    env.request(
+        ControlOp::Heartbeat,
+        codec::encode(pb::HeartbeatRequest {
+            lease: Some(lease.clone()),
+            ..Default::default()
+        }),
+    )
+    .await
+}
+
+/// Completes the task held under `lease` with `result`, as its worker would.
+pub async fn complete(env: &Env, lease: Option<pb::Lease>, result: &str) -> pb::ControlAck {
+    env.request(
+        ControlOp::Complete,
+        codec::encode(pb::CompleteRequest {
+            lease,
+            result: result.into(),
+            ..Default::default()
+        }),
+    )
+    .await
+}

@@ -97,26 +97,9 @@ async fn a_run_job_goes_to_a_polling_worker_claimed_for_it_and_skips_the_run_que
         ))
         .await;
     assert_eq!(state, "running|w1");
-    let renewed: pb::HeartbeatResponse = env
-        .request(
-            ControlOp::Heartbeat,
-            codec::encode(pb::HeartbeatRequest {
-                lease: Some(lease.clone()),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let renewed = hark_e2e::heartbeat(&env, &lease).await;
     assert!(renewed.refusal.is_none(), "{:?}", renewed.refusal);
-    let done: pb::ControlAck = env
-        .request(
-            ControlOp::Complete,
-            codec::encode(pb::CompleteRequest {
-                lease: Some(lease),
-                result: "booked".into(),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let done = hark_e2e::complete(&env, Some(lease), "booked").await;
     assert!(done.refusal.is_none(), "{:?}", done.refusal);
     assert_eq!(
         run_queue_last_sequence(&env).await,
@@ -163,15 +146,7 @@ async fn a_task_handed_to_a_worker_that_does_not_take_it_is_queued_again() {
     );
     let taken = claim(&env, &queued[0], "w2").await;
     assert!(taken.refusal.is_none(), "{:?}", taken.refusal);
-    let stale: pb::HeartbeatResponse = env
-        .request(
-            ControlOp::Heartbeat,
-            codec::encode(pb::HeartbeatRequest {
-                lease: Some(lease),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let stale = hark_e2e::heartbeat(&env, &lease).await;
     assert_eq!(
         stale.refusal.map(|r| r.reason),
         Some(pb::RefusalReason::LeaseLost as i32),
@@ -250,16 +225,7 @@ async fn killing_task_control_after_a_handed_over_claim_commits_loses_nothing_an
             .any(|(job, _)| job.reason == pb::RunReason::Recover as i32),
         "the lapsed lease is recovered: {recovered:?}"
     );
-    let done: pb::ControlAck = env
-        .request(
-            ControlOp::Complete,
-            codec::encode(pb::CompleteRequest {
-                lease: won[0].lease.clone(),
-                result: "fed".into(),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let done = hark_e2e::complete(&env, won[0].lease.clone(), "fed").await;
     assert!(done.refusal.is_none(), "{:?}", done.refusal);
     let later: Vec<pb::RunJob> = fetch(&jobs, 10, Duration::from_secs(1)).await;
     assert!(later.is_empty(), "nothing else is queued: {later:?}");
@@ -435,16 +401,7 @@ async fn killing_task_control_after_an_answer_claimed_for_a_polling_worker_loses
         })
         .await;
     assert!(again.is_ok(), "{again:?}");
-    let done: pb::ControlAck = env
-        .request(
-            ControlOp::Complete,
-            codec::encode(pb::CompleteRequest {
-                lease: won.lease,
-                result: "Friday it is".into(),
-                ..Default::default()
-            }),
-        )
-        .await;
+    let done = hark_e2e::complete(&env, won.lease, "Friday it is").await;
     assert!(done.refusal.is_none(), "{:?}", done.refusal);
     assert_eq!(
         env.sql(&format!(

@@ -249,7 +249,7 @@ impl ControlClient {
     }
 
     /// Waits up to `wait` at task-control for a run job handed over directly; `None` when none
-    /// came. A handed-over task is this worker's: say so with [`Handed::take`] at once.
+    /// came. A handed-over task is this worker's: say so with [`ControlClient::take`] at once.
     pub async fn poll(&self, worker_id: &str, wait: Duration) -> Result<Option<Handed>, Error> {
         let op = ControlOp::Poll;
         let request = async_nats::Request::new()

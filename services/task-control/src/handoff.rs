@@ -57,6 +57,8 @@ pub struct Waiter {
     worker: String,
     /// Where the poll's reply goes.
     reply: async_nats::Subject,
+    /// When the poll's wait ends.
+    until: std::time::Instant,
     /// Dropped when the waiter is taken, which ends the poll's own wait at once.
     _taken: oneshot::Sender<()>,
 }
@@ -71,6 +73,7 @@ impl Parked {
         &self,
         worker: String,
         reply: async_nats::Subject,
+        wait: Duration,
     ) -> Option<(u64, oneshot::Receiver<()>)> {
         if self.has_stopped(&worker) {
             return None;
@@ -81,6 +84,7 @@ impl Parked {
             id,
             worker,
             reply,
+            until: std::time::Instant::now() + wait,
             _taken: taken,
         });
         Some((id, gone))
@@ -121,8 +125,16 @@ impl Parked {
     }
 
     /// The worker that has waited longest, taken for a job.
+    /// Polls whose wait ended are passed over: one given back after its wait ended has nobody
+    /// holding it any more.
     pub fn take(&self) -> Option<Waiter> {
-        self.lock().pop_front()
+        let mut waiting = self.lock();
+        while let Some(waiter) = waiting.pop_front() {
+            if waiter.until > std::time::Instant::now() {
+                return Some(waiter);
+            }
+        }
+        None
     }
 
     /// How many workers wait here.
@@ -201,15 +213,12 @@ pub async fn park(shared: &Shared, message: async_nats::Message) -> Option<Poll>
             return None;
         }
     };
-    let Some((id, taken)) = shared.parked.park(request.worker_id, reply.clone()) else {
+    let wait = Duration::from_millis(request.wait_ms.into()).min(MAX_WAIT);
+    let Some((id, taken)) = shared.parked.park(request.worker_id, reply.clone(), wait) else {
         nothing(shared, reply).await;
         return None;
     };
-    Some(Poll {
-        id,
-        wait: Duration::from_millis(request.wait_ms.into()).min(MAX_WAIT),
-        taken,
-    })
+    Some(Poll { id, wait, taken })
 }
 
 impl Poll {
@@ -270,7 +279,7 @@ pub async fn hand_over(
         Ok(job) => job,
         Err(e) => {
             tracing::warn!(error = %e, "a run job in the outbox does not decode");
-            nothing(&shared, waiter.reply).await;
+            shared.parked.put_back(waiter);
             return publish(&shared, message, traceparent, delivered).await;
         }
     };
@@ -283,7 +292,8 @@ pub async fn hand_over(
             .as_ref()
             .and_then(|r| pb::RefusalReason::try_from(r.reason).ok())
             .map_or(Kind::Internal, Kind::of_refusal);
-        nothing(&shared, waiter.reply).await;
+        // The worker waits on for the next job.
+        shared.parked.put_back(waiter);
         // A job whose task moved on is done, as a worker's refused claim would settle it; one
         // task-control could not decide now goes to the run queue.
         return match kind {
@@ -412,22 +422,34 @@ mod tests {
     #[test]
     fn a_stopping_worker_s_polls_are_forgotten_and_no_others() {
         let parked = Parked::default();
-        let _a = parked.park("w1".into(), subject("r1"));
-        let _b = parked.park("w2".into(), subject("r2"));
-        let _c = parked.park("w1".into(), subject("r3"));
+        let _a = parked.park("w1".into(), subject("r1"), MAX_WAIT);
+        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
+        let _c = parked.park("w1".into(), subject("r3"), MAX_WAIT);
         assert_eq!(parked.withdraw("w1"), 2);
         assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
         assert!(parked.is_empty());
         // A poll it sent before it stopped, read only now, is not parked.
-        assert!(parked.park("w1".into(), subject("r4")).is_none());
-        assert!(parked.park("w2".into(), subject("r5")).is_some());
+        assert!(parked.park("w1".into(), subject("r4"), MAX_WAIT).is_none());
+        assert!(parked.park("w2".into(), subject("r5"), MAX_WAIT).is_some());
+    }
+
+    #[test]
+    fn a_poll_whose_wait_ended_is_passed_over_even_when_given_back() {
+        let parked = Parked::default();
+        let _a = parked.park("w1".into(), subject("r1"), Duration::ZERO);
+        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
+        let taken = parked.take().expect("w2 waits");
+        assert_eq!(taken.worker, "w2");
+        parked.put_back(taken);
+        assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
+        assert!(parked.take().is_none());
     }
 
     #[test]
     fn the_worker_that_waited_longest_is_taken_first() {
         let parked = Parked::default();
-        let _a = parked.park("w1".into(), subject("r1"));
-        let _b = parked.park("w2".into(), subject("r2"));
+        let _a = parked.park("w1".into(), subject("r1"), MAX_WAIT);
+        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
         assert_eq!(parked.take().map(|w| w.worker), Some("w1".into()));
         assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
         assert!(parked.take().is_none());
@@ -436,8 +458,12 @@ mod tests {
     #[test]
     fn a_poll_whose_wait_ended_is_no_longer_taken_and_a_taken_one_is_not_unparked() {
         let parked = Parked::default();
-        let (a, _ga) = parked.park("w1".into(), subject("r1")).expect("parked");
-        let (b, mut gb) = parked.park("w2".into(), subject("r2")).expect("parked");
+        let (a, _ga) = parked
+            .park("w1".into(), subject("r1"), MAX_WAIT)
+            .expect("parked");
+        let (b, mut gb) = parked
+            .park("w2".into(), subject("r2"), MAX_WAIT)
+            .expect("parked");
         assert!(
             parked.unpark(a).is_some(),
             "its wait ended first: its reply is the poll's"

@@ -292,18 +292,27 @@ fn backoff(attempt: u32) -> Duration {
     base.min(Duration::from_secs(16)) + jitter
 }
 
-/// Takes the first choice's message from a chat-completions response.
+/// Takes the first choice's message from a chat-completions response. Its tool calls are named
+/// `<call_prefix>_<position>`, whatever ids the model gave them, so that a round run again after
+/// a crash names the same calls the same way, and their idempotency keys match.
 pub fn parse_reply(raw: &Value, url: &str, call_prefix: &str) -> Result<Reply, Error> {
     let malformed = || Error::Malformed {
         url: url.to_owned(),
         body: raw.to_string().chars().take(500).collect(),
     };
-    let message = raw
+    let mut message = raw
         .get("choices")
         .and_then(|c| c.get(0))
         .and_then(|c| c.get("message"))
         .cloned()
         .ok_or_else(malformed)?;
+    if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for (index, call) in calls.iter_mut().enumerate() {
+            if let Some(call) = call.as_object_mut() {
+                call.insert("id".into(), json!(format!("{call_prefix}_{index}")));
+            }
+        }
+    }
     parse_message(message, call_prefix).ok_or_else(malformed)
 }
 
@@ -361,16 +370,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extras_are_kept_and_missing_call_ids_are_filled_in() {
+    fn extras_are_kept_and_call_ids_are_named_by_round_and_position() {
         let raw = json!({"choices": [{"message": {
             "role": "assistant", "content": null, "reasoning_content": "thinking…",
-            "tool_calls": [{"type": "function", "function": {"name": "ask_user", "arguments": {"question": "Q?"}}}]
+            "tool_calls": [
+                {"type": "function", "function": {"name": "ask_user", "arguments": {"question": "Q?"}}},
+                {"id": "call_random", "type": "function", "function": {"name": "x", "arguments": "{}"}}
+            ]
         }}]});
         let reply = parse_reply(&raw, "u", "r3").expect("parses");
         assert_eq!(reply.message["reasoning_content"], "thinking…");
         assert_eq!(reply.content, None);
-        assert_eq!(reply.tool_calls.len(), 1);
+        assert_eq!(reply.tool_calls.len(), 2);
         assert_eq!(reply.tool_calls[0].id, "r3_0");
+        assert_eq!(reply.tool_calls[1].id, "r3_1");
         assert_eq!(reply.message["tool_calls"][0]["id"], "r3_0");
         assert_eq!(reply.tool_calls[0].arguments, json!({"question": "Q?"}));
     }

@@ -7,15 +7,19 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use hark_core::domain::Role;
+use hark_core::{
+    config::{ChatLanguage, Language},
+    domain::Role,
+};
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    approval,
     control::{self, ControlClient},
-    limits, llm,
-    tools::{Kind, Registry},
+    limits, llm, mcp,
+    tools::{Checked, Kind},
 };
 
 /// How a run ended, from the worker's point of view.
@@ -63,9 +67,12 @@ impl Inbox {
 pub struct Runner {
     pub control: ControlClient,
     pub llm: llm::Client,
-    pub registry: Arc<Registry>,
+    /// The tools: the built-in ones and those of the MCP servers.
+    pub tools: Arc<mcp::Hub>,
     pub worker_id: String,
     pub max_rounds: u32,
+    /// The language of the texts hark itself writes into a chat (`chat.language`).
+    pub language: ChatLanguage,
 }
 
 fn system_prompt(spec: &pb::TaskSpec) -> String {
@@ -104,16 +111,23 @@ fn round(number: u32, messages: &[Value]) -> pb::Round {
     }
 }
 
-/// A question the model asked in this round.
-struct PendingAsk {
-    call_id: String,
-    question: String,
-    context: String,
-    timeout_s: u32,
-    choices: Vec<String>,
+/// A question the model asked in this round, or an approval hark asks for.
+#[derive(Debug)]
+pub(crate) struct PendingAsk {
+    pub(crate) call_id: String,
+    pub(crate) question: String,
+    pub(crate) context: String,
+    pub(crate) timeout_s: u32,
+    pub(crate) choices: Vec<String>,
 }
 
 impl Runner {
+    /// The language hark's own chat texts take for the task's chat.
+    fn language_of(&self, spec: &pb::TaskSpec) -> Language {
+        let platform = spec.chat.as_ref().map_or("", |c| c.platform.as_str());
+        Language::of(self.language.fixed(), platform)
+    }
+
     /// Runs a claimed task until it completes, suspends, fails or must stop. `cancel` stops it
     /// at its next step; `gone` says the task is no longer held (its lease lost, or it was
     /// cancelled), so that requests waiting for task-control give up.
@@ -159,11 +173,51 @@ impl Runner {
             pending.push(json!({"role": "system", "content": system_prompt(&spec)}));
             pending.push(json!({"role": "user", "content": spec.goal}));
         }
+        let registry = self.tools.registry();
+        let mut approved = approval::granted(&history);
         if let Some(resume) = &claimed.resume {
-            pending.push(tool_message(&resume.tool_call_id, &resume.text));
+            match resume.tool_call_id.strip_prefix(approval::CALL_PREFIX) {
+                None => pending.push(tool_message(&resume.tool_call_id, &resume.text)),
+                Some(call_id) => {
+                    let result = match approval::call_in(&history, call_id) {
+                        None => format!(
+                            "error: the call {call_id} waiting for approval is not in the conversation."
+                        ),
+                        Some(call) => match approval::Decision::of(resume) {
+                            approval::Decision::Expired => format!(
+                                "the owner did not answer the request to approve `{}` in time; it did not run.",
+                                call.name
+                            ),
+                            approval::Decision::Deny => {
+                                format!("the owner declined; `{}` did not run.", call.name)
+                            }
+                            approval::Decision::Approve { for_task } => {
+                                match registry.check(&call, role) {
+                                    Err(error) => error,
+                                    Ok(checked) => {
+                                        if for_task {
+                                            pending.push(approval::record(&checked.tool.name));
+                                            approved.insert(checked.tool.name.clone());
+                                        }
+                                        let key = format!("{}:{number}:{call_id}", spec.id);
+                                        match run.execute(&spec, &checked, &key, &cancel).await {
+                                            Ok(result) => result,
+                                            Err(outcome) => return outcome,
+                                        }
+                                    }
+                                }
+                            }
+                        },
+                    };
+                    pending.push(tool_message(
+                        call_id,
+                        &limits::cut(&result, limits::MAX_TOOL_RESULT),
+                    ));
+                }
+            }
         }
         inbox.push(claimed.instructions.clone());
-        let offered = self.registry.offered();
+        let offered = registry.offered(role);
 
         loop {
             if cancel.is_cancelled() {
@@ -185,8 +239,12 @@ impl Runner {
                     Err(e) => run.settle(e).await,
                 };
             }
-            let mut messages = history.clone();
-            messages.extend(pending.iter().cloned());
+            let messages: Vec<Value> = history
+                .iter()
+                .chain(&pending)
+                .filter(|m| approval::for_model(m))
+                .cloned()
+                .collect();
             let call_prefix = format!("r{number}");
             tracing::debug!(task = spec.id, round = number, "calling the LLM");
             let reply = tokio::select! {
@@ -248,9 +306,9 @@ impl Runner {
                     gen_ai.tool.name = %call.name,
                     gen_ai.tool.call.id = %call.id,
                 );
-                let result = match self.registry.check(call, role) {
+                let result = match registry.check(call, role) {
                     Err(error) => error,
-                    Ok(checked) => match checked.tool.kind {
+                    Ok(checked) => match &checked.tool.kind {
                         Kind::AskUser if !spec.can_ask => {
                             "error: nobody can answer questions for this task. Decide without asking.".to_owned()
                         }
@@ -289,37 +347,31 @@ impl Runner {
                             });
                             continue;
                         }
-                        Kind::SendMessage => {
-                            let text = checked.arguments.get("text").and_then(Value::as_str).unwrap_or("");
-                            match self.control.send(&lease, text, &key, &gone).await {
-                                Ok(()) => "sent".to_owned(),
-                                Err(e) if e.is_final() => return Outcome::Stopped(e.to_string()),
-                                Err(e) => format!("error: the message could not be sent: {e}"),
+                        _ if checked.tool.approval && !approved.contains(&checked.tool.name) => {
+                            if !spec.can_ask {
+                                format!(
+                                    "error: `{}` runs only with its owner's approval, and nobody can be asked for this task.",
+                                    checked.tool.name
+                                )
+                            } else if ask.is_some() {
+                                format!(
+                                    "error: `{}` needs its owner's approval, and a question is already waiting; call it again after the answer.",
+                                    checked.tool.name
+                                )
+                            } else {
+                                let language = self.language_of(&spec);
+                                ask = Some(approval::ask(language, &checked, &call.id));
+                                continue;
                             }
                         }
-                        Kind::ListTools => {
-                            let list: Vec<Value> = self
-                                .registry
-                                .discoverable(role)
-                                .into_iter()
-                                .map(|t| json!({"name": t.name, "description": t.description}))
-                                .collect();
-                            json!({"tools": list, "hint": "call get_tool_schema with a name, then call the tool"}).to_string()
-                        }
-                        Kind::GetToolSchema => {
-                            let name = checked.arguments.get("name").and_then(Value::as_str).unwrap_or("");
-                            match self.registry.get(name) {
-                                Some(tool) if tool.min_role <= role => tool.declaration().to_string(),
-                                _ => format!("error: there is no tool `{}` you can use.", limits::cut(name, 64)),
-                            }
-                        }
-                        Kind::CurrentTime => time::OffsetDateTime::now_utc()
-                            .format(&time::format_description::well_known::Rfc3339)
-                            .unwrap_or_default(),
-                        Kind::WorkerInfo => json!({"worker_id": self.worker_id}).to_string(),
+                        _ => match run.execute(&spec, &checked, &key, &cancel).await {
+                            Ok(result) => result,
+                            Err(outcome) => return outcome,
+                        },
                     },
                 };
-                self.llm.metrics().tool(&call.name, started.elapsed());
+                let label = registry.get(&call.name).map_or("", |t| t.metric_name());
+                self.llm.metrics().tool(label, started.elapsed());
                 drop(tool_span);
                 pending.push(tool_message(
                     &call.id,
@@ -374,7 +426,100 @@ struct Run<'a> {
     gone: &'a CancellationToken,
 }
 
+/// At most one progress message per call this often reaches the chat.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Run<'_> {
+    /// Runs a checked call of a tool that neither asks nor waits for approval; the text is the
+    /// model's. `Err` when the run must end.
+    async fn execute(
+        &self,
+        spec: &pb::TaskSpec,
+        checked: &Checked<'_>,
+        key: &str,
+        cancel: &CancellationToken,
+    ) -> Result<String, Outcome> {
+        let runner = self.runner;
+        let role: Role = spec.owner_role.parse().unwrap_or(Role::Guest);
+        Ok(match &checked.tool.kind {
+            Kind::AskUser => "error: ask_user cannot run here.".to_owned(),
+            Kind::SendMessage => {
+                let text = checked
+                    .arguments
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                match runner.control.send(self.lease, text, key, self.gone).await {
+                    Ok(()) => "sent".to_owned(),
+                    Err(e) if e.is_final() => return Err(Outcome::Stopped(e.to_string())),
+                    Err(e) => format!("error: the message could not be sent: {e}"),
+                }
+            }
+            Kind::ListTools => {
+                let registry = runner.tools.registry();
+                let list: Vec<Value> = registry
+                    .discoverable(role)
+                    .into_iter()
+                    .map(|t| json!({"name": t.name, "description": t.description}))
+                    .collect();
+                json!({"tools": list, "hint": "call get_tool_schema with a name, then call the tool"})
+                    .to_string()
+            }
+            Kind::GetToolSchema => {
+                let name = checked
+                    .arguments
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                match runner.tools.registry().get(name) {
+                    Some(tool) if tool.min_role <= role => tool.declaration().to_string(),
+                    _ => format!(
+                        "error: there is no tool `{}` you can use.",
+                        limits::cut(name, 64)
+                    ),
+                }
+            }
+            Kind::CurrentTime => time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+            Kind::WorkerInfo => json!({"worker_id": runner.worker_id}).to_string(),
+            Kind::Mcp { server, tool } => {
+                let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
+                let call =
+                    runner
+                        .tools
+                        .call(*server, tool, checked.arguments.clone(), key, progress);
+                tokio::pin!(call);
+                let mut last: Option<std::time::Instant> = None;
+                let mut sent = 0u32;
+                loop {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {
+                            return Err(Outcome::Stopped("cancelled during a tool call".into()));
+                        }
+                        result = &mut call => break match result {
+                            Ok(text) => text,
+                            Err(e) => e.to_string(),
+                        },
+                        Some(report) = reports.recv() => {
+                            if last.is_some_and(|at| at.elapsed() < PROGRESS_EVERY) {
+                                continue;
+                            }
+                            last = Some(std::time::Instant::now());
+                            sent += 1;
+                            let text = approval::progress_text(&checked.tool.name, &report);
+                            let key = format!("{key}:progress:{sent}");
+                            // Progress is best effort: a note that cannot be sent is dropped.
+                            if let Err(e) = runner.control.send(self.lease, &text, &key, self.gone).await {
+                                tracing::debug!(task = spec.id, error = %e, "a progress note was not sent");
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+
     /// The whole checkpoint, as (round, its messages' JSON): the rounds the claim carried, and
     /// the rest fetched piece by piece when it did not carry them all.
     async fn checkpoint_of(

@@ -5,6 +5,8 @@
 //! - [`agent`] is the loop of one task: LLM call, tools, checkpoint, until a final answer, a
 //!   question (the task is handed back and forgotten), cancellation or the round limit.
 //! - [`tools`] is the tool registry: schemas, roles, visibility, argument checks.
+//! - [`mcp`] connects the MCP servers of `[[tools.mcp]]` and calls their tools; [`approval`]
+//!   asks a tool's owner before a call that needs consent runs.
 //! - [`control`] is the client of task-control's control requests.
 //! - [`llm`] is the OpenAI-compatible chat-completions client; [`limits`] bounds what a round
 //!   keeps of it and of tools.
@@ -12,9 +14,11 @@
 //! - [`scripted`] is a scripted LLM server for tests and the demo model.
 
 pub mod agent;
+pub mod approval;
 pub mod control;
 pub mod limits;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
 pub mod scripted;
 pub mod tools;

@@ -64,7 +64,7 @@ impl Metrics {
     }
 
     pub fn new(model: &str, provider: &str) -> Self {
-        let tools = crate::tools::Registry::builtin().names();
+        let tools = crate::tools::METRIC_NAMES;
         Self {
             provider: provider.to_owned(),
             model: labels([

@@ -1,5 +1,7 @@
-//! The tool registry: each tool's JSON schema, the least role that may run it, and whether it is
-//! always offered to the model (`Essential`) or found through `list_tools` (`Discoverable`).
+//! The tool registry: each tool's JSON schema, the least role that may run it, whether it waits
+//! for its owner's approval, and how it is shown to the model: always (`Essential`), by name while
+//! the list is short (`Offered`, the tools of MCP servers), or only through `list_tools`
+//! (`Discoverable`).
 //!
 //! `ask_user` is essential and always offered, whatever else is hidden: it is the agent's way out
 //! when it lacks information. A call is checked before it runs: the tool exists, the task owner's
@@ -9,16 +11,21 @@
 use hark_core::domain::Role;
 use serde_json::{Map, Value, json};
 
-use crate::llm::ToolCall;
+use crate::{limits, llm::ToolCall};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Visibility {
+    /// In every request.
     Essential,
+    /// In every request while the list of tools stays within `tools.max_offered`, else found
+    /// through `list_tools`.
+    Offered,
+    /// Found through `list_tools`.
     Discoverable,
 }
 
 /// What running a tool takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     AskUser,
     SendMessage,
@@ -26,16 +33,64 @@ pub enum Kind {
     GetToolSchema,
     CurrentTime,
     WorkerInfo,
+    /// The tool `tool` of the MCP server `server` (its index in `tools.mcp`).
+    Mcp {
+        server: usize,
+        tool: String,
+    },
 }
+
+/// The names of the built-in tools, and `mcp` for every tool of an MCP server: the values of the
+/// tool label of the worker's metrics.
+pub const METRIC_NAMES: [&str; 7] = [
+    "ask_user",
+    "send_message",
+    "list_tools",
+    "get_tool_schema",
+    "current_time",
+    "worker_info",
+    "mcp",
+];
 
 #[derive(Debug, Clone)]
 pub struct Tool {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: String,
+    pub description: String,
     pub parameters: Value,
     pub min_role: Role,
     pub visibility: Visibility,
     pub kind: Kind,
+    /// Whether a call waits for the owner's approval before it runs.
+    pub approval: bool,
+}
+
+impl Tool {
+    fn builtin(
+        name: &str,
+        description: &str,
+        parameters: Value,
+        min_role: Role,
+        visibility: Visibility,
+        kind: Kind,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            parameters,
+            min_role,
+            visibility,
+            kind,
+            approval: false,
+        }
+    }
+
+    /// The name its metrics are labelled with.
+    pub fn metric_name(&self) -> &str {
+        match self.kind {
+            Kind::Mcp { .. } => "mcp",
+            _ => &self.name,
+        }
+    }
 }
 
 impl Tool {
@@ -56,99 +111,128 @@ pub struct Checked<'a> {
 #[derive(Debug, Clone)]
 pub struct Registry {
     tools: Vec<Tool>,
+    /// How many tools are offered by name at most (`tools.max_offered`).
+    max_offered: usize,
 }
 
 impl Registry {
     pub fn builtin() -> Self {
+        let none = || json!({"type": "object", "properties": {}, "additionalProperties": false});
         Self {
             tools: vec![
-                Tool {
-                    name: "ask_user",
-                    description: "Ask the person who gave you this task a question and wait for the answer. \
-                        Use it when you lack information only they have, or need their decision. \
-                        The task pauses until they reply in their chat; the reply is this tool's result.",
-                    parameters: json!({"type": "object", "properties": {
+                Tool::builtin(
+                    "ask_user",
+                    "Ask the person who gave you this task a question and wait for the answer. \
+                     Use it when you lack information only they have, or need their decision. \
+                     The task pauses until they reply in their chat; the reply is this tool's result.",
+                    json!({"type": "object", "properties": {
                         "question": {"type": "string", "description": "The question, short and specific."},
                         "context": {"type": "string", "description": "Optional background shown after the question."},
                         "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer."},
                         "choices": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
                             "description": "Optional: the answers to choose from; the reply is then one of them."}
                     }, "required": ["question"], "additionalProperties": false}),
-                    min_role: Role::User,
-                    visibility: Visibility::Essential,
-                    kind: Kind::AskUser,
-                },
-                Tool {
-                    name: "send_message",
-                    description: "Send a short progress note to the task owner's chat. Does not wait for a reply.",
-                    parameters: json!({"type": "object", "properties": {
+                    Role::User,
+                    Visibility::Essential,
+                    Kind::AskUser,
+                ),
+                Tool::builtin(
+                    "send_message",
+                    "Send a short progress note to the task owner's chat. Does not wait for a reply.",
+                    json!({"type": "object", "properties": {
                         "text": {"type": "string"}
                     }, "required": ["text"], "additionalProperties": false}),
-                    min_role: Role::User,
-                    visibility: Visibility::Essential,
-                    kind: Kind::SendMessage,
-                },
-                Tool {
-                    name: "list_tools",
-                    description: "List the further tools you can use, with their descriptions.",
-                    parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                    min_role: Role::Guest,
-                    visibility: Visibility::Essential,
-                    kind: Kind::ListTools,
-                },
-                Tool {
-                    name: "get_tool_schema",
-                    description: "Get the JSON schema of a tool's arguments, to call it.",
-                    parameters: json!({"type": "object", "properties": {
+                    Role::User,
+                    Visibility::Essential,
+                    Kind::SendMessage,
+                ),
+                Tool::builtin(
+                    "list_tools",
+                    "List the further tools you can use, with their descriptions.",
+                    none(),
+                    Role::Guest,
+                    Visibility::Essential,
+                    Kind::ListTools,
+                ),
+                Tool::builtin(
+                    "get_tool_schema",
+                    "Get the JSON schema of a tool's arguments, to call it.",
+                    json!({"type": "object", "properties": {
                         "name": {"type": "string"}
                     }, "required": ["name"], "additionalProperties": false}),
-                    min_role: Role::Guest,
-                    visibility: Visibility::Essential,
-                    kind: Kind::GetToolSchema,
-                },
-                Tool {
-                    name: "current_time",
-                    description: "The current date and time in UTC (RFC 3339).",
-                    parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                    min_role: Role::Guest,
-                    visibility: Visibility::Discoverable,
-                    kind: Kind::CurrentTime,
-                },
-                Tool {
-                    name: "worker_info",
-                    description: "Which worker runs this task (for operators).",
-                    parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
-                    min_role: Role::Admin,
-                    visibility: Visibility::Discoverable,
-                    kind: Kind::WorkerInfo,
-                },
+                    Role::Guest,
+                    Visibility::Essential,
+                    Kind::GetToolSchema,
+                ),
+                Tool::builtin(
+                    "current_time",
+                    "The current date and time in UTC (RFC 3339).",
+                    none(),
+                    Role::Guest,
+                    Visibility::Discoverable,
+                    Kind::CurrentTime,
+                ),
+                Tool::builtin(
+                    "worker_info",
+                    "Which worker runs this task (for operators).",
+                    none(),
+                    Role::Admin,
+                    Visibility::Discoverable,
+                    Kind::WorkerInfo,
+                ),
             ],
+            max_offered: usize::MAX,
         }
     }
 
-    /// The names of its tools.
-    pub fn names(&self) -> Vec<&'static str> {
-        self.tools.iter().map(|t| t.name).collect()
+    /// The built-in tools and `more` (the tools of MCP servers), of which at most `max_offered`
+    /// in all are offered by name.
+    pub fn with(mut self, more: impl IntoIterator<Item = Tool>, max_offered: usize) -> Self {
+        self.tools.extend(more);
+        self.max_offered = max_offered;
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&Tool> {
         self.tools.iter().find(|t| t.name == name)
     }
 
-    /// The tools offered to the model in every request: the essential ones, `ask_user` always.
-    pub fn offered(&self) -> Vec<Value> {
+    /// Whether the `Offered` tools a role may use fit in the list offered by name.
+    fn room_for_offered(&self, role: Role) -> bool {
+        let shown = self
+            .tools
+            .iter()
+            .filter(|t| t.visibility != Visibility::Discoverable && t.min_role <= role)
+            .count();
+        shown <= self.max_offered
+    }
+
+    /// The tools offered to the model in every request of a task run with `role`: the essential
+    /// ones (`ask_user` always), and the `Offered` ones it may use while they fit.
+    pub fn offered(&self, role: Role) -> Vec<Value> {
+        let room = self.room_for_offered(role);
         self.tools
             .iter()
-            .filter(|t| t.visibility == Visibility::Essential)
+            .filter(|t| match t.visibility {
+                Visibility::Essential => true,
+                Visibility::Offered => room && t.min_role <= role,
+                Visibility::Discoverable => false,
+            })
             .map(Tool::declaration)
             .collect()
     }
 
-    /// The discoverable tools the role may use, for `list_tools`.
+    /// The tools the role may use that are not offered by name, for `list_tools`.
     pub fn discoverable(&self, role: Role) -> Vec<&Tool> {
+        let room = self.room_for_offered(role);
         self.tools
             .iter()
-            .filter(|t| t.visibility == Visibility::Discoverable && t.min_role <= role)
+            .filter(|t| t.min_role <= role)
+            .filter(|t| match t.visibility {
+                Visibility::Essential => false,
+                Visibility::Offered => !room,
+                Visibility::Discoverable => true,
+            })
             .collect()
     }
 
@@ -157,7 +241,7 @@ impl Registry {
         let tool = self.get(&call.name).ok_or_else(|| {
             format!(
                 "error: there is no tool `{}`. Call list_tools to see what you can use.",
-                call.name
+                limits::cut(&call.name, 64)
             )
         })?;
         if role < tool.min_role {
@@ -249,11 +333,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ask_user_is_always_offered_and_discoverable_tools_are_not() {
-        let registry = Registry::builtin();
-        let offered: Vec<String> = registry
-            .offered()
+    fn names(tools: &[Value]) -> Vec<String> {
+        tools
             .iter()
             .map(|t| {
                 t["function"]["name"]
@@ -261,11 +342,68 @@ mod tests {
                     .unwrap_or_default()
                     .to_owned()
             })
-            .collect();
+            .collect()
+    }
+
+    fn mcp_tool(name: &str, min_role: Role) -> Tool {
+        Tool {
+            name: name.into(),
+            description: "d".into(),
+            parameters: json!({"type": "object"}),
+            min_role,
+            visibility: Visibility::Offered,
+            kind: Kind::Mcp {
+                server: 0,
+                tool: name.into(),
+            },
+            approval: false,
+        }
+    }
+
+    #[test]
+    fn ask_user_is_always_offered_and_discoverable_tools_are_not() {
+        let registry = Registry::builtin();
+        let offered = names(&registry.offered(Role::User));
         assert!(offered.contains(&"ask_user".to_owned()));
         assert!(!offered.contains(&"current_time".to_owned()));
         assert_eq!(registry.discoverable(Role::User).len(), 1);
         assert_eq!(registry.discoverable(Role::Admin).len(), 2);
+    }
+
+    #[test]
+    fn server_tools_are_offered_by_name_while_they_fit_then_listed() {
+        let more = || {
+            vec![
+                mcp_tool("s__a", Role::User),
+                mcp_tool("s__b", Role::User),
+                mcp_tool("s__admin", Role::Admin),
+            ]
+        };
+        // Four essential tools and two the user may use fit in six.
+        let roomy = Registry::builtin().with(more(), 6);
+        let offered = names(&roomy.offered(Role::User));
+        assert!(offered.contains(&"s__a".to_owned()) && offered.contains(&"s__b".to_owned()));
+        assert!(!offered.contains(&"s__admin".to_owned()), "{offered:?}");
+        assert_eq!(roomy.discoverable(Role::User).len(), 1, "current_time only");
+        // An admin may use seven: they no longer fit, and list_tools finds them.
+        let offered = names(&roomy.offered(Role::Admin));
+        assert_eq!(offered.len(), 4, "{offered:?}");
+        assert!(offered.contains(&"ask_user".to_owned()));
+        let listed: Vec<&str> = roomy
+            .discoverable(Role::Admin)
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(
+            listed,
+            ["current_time", "worker_info", "s__a", "s__b", "s__admin"]
+        );
+        // A call above the owner's role is refused whether offered or not.
+        let err = roomy
+            .check(&call("s__admin", json!({})), Role::User)
+            .unwrap_err();
+        assert!(err.contains("needs the role admin"), "{err}");
+        assert_eq!(roomy.get("s__a").map(Tool::metric_name), Some("mcp"));
     }
 
     #[test]

@@ -19,9 +19,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use crate::{
     agent::{Inbox, Outcome, Runner},
     control::ControlClient,
-    llm,
+    llm, mcp,
     metrics::Metrics,
-    tools::Registry,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +41,9 @@ pub struct Health {
     names: Names,
     metrics: std::sync::Arc<Metrics>,
 }
+
+/// How long a worker waits for its MCP servers before it takes jobs.
+const MCP_START_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a poll waits at task-control before it is sent again.
 const POLL_WAIT: Duration = Duration::from_secs(5);
@@ -151,12 +153,14 @@ impl Worker {
             js,
             names,
         } = connection;
+        let tools = mcp::Hub::new(&config.tools);
         let runner = Runner {
             control: ControlClient::new(nats.clone(), names.clone()),
             llm: llm::Client::new(llm)?,
-            registry: Arc::new(Registry::builtin()),
+            tools,
             worker_id,
             max_rounds: config.task.max_rounds,
+            language: config.chat.language,
         };
         Ok(Self {
             runner,
@@ -168,6 +172,11 @@ impl Worker {
             poll: config.worker.poll && config.worker.concurrency >= 2,
             running: Default::default(),
         })
+    }
+
+    /// The worker's tools, with the MCP servers they come from.
+    pub fn tools(&self) -> Arc<mcp::Hub> {
+        self.runner.tools.clone()
     }
 
     pub fn worker_id(&self) -> &str {
@@ -192,6 +201,15 @@ impl Worker {
     /// Runs jobs until `shutdown`. Runs in flight then stop at their next step and hand their
     /// tasks back, so that another worker continues each from its last checkpoint at once.
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), Error> {
+        self.runner.tools.start(shutdown.clone());
+        // Runs started before a server is connected would not see its tools.
+        if let Err(missing) = self.runner.tools.connected(MCP_START_WAIT).await {
+            tracing::warn!(
+                servers = missing.join(", "),
+                "MCP servers not connected after {}s (tools.mcp); their tools are offered once they are",
+                MCP_START_WAIT.as_secs()
+            );
+        }
         let consumer: PullConsumer = self
             .js
             .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())

@@ -46,6 +46,7 @@ pub struct Config {
     pub gateway: GatewayConfig,
     pub control: ControlConfig,
     pub worker: WorkerConfig,
+    pub tools: ToolsConfig,
     pub task: TaskConfig,
     pub permission: PermissionConfig,
     pub chat: ChatConfig,
@@ -271,6 +272,109 @@ impl Default for WorkerConfig {
         Self {
             concurrency: 4,
             poll: true,
+        }
+    }
+}
+
+/// The tools an agent may use beyond the built-in ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// MCP servers whose tools are offered, as `[[tools.mcp]]` entries.
+    pub mcp: Vec<McpServerConfig>,
+    /// How many tools the model is offered by name in each request before the rest are found
+    /// through `list_tools` (`ask_user` is always offered).
+    pub max_offered: u32,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        Self {
+            mcp: Vec::new(),
+            max_offered: 24,
+        }
+    }
+}
+
+/// Tools that need the owner's consent before they run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Approval {
+    /// `"all"`, `"none"`, or `"destructive"`: the tools the server annotates `destructiveHint`.
+    Every(ApprovalWord),
+    /// The tools named.
+    Listed(Vec<String>),
+}
+
+impl Default for Approval {
+    fn default() -> Self {
+        Self::Every(ApprovalWord::Destructive)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalWord {
+    All,
+    None,
+    Destructive,
+}
+
+impl Approval {
+    /// Whether a call of `tool` waits for the owner's consent; `destructive` is the server's
+    /// `destructiveHint` for it.
+    pub fn needed(&self, tool: &str, destructive: bool) -> bool {
+        match self {
+            Self::Every(ApprovalWord::Destructive) => destructive,
+            Self::Every(ApprovalWord::All) => true,
+            Self::Every(ApprovalWord::None) => false,
+            Self::Listed(names) => names.iter().any(|n| n == tool),
+        }
+    }
+}
+
+/// One MCP server: a program run over stdio (`command`), or a streamable HTTP endpoint (`url`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Its tools are offered as `<name>__<tool>`.
+    pub name: String,
+    pub command: String,
+    pub args: Vec<String>,
+    /// Variables set for the program; the worker's own environment is not passed on.
+    pub env: BTreeMap<String, Secret>,
+    /// The working directory of the program (the worker's when empty).
+    pub cwd: String,
+    pub url: String,
+    pub headers: BTreeMap<String, Secret>,
+    /// The least role of a task owner whose task may call its tools.
+    pub min_role: Role,
+    /// When not empty, only these of its tools are offered.
+    pub allow: Vec<String>,
+    /// These of its tools are never offered.
+    pub deny: Vec<String>,
+    /// Which calls wait for the owner's consent: a list of tool names, `"all"`, `"none"`, or
+    /// (the default) the tools the server annotates `destructiveHint`.
+    pub approval: Approval,
+    /// How long one call may take before the model is told it timed out.
+    pub timeout: HumanDuration,
+}
+
+impl Default for McpServerConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            command: String::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            cwd: String::new(),
+            url: String::new(),
+            headers: BTreeMap::new(),
+            min_role: Role::User,
+            allow: Vec::new(),
+            deny: Vec::new(),
+            approval: Approval::default(),
+            timeout: HumanDuration(std::time::Duration::from_secs(60)),
         }
     }
 }
@@ -598,6 +702,7 @@ impl Config {
         if self.database.max_connections == 0 {
             return bad("database.max_connections", "must be at least 1".into());
         }
+        self.validate_tools()?;
         let url = &self.llm.base_url;
         if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             return bad(
@@ -694,6 +799,71 @@ impl GatewayConfig {
 impl Config {
     /// The HTTP adapter speaks only for its own platforms, never for one another adapter serves,
     /// and delivers only for bots of those platforms.
+    fn validate_tools(&self) -> Result<(), Error> {
+        let bad = |key: String, message: String| Err(Error::Key { key, message });
+        let mut names: Vec<&str> = Vec::new();
+        for (i, server) in self.tools.mcp.iter().enumerate() {
+            let key = |k: &str| format!("tools.mcp[{i}].{k}");
+            let name = server.name.as_str();
+            if name.is_empty()
+                || name.len() > 24
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                || name.contains("__")
+            {
+                return bad(
+                    key("name"),
+                    format!(
+                        "`{name}` is not a server name: use 1 to 24 letters, digits, `-` or `_` \
+                         (no `__`); its tools are offered as `<name>__<tool>`"
+                    ),
+                );
+            }
+            if names.contains(&name) {
+                return bad(key("name"), format!("`{name}` names an earlier server too"));
+            }
+            names.push(name);
+            match (
+                server.command.trim().is_empty(),
+                server.url.trim().is_empty(),
+            ) {
+                (true, true) => {
+                    return bad(
+                        key("command"),
+                        format!(
+                            "server `{name}` has neither `command` (run over stdio) nor `url` \
+                             (streamable HTTP): set one"
+                        ),
+                    );
+                }
+                (false, false) => {
+                    return bad(
+                        key("url"),
+                        format!("server `{name}` has both `command` and `url`: keep one"),
+                    );
+                }
+                (true, false)
+                    if !(server.url.starts_with("http://")
+                        || server.url.starts_with("https://")) =>
+                {
+                    return bad(
+                        key("url"),
+                        format!(
+                            "`{}` is not an HTTP URL: expected e.g. http://127.0.0.1:3001/mcp",
+                            redact_url(&server.url)
+                        ),
+                    );
+                }
+                _ => {}
+            }
+            if server.timeout.0 < std::time::Duration::from_secs(1) {
+                return bad(key("timeout"), "must be at least 1s".into());
+            }
+        }
+        Ok(())
+    }
+
     fn validate_http_adapter(&self) -> Result<(), Error> {
         let http = &self.gateway.http;
         let bad = |key: &str, message: String| {
@@ -842,6 +1012,12 @@ impl Config {
         shown.gateway.onebot.access_token = self.gateway.onebot.access_token.redacted();
         shown.gateway.http.token = self.gateway.http.token.redacted();
         shown.metrics.token = self.metrics.token.redacted();
+        for server in &mut shown.tools.mcp {
+            for value in server.env.values_mut().chain(server.headers.values_mut()) {
+                *value = value.redacted();
+            }
+            server.url = redact_url(&server.url);
+        }
         shown.control.api_tokens = self
             .control
             .api_tokens
@@ -965,6 +1141,80 @@ mod tests {
         assert_eq!(config.task.max_attempts, 3);
         assert_eq!(config.permission.default_role, Role::User);
         assert_eq!(config.gateway.rate_limit, 50);
+    }
+
+    #[test]
+    fn mcp_servers_load_with_their_approval_and_are_checked() {
+        let text = r#"
+            [[tools.mcp]]
+            name = "files"
+            command = "npx"
+            args = ["-y", "some-server"]
+            env = { API_KEY = "TopSecret" }
+            approval = ["delete"]
+            min_role = "admin"
+
+            [[tools.mcp]]
+            name = "web"
+            url = "http://127.0.0.1:3001/mcp"
+            headers = { Authorization = "Bearer TopSecret" }
+            approval = "all"
+            timeout = "10s"
+        "#;
+        let config = Config::from_parts(Some(text), "f", &BTreeMap::new()).expect("loads");
+        let [files, web] = &config.tools.mcp[..] else {
+            panic!("two servers: {:?}", config.tools.mcp)
+        };
+        assert_eq!(files.min_role, Role::Admin);
+        assert!(files.approval.needed("delete", false));
+        assert!(!files.approval.needed("read", true));
+        assert!(web.approval.needed("anything", false));
+        assert_eq!(web.timeout, HumanDuration::from_secs(10));
+        assert_eq!(web.min_role, Role::User);
+        let default = McpServerConfig::default().approval;
+        assert!(default.needed("x", true) && !default.needed("x", false));
+        let shown = toml::to_string(&config.redacted()).expect("toml");
+        assert!(!shown.contains("TopSecret"), "{shown}");
+
+        for (text, key, says) in [
+            (
+                "[[tools.mcp]]\nname = \"a__b\"\ncommand = \"x\"",
+                "tools.mcp[0].name",
+                "no `__`",
+            ),
+            (
+                "[[tools.mcp]]\nname = \"a\"",
+                "tools.mcp[0].command",
+                "neither",
+            ),
+            (
+                "[[tools.mcp]]\nname = \"a\"\ncommand = \"x\"\nurl = \"http://h/\"",
+                "tools.mcp[0].url",
+                "both",
+            ),
+            (
+                "[[tools.mcp]]\nname = \"a\"\nurl = \"ftp://h/\"",
+                "tools.mcp[0].url",
+                "not an HTTP URL",
+            ),
+            (
+                "[[tools.mcp]]\nname = \"a\"\ncommand = \"x\"\n[[tools.mcp]]\nname = \"a\"\ncommand = \"y\"",
+                "tools.mcp[1].name",
+                "earlier server",
+            ),
+            (
+                "[[tools.mcp]]\nname = \"a\"\ncommand = \"x\"\napproval = \"some\"",
+                "tools",
+                "",
+            ),
+        ] {
+            let err = Config::from_parts(Some(text), "f", &BTreeMap::new()).unwrap_err();
+            let shown = err.to_string();
+            assert!(
+                shown.contains(key) && shown.contains(says),
+                "{text}: {shown}"
+            );
+        }
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct Bed {
     control: tokio::task::JoinHandle<()>,
     /// Each worker runs on a runtime of its own, so that killing it drops every task it has.
     workers: Vec<(CancellationToken, Option<tokio::runtime::Runtime>)>,
+    /// Each worker's tools and MCP servers, by worker index.
+    pub tools: Vec<std::sync::Arc<hark_worker::mcp::Hub>>,
 }
 
 impl Bed {
@@ -79,6 +81,7 @@ impl Bed {
             control_stop,
             control,
             workers: Vec::new(),
+            tools: Vec::new(),
         }
     }
 
@@ -97,11 +100,12 @@ impl Bed {
             let worker = Worker::build(&config, llm::Settings::from_config(&config.llm), id)
                 .await
                 .expect("worker builds");
-            let _ = ready_tx.send(());
+            let _ = ready_tx.send(worker.tools());
             worker.run_until_stopped(token).await.expect("worker runs");
         });
-        ready_rx.await.expect("worker started");
+        let tools = ready_rx.await.expect("worker started");
         self.workers.push((stop, Some(runtime)));
+        self.tools.push(tools);
         self.workers.len() - 1
     }
 

@@ -1,0 +1,183 @@
+//! Approval before acting: a call of a tool that needs its owner's consent is not run; hark
+//! asks the owner instead, as an ordinary durable question with three choices, and the task
+//! waits like any other. The answer resumes the task: approved, the call runs then; denied or
+//! unanswered, the model reads that it did not run. "Approve for the rest of this task" is kept
+//! in the checkpoint as a record the model never sees.
+
+use std::collections::HashSet;
+
+use hark_core::config::Language;
+use hark_proto::v1 as pb;
+use serde_json::{Value, json};
+
+use crate::{
+    agent::PendingAsk,
+    limits,
+    llm::{self, ToolCall},
+    mcp::Progress,
+    tools::Checked,
+};
+
+/// The tool call id an approval is asked under: this prefix and the model's call id.
+pub const CALL_PREFIX: &str = "approve:";
+
+/// The role of the checkpoint's records that are hark's own, never sent to the model.
+const RECORD_ROLE: &str = "hark";
+
+/// The choices, in order: approve, deny, approve for the rest of the task.
+const CHOICES_EN: [&str; 3] = ["approve", "deny", "approve for the rest of this task"];
+const CHOICES_ZH: [&str; 3] = ["批准", "拒绝", "本任务内都批准"];
+
+/// How much of a call's arguments the question shows.
+const SUMMARY_BYTES: usize = 300;
+
+/// The question asking the owner to approve `checked`, made under the model's call `call_id`.
+pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> PendingAsk {
+    let arguments = Value::Object(checked.arguments.clone()).to_string();
+    let summary = if checked.arguments.is_empty() {
+        String::new()
+    } else {
+        limits::cut(&arguments, SUMMARY_BYTES)
+    };
+    let tool = &checked.tool.name;
+    let (question, choices) = match language {
+        Language::Zh if summary.is_empty() => (format!("要运行 `{tool}` 吗？"), CHOICES_ZH),
+        Language::Zh => (format!("要运行 `{tool}` 吗？参数：{summary}"), CHOICES_ZH),
+        Language::En if summary.is_empty() => (format!("Run `{tool}`?"), CHOICES_EN),
+        Language::En => (format!("Run `{tool}` with {summary}?"), CHOICES_EN),
+    };
+    PendingAsk {
+        call_id: format!("{CALL_PREFIX}{call_id}"),
+        question,
+        context: String::new(),
+        timeout_s: 0,
+        choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+    }
+}
+
+/// What the owner decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve {
+        for_task: bool,
+    },
+    Deny,
+    /// Nobody answered before the deadline.
+    Expired,
+}
+
+impl Decision {
+    /// The decision a resume brings. task-control accepts only one of the choices, as its text.
+    pub fn of(resume: &pb::Resume) -> Self {
+        if resume.expired {
+            return Self::Expired;
+        }
+        let answer = resume.text.trim();
+        let index = [CHOICES_EN, CHOICES_ZH]
+            .iter()
+            .find_map(|choices| choices.iter().position(|c| c.eq_ignore_ascii_case(answer)));
+        match index {
+            Some(0) => Self::Approve { for_task: false },
+            Some(2) => Self::Approve { for_task: true },
+            _ => Self::Deny,
+        }
+    }
+}
+
+/// The call `call_id` of the last assistant message that made it.
+pub fn call_in(history: &[Value], call_id: &str) -> Option<ToolCall> {
+    history
+        .iter()
+        .rev()
+        .filter(|m| m["role"] == "assistant")
+        .filter_map(|m| llm::parse_message(m.clone(), ""))
+        .find_map(|reply| reply.tool_calls.into_iter().find(|c| c.id == call_id))
+}
+
+/// The record that `tool` is approved for the rest of the task.
+pub fn record(tool: &str) -> Value {
+    json!({"role": RECORD_ROLE, "approved": tool})
+}
+
+/// The tools approved for the rest of the task, from the records of the checkpoint.
+pub fn granted(history: &[Value]) -> HashSet<String> {
+    history
+        .iter()
+        .filter(|m| m["role"] == RECORD_ROLE)
+        .filter_map(|m| m["approved"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether a message of the conversation is sent to the model (hark's records are not).
+pub fn for_model(message: &Value) -> bool {
+    message["role"] != RECORD_ROLE
+}
+
+/// A progress note for the chat: `⏳ tool 2/5 message`.
+pub fn progress_text(tool: &str, report: &Progress) -> String {
+    let amount = match report.total {
+        Some(total) => format!("{}/{}", report.progress, total),
+        None => format!("{}", report.progress),
+    };
+    let message = report
+        .message
+        .as_deref()
+        .map(|m| format!(" {}", limits::cut(m, 200)))
+        .unwrap_or_default();
+    format!("⏳ {tool} {amount}{message}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resume(text: &str, expired: bool) -> pb::Resume {
+        pb::Resume {
+            text: text.into(),
+            expired,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_choice_in_either_language_is_its_decision() {
+        assert_eq!(
+            Decision::of(&resume("approve", false)),
+            Decision::Approve { for_task: false }
+        );
+        assert_eq!(
+            Decision::of(&resume("本任务内都批准", false)),
+            Decision::Approve { for_task: true }
+        );
+        assert_eq!(Decision::of(&resume("拒绝", false)), Decision::Deny);
+        assert_eq!(Decision::of(&resume("whatever", false)), Decision::Deny);
+        assert_eq!(Decision::of(&resume("approve", true)), Decision::Expired);
+    }
+
+    #[test]
+    fn the_call_is_found_and_records_stay_out_of_the_model_s_view() {
+        let history = vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "r1_0", "type": "function", "function": {"name": "fs__rm", "arguments": "{\"path\":\"/x\"}"}}
+            ]}),
+            record("fs__rm"),
+        ];
+        let call = call_in(&history, "r1_0").expect("found");
+        assert_eq!(call.name, "fs__rm");
+        assert_eq!(call.arguments, json!("{\"path\":\"/x\"}"));
+        assert!(call_in(&history, "r9_0").is_none());
+        assert_eq!(granted(&history), HashSet::from(["fs__rm".to_owned()]));
+        assert_eq!(history.iter().filter(|m| for_model(m)).count(), 2);
+    }
+
+    #[test]
+    fn progress_reads_as_a_short_note() {
+        let report = Progress {
+            progress: 2.0,
+            total: Some(5.0),
+            message: Some("step 2".into()),
+        };
+        assert_eq!(progress_text("x__long", &report), "⏳ x__long 2/5 step 2");
+    }
+}

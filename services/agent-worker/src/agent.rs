@@ -9,7 +9,10 @@ use std::{
 
 use hark_core::{
     config::{ChatLanguage, Language},
-    domain::Role,
+    domain::{
+        Role,
+        shape::{Field, Shape},
+    },
 };
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
@@ -118,7 +121,33 @@ pub(crate) struct PendingAsk {
     pub(crate) question: String,
     pub(crate) context: String,
     pub(crate) timeout_s: u32,
-    pub(crate) choices: Vec<String>,
+    pub(crate) shape: Shape,
+}
+
+/// The shape of the answer an ask_user call asks for, checked; the error is for the model.
+fn shape_of(arguments: &serde_json::Map<String, Value>) -> Result<Shape, String> {
+    let kind = arguments.get("kind").and_then(Value::as_str).unwrap_or("");
+    let choices: Vec<String> = arguments
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|c| {
+            c.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    let multiple = arguments
+        .get("multiple")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let fields: Vec<Field> = match arguments.get("fields") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(fields) => {
+            serde_json::from_value(fields.clone()).map_err(|e| format!("fields: {e}"))?
+        }
+    };
+    Shape::of(kind, &choices, multiple, fields).map_err(|e| e.to_string())
 }
 
 impl Runner {
@@ -320,21 +349,15 @@ impl Runner {
                                 let value = checked.arguments.get(k).and_then(Value::as_str).unwrap_or("");
                                 limits::cut(value, limits::MAX_QUESTION)
                             };
-                            let offered: Vec<String> = checked
-                                .arguments
-                                .get("choices")
-                                .and_then(Value::as_array)
-                                .map(|c| c.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-                                .unwrap_or_default();
-                            let choices = match hark_core::domain::form::choices(&offered) {
-                                Ok(choices) => choices,
+                            let shape = match shape_of(&checked.arguments) {
+                                Ok(shape) => shape,
                                 Err(e) => {
-                                    pending.push(tool_message(&call.id, &format!("error: choices: {e}")));
+                                    pending.push(tool_message(&call.id, &format!("error: {e}")));
                                     continue;
                                 }
                             };
                             ask = Some(PendingAsk {
-                                choices,
+                                shape,
                                 call_id: call.id.clone(),
                                 question: text("question"),
                                 context: text("context"),
@@ -381,6 +404,7 @@ impl Runner {
 
             let this_round = round(number, &pending);
             if let Some(ask) = ask {
+                let (kind, choices, multiple, fields) = ask.shape.to_proto();
                 let request = pb::AskRequest {
                     lease: Some(lease.clone()),
                     round: Some(this_round),
@@ -389,7 +413,10 @@ impl Runner {
                     question: ask.question,
                     context: ask.context,
                     timeout_s: ask.timeout_s,
-                    choices: ask.choices,
+                    kind,
+                    choices,
+                    multiple,
+                    fields,
                     ..Default::default()
                 };
                 return match self.control.ask(request, &gone).await {

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use hark_core::config::Language;
+use hark_core::{config::Language, domain::shape::Shape};
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -51,7 +51,7 @@ pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> P
         question,
         context: String::new(),
         timeout_s: 0,
-        choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+        shape: Shape::choosing(choices.iter().map(|c| (*c).to_owned()).collect()),
     }
 }
 
@@ -72,7 +72,9 @@ impl Decision {
         if resume.expired {
             return Self::Expired;
         }
-        let answer = resume.text.trim();
+        // The answer comes as the agent reads a choice, {"choice": …}.
+        let answer = Shape::choosing(CHOICES_EN.map(str::to_owned).to_vec()).value_of(&resume.text);
+        let answer = answer.as_str().unwrap_or(resume.text.as_str()).trim();
         let index = [CHOICES_EN, CHOICES_ZH]
             .iter()
             .find_map(|choices| choices.iter().position(|c| c.eq_ignore_ascii_case(answer)));
@@ -141,6 +143,10 @@ mod tests {
 
     #[test]
     fn each_choice_in_either_language_is_its_decision() {
+        assert_eq!(
+            Decision::of(&resume(r#"{"choice":"approve"}"#, false)),
+            Decision::Approve { for_task: false }
+        );
         assert_eq!(
             Decision::of(&resume("approve", false)),
             Decision::Approve { for_task: false }

@@ -129,8 +129,22 @@ impl Registry {
                         "question": {"type": "string", "description": "The question, short and specific."},
                         "context": {"type": "string", "description": "Optional background shown after the question."},
                         "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer."},
+                        "kind": {"type": "string", "enum": ["text", "choice", "confirm", "form"],
+                            "description": "Optional: what the answer is. text (the default): free text; \
+                            choice: one of `choices` (or several with `multiple`), the result is {\"choice\": …} \
+                            or {\"choices\": […]}; confirm: yes or no, the result is {\"confirmed\": true|false}; \
+                            form: a value per field of `fields`, the result is an object."},
                         "choices": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
-                            "description": "Optional: the answers to choose from; the reply is then one of them."}
+                            "description": "For a choice: the answers to choose from."},
+                        "multiple": {"type": "boolean", "description": "For a choice: several may be picked."},
+                        "fields": {"type": "array", "maxItems": 20, "description": "For a form: its fields.",
+                            "items": {"type": "object", "properties": {
+                                "key": {"type": "string"},
+                                "title": {"type": "string"},
+                                "type": {"type": "string", "enum": ["string", "integer", "number", "boolean"]},
+                                "choices": {"type": "array", "items": {"type": "string"}},
+                                "required": {"type": "boolean"}
+                            }, "required": ["key", "type"]}}
                     }, "required": ["question"], "additionalProperties": false}),
                     Role::User,
                     Visibility::Essential,

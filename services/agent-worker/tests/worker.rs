@@ -612,7 +612,11 @@ async fn ask_user_may_offer_choices_and_the_model_gets_the_choice_picked() {
     assert_eq!(question.choices, ["tea", "coffee"]);
     bed.answer(&id, "2").await;
     let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
-    assert_eq!(done.task.expect("task").result, "Making coffee.");
+    // The model reads the choice as JSON.
+    assert_eq!(
+        done.task.expect("task").result,
+        r#"Making {"choice":"coffee"}."#
+    );
     bed.stop().await;
 }
 
@@ -736,6 +740,140 @@ async fn with_every_worker_busy_the_task_of_the_higher_priority_runs_first() {
     assert!(
         position("urgent work") < position("routine work"),
         "{goals:?}"
+    );
+    bed.stop().await;
+}
+
+/// Answers the task's open question over gRPC, with text or JSON; the error when refused.
+async fn answer_with(
+    bed: &Bed,
+    id: &str,
+    text: &str,
+    json: &str,
+) -> Result<pb::AnswerQuestionResponse, tonic::Status> {
+    bed.client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: id.into(),
+            answer: text.into(),
+            answer_json: json.into(),
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn structured_questions_take_only_answers_that_fit_and_the_model_reads_json() {
+    let llm = llm(vec![
+        Step::call(
+            "ask_user",
+            json!({"question": "Go ahead?", "kind": "confirm"}),
+        ),
+        Step::call(
+            "ask_user",
+            json!({"question": "Which drinks?", "choices": ["tea", "coffee", "juice"], "multiple": true}),
+        ),
+        Step::call(
+            "ask_user",
+            json!({"question": "Your details?", "kind": "form", "fields": [
+                {"key": "name", "type": "string", "required": true},
+                {"key": "cups", "type": "integer"},
+                {"key": "size", "type": "string", "choices": ["S", "M"], "title": "尺码"}
+            ]}),
+        ),
+        Step::call("ask_user", json!({"question": "Broken?", "kind": "form"})),
+        Step::say("{answers}"),
+    ])
+    .await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "take an order", |_| {}).await;
+
+    // A confirm: shown as such, "maybe" refused with what it takes, "是" taken.
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let question = waiting.task.expect("task").open_question.expect("question");
+    assert_eq!(question.kind, "confirm");
+    let err = answer_with(&bed, &id, "maybe", "")
+        .await
+        .expect_err("misfit");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("it takes yes or no"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        bed.task(&id).await.task.expect("task").state,
+        pb::TaskState::WaitingInput as i32
+    );
+    answer_with(&bed, &id, "是", "").await.expect("answered");
+
+    // Several choices: by number and text, or as a JSON list.
+    let question = loop {
+        let task = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+        let question = task.task.expect("task").open_question.expect("question");
+        if question.text == "Which drinks?" {
+            break question;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        question.multiple && question.kind == "choice",
+        "{question:?}"
+    );
+    let err = answer_with(&bed, &id, "", r#"["tea", "beer"]"#)
+        .await
+        .expect_err("misfit");
+    assert!(
+        err.message().contains("one or more of 1) tea"),
+        "{}",
+        err.message()
+    );
+    answer_with(&bed, &id, "1, juice", "")
+        .await
+        .expect("answered");
+
+    // A form: its fields shown, a missing required field refused, then taken from lines.
+    let question = loop {
+        let task = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+        let question = task.task.expect("task").open_question.expect("question");
+        if question.kind == "form" {
+            break question;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let keys: Vec<&str> = question.fields.iter().map(|f| f.key.as_str()).collect();
+    assert_eq!(keys, ["name", "cups", "size"]);
+    let err = answer_with(&bed, &id, "", r#"{"cups": 2}"#)
+        .await
+        .expect_err("misfit");
+    assert!(
+        err.message().contains("field `name` is missing"),
+        "{}",
+        err.message()
+    );
+    answer_with(&bed, &id, "name: 小明\ncups: 2\n尺码: 2", "")
+        .await
+        .expect("answered");
+
+    // A form without fields is the model's mistake: an error result, and the task goes on.
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let results: Vec<String> = done
+        .task
+        .expect("task")
+        .result
+        .split('|')
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(results[0], r#"{"confirmed":true}"#);
+    assert_eq!(results[1], r#"{"choices":["tea","juice"]}"#);
+    let form: serde_json::Value = serde_json::from_str(&results[2]).expect("an object");
+    assert_eq!(form, json!({"name": "小明", "cups": 2, "size": "M"}));
+    assert!(
+        results[3].starts_with("error: a form needs"),
+        "{}",
+        results[3]
     );
     bed.stop().await;
 }

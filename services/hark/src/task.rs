@@ -109,6 +109,9 @@ enum TaskCommand {
         /// The id is a question id.
         #[arg(long)]
         question: bool,
+        /// The answer is JSON: a choice's text, a list of them, true/false, or a form's object.
+        #[arg(long)]
+        json: bool,
         /// Answer as this owner (platform:user_id); must be the task's owner.
         #[arg(long = "as")]
         answerer: Option<String>,
@@ -555,6 +558,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             id,
             text,
             question,
+            json,
             answerer,
             request_id,
             wait,
@@ -569,7 +573,8 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .answer_question(pb::AnswerQuestionRequest {
                     question_id,
                     task_id,
-                    answer: joined(&text),
+                    answer: if json { String::new() } else { joined(&text) },
+                    answer_json: if json { joined(&text) } else { String::new() },
                     answerer: answerer.unwrap_or_default(),
                     request_id: request_id.unwrap_or_default(),
                     wait: if wait {

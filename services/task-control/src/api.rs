@@ -495,7 +495,29 @@ impl TaskService for Api {
         request: Request<pb::AnswerQuestionRequest>,
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
         let request = request.into_inner();
-        let text = text_field("answer", &request.answer)?;
+        let json = match request.answer_json.trim() {
+            "" => None,
+            raw => {
+                text::bounded(raw, text::MAX_TEXT_BYTES).map_err(|e| invalid("answer_json", e))?;
+                Some(
+                    serde_json::from_str::<serde_json::Value>(raw)
+                        .map_err(|e| invalid("answer_json", format!("is not JSON: {e}")))?,
+                )
+            }
+        };
+        let text = match &json {
+            Some(value) => match (request.answer.is_empty(), value) {
+                (false, _) => {
+                    return Err(invalid(
+                        "answer_json",
+                        "give answer or answer_json, not both",
+                    ));
+                }
+                (true, serde_json::Value::String(s)) => s.clone(),
+                (true, value) => value.to_string(),
+            },
+            None => text_field("answer", &request.answer)?,
+        };
         let request_id = key_field("request_id", &request.request_id)?;
         let store = &self.shared.store;
         // Either a question by id, or whichever question the task has open. Neither is read
@@ -558,6 +580,7 @@ impl TaskService for Api {
         let answer = Answer {
             answerer,
             text,
+            json,
             inbound_key: request_id.map(|id| format!("api:{id}")),
         };
         let applied = match target {

@@ -366,8 +366,13 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
         if request.tool_call_id.is_empty() {
             return Err(invalid("tool_call_id is empty"));
         }
-        let choices = hark_core::domain::form::choices(&request.choices)
-            .map_err(|e| invalid(format!("choices: {e}")))?;
+        let shape = hark_core::domain::shape::Shape::from_proto(
+            &request.kind,
+            &request.choices,
+            request.multiple,
+            &request.fields,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
         let input = AskInput {
             round,
             messages,
@@ -376,7 +381,7 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             question: strip_nul(request.question),
             context: strip_nul(request.context),
             timeout: (request.timeout_s > 0).then(|| Duration::from_secs(request.timeout_s.into())),
-            choices,
+            shape,
         };
         shared
             .store

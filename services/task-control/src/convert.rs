@@ -3,7 +3,7 @@
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
-use hark_core::domain::{TaskState, form::FormQuestion};
+use hark_core::domain::{TaskState, form::FormQuestion, shape::Shape};
 
 use crate::store::{ChatRoute, Instruction, QuestionRow, TaskRow};
 
@@ -131,7 +131,19 @@ pub fn question(q: &QuestionRow) -> pb::Question {
         answerer: q.answerer.clone().unwrap_or_default(),
         answer: q.answer.clone().unwrap_or_default(),
         chat_message_id: q.chat_message_id.clone().unwrap_or_default(),
-        choices: q.choices().to_vec(),
+        ..shaped(&q.shape())
+    }
+}
+
+/// A question's shape, as the proto's `kind`, `choices`, `multiple` and `fields` carry it.
+pub fn shaped(shape: &Shape) -> pb::Question {
+    let (kind, choices, multiple, fields) = shape.to_proto();
+    pb::Question {
+        kind,
+        choices,
+        multiple,
+        fields,
+        ..Default::default()
     }
 }
 
@@ -142,7 +154,7 @@ pub struct Asked<'a> {
     pub handle: &'a str,
     pub text: &'a str,
     pub context: &'a str,
-    pub choices: &'a [String],
+    pub shape: &'a Shape,
     pub deadline: Option<OffsetDateTime>,
 }
 
@@ -158,8 +170,7 @@ pub fn asked(task: &TaskRow, q: Asked<'_>) -> pb::Question {
         outcome: pb::QuestionOutcome::Open as i32,
         asked_at: Some(timestamp(task.updated_at)),
         deadline: q.deadline.map(timestamp),
-        choices: q.choices.to_vec(),
-        ..Default::default()
+        ..shaped(q.shape)
     }
 }
 

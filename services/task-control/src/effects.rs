@@ -7,6 +7,7 @@ use hark_core::{
     domain::{
         QuestionId, TaskId,
         decide::{Decision, Effect},
+        shape::Shape,
     },
 };
 use hark_proto::v1 as pb;
@@ -186,11 +187,11 @@ impl Effects {
         handle: &str,
         text: &str,
         context: &str,
-        choices: &[String],
+        shape: &Shape,
     ) -> Vec<OutboxMessage> {
         let texts = self.languages.of(&route.platform);
         let label = self.languages.context_label(texts);
-        let text = texts.question(task, handle, text, context, label, choices);
+        let text = texts.question(task, handle, text, context, label, shape);
         self.chat(
             route,
             &text,

@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use hark_core::{
     config::{ChatConfig, Language},
-    domain::{QuestionOutcome, Role, TaskId, TaskState, decide::Say},
+    domain::{
+        QuestionOutcome, Role, TaskId, TaskState,
+        decide::Say,
+        shape::{FieldKind, Misfit, Shape},
+    },
 };
 
 use crate::render::{self, clip};
@@ -124,7 +128,7 @@ impl Texts {
         text: &str,
         context: &str,
         label: &str,
-        choices: &[String],
+        shape: &Shape,
     ) -> String {
         let mut out = format!("[{} · #{handle}] {}", self.task(task), text.trim());
         if !context.trim().is_empty() {
@@ -133,15 +137,76 @@ impl Texts {
             out.push(' ');
             out.push_str(context.trim());
         }
-        if !choices.is_empty() {
+        if !shape.is_text() {
             out.push('\n');
-            out.push_str(&hark_core::domain::form::numbered(choices));
-            out.push('\n');
-            out.push_str(
-                pick!(self, zh: "（回复序号或选项）", en: "(reply with a number or a choice)"),
-            );
+            out.push_str(&self.how_to_answer(shape));
         }
         out
+    }
+
+    /// What a question of `shape` accepts, and how to reply.
+    pub fn how_to_answer(&self, shape: &Shape) -> String {
+        use hark_core::domain::form::numbered;
+        match shape {
+            Shape::Text => String::new(),
+            Shape::Choice {
+                choices,
+                multiple: false,
+            } => format!(
+                "{}\n{}",
+                numbered(choices),
+                pick!(self, zh: "（回复序号或选项）", en: "(reply with a number or a choice)")
+            ),
+            Shape::Choice {
+                choices,
+                multiple: true,
+            } => format!(
+                "{}\n{}",
+                numbered(choices),
+                pick!(self, zh: "（可多选，回复序号，如 1,3）", en: "(pick one or more: reply with numbers, e.g. 1,3)")
+            ),
+            Shape::Confirm => {
+                pick!(self, zh: "（回复 是 或 否）", en: "(reply yes or no)").to_owned()
+            }
+            Shape::Form { fields } => {
+                let mut lines: Vec<String> = fields
+                    .iter()
+                    .map(|f| {
+                        let name = if f.title.is_empty() || f.title == f.key {
+                            f.key.clone()
+                        } else {
+                            format!("{} ({})", f.key, f.title)
+                        };
+                        let what = match (f.kind, f.choices.is_empty()) {
+                            (_, false) => f.choices.join(" / "),
+                            (FieldKind::String, _) => {
+                                pick!(self, zh: "文字", en: "text").to_owned()
+                            }
+                            (FieldKind::Integer, _) => {
+                                pick!(self, zh: "整数", en: "whole number").to_owned()
+                            }
+                            (FieldKind::Number, _) => {
+                                pick!(self, zh: "数字", en: "number").to_owned()
+                            }
+                            (FieldKind::Boolean, _) => {
+                                pick!(self, zh: "是/否", en: "yes/no").to_owned()
+                            }
+                        };
+                        let optional = if f.required {
+                            ""
+                        } else {
+                            pick!(self, zh: "，可不填", en: ", optional")
+                        };
+                        format!("{name}: <{what}{optional}>")
+                    })
+                    .collect();
+                lines.push(
+                    pick!(self, zh: "（每行回复一项：字段: 值）", en: "(reply one `field: value` per line)")
+                        .to_owned(),
+                );
+                lines.join("\n")
+            }
+        }
     }
 
     /// What a chat is told of a decision.
@@ -283,11 +348,24 @@ impl Texts {
         ack
     }
 
-    pub fn not_a_choice(&self, handle: &str, choices: &[String]) -> String {
-        let numbered = hark_core::domain::form::numbered(choices);
+    /// The hint for an answer that does not fit its question, which stays open.
+    pub fn misfit(&self, handle: &str, shape: &Shape, misfit: &Misfit) -> String {
+        let why = match misfit {
+            Misfit::NotAChoice | Misfit::NotYesOrNo => String::new(),
+            Misfit::Missing(field) => {
+                pick!(self, zh: format!("缺少 {field}。"), en: format!("`{field}` is missing. "))
+            }
+            Misfit::BadField { field, why } => {
+                pick!(self, zh: format!("{field}：{why}。"), en: format!("`{field}` {why}. "))
+            }
+            Misfit::UnknownField(field) => pick!(self,
+                zh: format!("没有 {field} 这一项。"),
+                en: format!("there is no field `{field}`. ")),
+        };
+        let how = self.how_to_answer(shape);
         pick!(self,
-            zh: format!("#{handle} 只接受以下选项：{numbered}。请回复序号或选项，问题仍然打开。"),
-            en: format!("#{handle} takes one of: {numbered}. Reply with a number or a choice; the question is still open."))
+            zh: format!("#{handle} 的回答不符合要求，问题仍然打开。{why}\n{how}"),
+            en: format!("#{handle}: that answer does not fit; the question is still open. {why}\n{how}"))
     }
 
     pub fn no_platform(&self) -> String {
@@ -689,7 +767,7 @@ mod tests {
     #[test]
     fn a_question_shows_its_handle_context_and_choices_in_either_language() {
         let task = TaskId::new();
-        let choices = ["S".to_owned(), "M".to_owned()];
+        let choices = Shape::choosing(vec!["S".to_owned(), "M".to_owned()]);
         let zh = ZH.question(task, "a3f9", "要哪个尺码？", "衬衫", "[上下文]", &choices);
         assert!(zh.starts_with(&format!(
             "[任务 {} · #a3f9] 要哪个尺码？\n[上下文] 衬衫\n",
@@ -699,8 +777,60 @@ mod tests {
             zh.contains("1) S  2) M") && zh.ends_with("（回复序号或选项）"),
             "{zh}"
         );
-        let en = EN.question(task, "a3f9", "Which size?", "", "[context]", &[]);
+        let en = EN.question(task, "a3f9", "Which size?", "", "[context]", &Shape::Text);
         assert_eq!(en, format!("[task {} · #a3f9] Which size?", task.short()));
+    }
+
+    #[test]
+    fn each_shape_says_how_to_answer_and_a_misfit_says_what_was_wrong() {
+        use hark_core::domain::shape::Field;
+        let task = TaskId::new();
+        let several = Shape::Choice {
+            choices: vec!["A".into(), "B".into()],
+            multiple: true,
+        };
+        let zh = ZH.question(task, "a3f9", "选哪些？", "", "", &several);
+        assert!(
+            zh.ends_with("1) A  2) B\n（可多选，回复序号，如 1,3）"),
+            "{zh}"
+        );
+        let en = EN.question(task, "a3f9", "Proceed?", "", "", &Shape::Confirm);
+        assert!(en.ends_with("Proceed?\n(reply yes or no)"), "{en}");
+        let form = Shape::Form {
+            fields: vec![
+                Field {
+                    key: "name".into(),
+                    title: String::new(),
+                    kind: FieldKind::String,
+                    choices: vec![],
+                    required: true,
+                },
+                Field {
+                    key: "size".into(),
+                    title: "尺码".into(),
+                    kind: FieldKind::String,
+                    choices: vec!["S".into(), "M".into()],
+                    required: false,
+                },
+            ],
+        };
+        let zh = ZH.question(task, "a3f9", "报名", "", "", &form);
+        assert!(
+            zh.contains("name: <文字>\nsize (尺码): <S / M，可不填>\n（每行回复一项：字段: 值）"),
+            "{zh}"
+        );
+        let hint = EN.misfit("a3f9", &form, &Misfit::Missing("name".into()));
+        assert!(
+            hint.starts_with(
+                "#a3f9: that answer does not fit; the question is still open. `name` is missing."
+            ) && hint.contains("name: <text>"),
+            "{hint}"
+        );
+        let hint = ZH.misfit("a3f9", &Shape::Confirm, &Misfit::NotYesOrNo);
+        assert!(
+            hint.contains("问题仍然打开") && hint.ends_with("（回复 是 或 否）"),
+            "{hint}"
+        );
     }
 
     #[test]

@@ -883,63 +883,96 @@ async fn a_question_with_choices_shows_them_and_takes_only_one_of_them() {
     let id = tc.new_task_in_chat(GROUP, "100", "order a coffee").await;
     let job = tc.next_job().await;
     let lease = tc.claim(&job, "w1").await.lease.expect("lease");
-    let messages = serde_json::json!([{"role": "assistant", "content": null}]);
-    let asked: pb::AskResponse = tc
-        .request(
-            ControlOp::Ask,
-            codec::encode(pb::AskRequest {
-                lease: Some(lease),
-                round: Some(pb::Round {
-                    number: 1,
-                    messages_json: serde_json::to_vec(&messages).expect("json"),
-                    ..Default::default()
-                }),
-                tool_call_id: "call-1".into(),
-                question: "Which size?".into(),
-                choices: vec!["small".into(), "中杯".into()],
-                ..Default::default()
-            }),
-        )
-        .await;
+    let asked = ask_with(&tc, lease, 1, "Which size?", |r| {
+        r.choices = vec!["small".into(), "中杯".into()];
+    })
+    .await;
     assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
     let shown = tc.out_containing("Which size?").await;
     assert!(shown.text.contains("1) small  2) 中杯"), "{}", shown.text);
 
     // Not a choice: the bot says which are, and the question stays open.
     tc.say(GROUP, "100", "large").await;
-    let told = tc.out_containing("takes one of").await;
+    let told = tc.out_containing("does not fit").await;
     assert!(told.text.contains("1) small  2) 中杯"), "{}", told.text);
     let task = tc.store.get_task(task_id(&id)).await.expect("task");
     assert_eq!(task.state, TaskState::WaitingInput);
 
-    // A number picks its choice, and the worker gets the choice itself.
+    // A number picks its choice, and the worker gets the choice as JSON.
     tc.say(GROUP, "100", "2").await;
     tc.out_containing("continues").await;
     let job = tc.next_job().await;
     let claimed = tc.claim(&job, "w2").await;
-    assert_eq!(claimed.resume.expect("resume").text, "中杯");
+    assert_eq!(claimed.resume.expect("resume").text, r#"{"choice":"中杯"}"#);
 
     // Choices that are not valid are refused to the worker.
     let lease = claimed.lease.expect("lease");
-    let refused: pb::AskResponse = tc
-        .request(
-            ControlOp::Ask,
-            codec::encode(pb::AskRequest {
-                lease: Some(lease),
-                round: Some(pb::Round {
-                    number: 2,
-                    messages_json: serde_json::to_vec(&messages).expect("json"),
-                    ..Default::default()
-                }),
-                tool_call_id: "call-2".into(),
-                question: "Again?".into(),
-                choices: vec!["yes".into(), "YES".into()],
-                ..Default::default()
-            }),
-        )
-        .await;
+    let refused = ask_with(&tc, lease, 2, "Again?", |r| {
+        r.choices = vec!["yes".into(), "YES".into()];
+    })
+    .await;
     let refusal = refused.refusal.expect("refused");
     assert_eq!(refusal.reason, pb::RefusalReason::Invalid as i32);
     assert!(refusal.message.contains("choices"), "{}", refusal.message);
     tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_confirm_asked_in_chat_hints_at_a_misfit_and_takes_a_chinese_yes_too() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "send the invoice").await;
+    let job = tc.next_job().await;
+    let lease = tc.claim(&job, "w1").await.lease.expect("lease");
+    let asked = ask_with(&tc, lease, 1, "要发送发票吗？", |r| {
+        r.kind = "confirm".into()
+    })
+    .await;
+    assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
+    let shown = tc.out_containing("要发送发票吗？").await;
+    assert!(shown.text.ends_with("(reply yes or no)"), "{}", shown.text);
+
+    tc.say(GROUP, "100", "再想想").await;
+    let told = tc.out_containing("does not fit").await;
+    assert!(
+        told.text.contains("the question is still open"),
+        "{}",
+        told.text
+    );
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::WaitingInput);
+
+    tc.say(GROUP, "100", "好").await;
+    tc.out_containing("continues").await;
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    assert_eq!(
+        claimed.resume.expect("resume").text,
+        r#"{"confirmed":true}"#
+    );
+    tc.stop().await;
+}
+
+/// Asks `question` under `lease` in round `number`, as a worker's ask_user call would;
+/// `tweak` sets its shape.
+async fn ask_with(
+    tc: &TestControl,
+    lease: pb::Lease,
+    number: u32,
+    question: &str,
+    tweak: impl FnOnce(&mut pb::AskRequest),
+) -> pb::AskResponse {
+    let messages = serde_json::json!([{"role": "assistant", "content": null}]);
+    let mut request = pb::AskRequest {
+        lease: Some(lease),
+        round: Some(pb::Round {
+            number,
+            messages_json: serde_json::to_vec(&messages).expect("json"),
+            ..Default::default()
+        }),
+        tool_call_id: format!("call-{number}"),
+        question: question.into(),
+        ..Default::default()
+    };
+    tweak(&mut request);
+    tc.request(ControlOp::Ask, codec::encode(request)).await
 }

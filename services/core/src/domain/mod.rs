@@ -10,6 +10,7 @@ pub mod form;
 pub mod ids;
 pub mod lifecycle;
 pub mod schedule;
+pub mod shape;
 pub mod text;
 
 pub use duration::HumanDuration;

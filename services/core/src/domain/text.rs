@@ -61,7 +61,7 @@ pub fn key(value: &str) -> Result<&str, TextError> {
     Ok(value)
 }
 
-fn bounded(value: &str, max: usize) -> Result<&str, TextError> {
+pub fn bounded(value: &str, max: usize) -> Result<&str, TextError> {
     if value.len() > max {
         return Err(TextError::TooLong {
             len: value.len(),

@@ -281,6 +281,7 @@ async fn apply(
             .owner()
             .map_or_else(|| inbound.user_id.clone(), |o| o.to_string()),
         text: text.to_owned(),
+        json: None,
         inbound_key: inbound.key(),
     };
     // An open question comes with its task as read; any other is looked up.
@@ -302,10 +303,13 @@ async fn apply(
             Ok(())
         }
         Ok(AnswerOutcome::Duplicate { .. }) => Ok(()),
-        Err(store::Error::NotAChoice {
-            handle, choices, ..
+        Err(store::Error::Misfit {
+            handle,
+            shape,
+            misfit,
+            ..
         }) => {
-            let reply = t.not_a_choice(&handle, &choices);
+            let reply = t.misfit(&handle, &shape, &misfit);
             say(shared, inbound, &reply).await;
             Ok(())
         }

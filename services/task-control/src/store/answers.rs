@@ -27,6 +27,8 @@ pub struct Answer {
     /// `platform:user_id`, or the API caller.
     pub answerer: String,
     pub text: String,
+    /// A structured answer given as JSON (over the API), read instead of `text`.
+    pub json: Option<serde_json::Value>,
     /// The inbound message (or request) id; the same key applied twice changes nothing.
     pub inbound_key: Option<String>,
 }
@@ -147,26 +149,39 @@ impl Store {
                 outcome: question_row.outcome,
             });
         }
-        // A question with choices takes one of them, by number or by text, as that choice.
-        let picked;
-        let answer = match question_row.choices() {
-            [] => answer,
-            choices => match hark_core::domain::form::pick(choices, &answer.text) {
-                Some(choice) => {
-                    picked = Answer {
-                        text: choice.to_owned(),
-                        ..answer.clone()
-                    };
-                    &picked
+        // A question of a shape takes an answer that fits it, kept as the agent reads it (a
+        // questionnaire keeps a choice's text as it is); one that does not fit changes nothing.
+        let shape = question_row.shape();
+        let read;
+        let answer = match (&shape, &answer.json) {
+            (hark_core::domain::shape::Shape::Text, None) => answer,
+            (_, json) => {
+                let value = match json {
+                    Some(value) => shape.check(value),
+                    None => shape.read(&answer.text),
                 }
-                None => {
-                    return Err(Error::NotAChoice {
-                        handle: question_row.handle.clone(),
-                        answer: hark_core::domain::ids::shown(&answer.text),
-                        choices: choices.to_vec(),
-                    });
-                }
-            },
+                .map_err(|misfit| Error::Misfit {
+                    handle: question_row.handle.clone(),
+                    answer: hark_core::domain::ids::shown(&match json {
+                        Some(value) => value.to_string(),
+                        None => answer.text.clone(),
+                    }),
+                    shape: Box::new(shape.clone()),
+                    misfit,
+                })?;
+                let questionnaire = task_questionnaire.as_ref().is_some_and(|q| !q.0.is_empty());
+                let text = match value {
+                    serde_json::Value::String(text) if shape.is_text() || questionnaire => text,
+                    value if questionnaire => value.to_string(),
+                    value => shape.for_model(&value),
+                };
+                read = Answer {
+                    text,
+                    json: None,
+                    ..answer.clone()
+                };
+                &read
+            }
         };
         let state: TaskState = state
             .parse()

@@ -249,7 +249,7 @@ impl AskRequest {
                 handle: &self.handle,
                 text: &self.input.question,
                 context: &self.input.context,
-                choices: &self.input.choices,
+                shape: &self.input.shape,
                 deadline,
             },
         )
@@ -948,7 +948,7 @@ impl Store {
         let rows: Vec<BatchRow> = out
             .bind_to(query)
             .bind(column(batch, |r| {
-                (!r.input.choices.is_empty()).then_some(Json(&r.input.choices))
+                super::rows::StoredShape::of(&r.input.shape)
             }))
             .bind(asked(false)?)
             .bind(asked(true)?)

@@ -12,6 +12,7 @@ use hark_core::domain::{
     decide::{self, Command},
     form::FormQuestion,
     form::progress,
+    shape::Shape,
 };
 use sqlx::types::Json;
 
@@ -310,7 +311,7 @@ impl Store {
                                 &handle,
                                 &next.text,
                                 "",
-                                &next.choices,
+                                &Shape::choosing(next.choices.clone()),
                             )
                         })
                         .unwrap_or_default();
@@ -339,7 +340,7 @@ impl Store {
                                     handle: &handle,
                                     text: &next.text,
                                     context: "",
-                                    choices: &next.choices,
+                                    shape: &Shape::choosing(next.choices.clone()),
                                     deadline,
                                 },
                             );
@@ -417,7 +418,7 @@ impl Store {
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
             .bind(column(batch, |r| {
-                (!r.choices.is_empty()).then_some(Json(&r.choices))
+                super::rows::StoredShape::of(&Shape::choosing(r.choices.clone()))
             }));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;

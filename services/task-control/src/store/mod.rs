@@ -215,11 +215,12 @@ pub enum Error {
         "{owner} has {active} active tasks, the most task.max_active_per_owner allows; cancel one or wait for one to end"
     )]
     TooManyActive { owner: String, active: i64 },
-    #[error("answer: `{answer}` is not one of the choices of question #{handle}: {}", hark_core::domain::form::numbered(.choices))]
-    NotAChoice {
+    #[error("answer: `{answer}` does not fit question #{handle}: {misfit}; it takes {}", .shape.expects())]
+    Misfit {
         handle: String,
         answer: String,
-        choices: Vec<String>,
+        shape: Box<hark_core::domain::shape::Shape>,
+        misfit: hark_core::domain::shape::Misfit,
     },
     /// Other writers kept winning; the same request later will likely go through.
     #[error("{0}; try again")]
@@ -238,7 +239,7 @@ impl hark_core::error::Classified for Error {
             Error::DatabaseUrl(..)
             | Error::AmbiguousTask { .. }
             | Error::BadRound { .. }
-            | Error::NotAChoice { .. } => Kind::Invalid,
+            | Error::Misfit { .. } => Kind::Invalid,
             Error::TaskNotFound(_) | Error::QuestionNotFound(_) | Error::ScheduleNotFound(_) => {
                 Kind::NotFound
             }

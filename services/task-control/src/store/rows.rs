@@ -2,6 +2,7 @@
 
 use hark_core::domain::{
     Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy, form::FormQuestion,
+    shape::Shape,
 };
 use sqlx::types::Json;
 use time::OffsetDateTime;
@@ -144,8 +145,43 @@ pub struct QuestionRow {
     pub answer: Option<String>,
     pub inbound_message_id: Option<String>,
     pub chat_message_id: Option<String>,
-    /// The answers it accepts, when it offers choices.
-    pub choices: Option<Json<Vec<String>>>,
+    /// What it accepts, as [`StoredShape`] keeps it (the column is `choices`).
+    pub choices: Option<Json<StoredShape>>,
+}
+
+/// A question's shape as the `choices` column keeps it: NULL for free text, the list of choices
+/// for one choice (as before there were other shapes, so replicas that know only choices read
+/// it), else the shape with its kind.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum StoredShape {
+    Choices(Vec<String>),
+    Shape(Shape),
+}
+
+impl StoredShape {
+    /// The column's value for `shape`.
+    pub fn of(shape: &Shape) -> Option<Json<StoredShape>> {
+        match shape {
+            Shape::Text => None,
+            Shape::Choice {
+                choices,
+                multiple: false,
+            } => Some(Json(StoredShape::Choices(choices.clone()))),
+            shape => Some(Json(StoredShape::Shape(shape.clone()))),
+        }
+    }
+
+    pub fn shape(&self) -> Shape {
+        match self {
+            StoredShape::Choices(choices) if choices.is_empty() => Shape::Text,
+            StoredShape::Choices(choices) => Shape::Choice {
+                choices: choices.clone(),
+                multiple: false,
+            },
+            StoredShape::Shape(shape) => shape.clone(),
+        }
+    }
 }
 
 impl QuestionRow {
@@ -170,9 +206,9 @@ impl QuestionRow {
         self.inbound_message_id = answer.inbound_key.clone();
     }
 
-    /// The answers it accepts; empty when any answer does.
-    pub fn choices(&self) -> &[String] {
-        self.choices.as_ref().map_or(&[], |c| c.0.as_slice())
+    /// What it accepts.
+    pub fn shape(&self) -> Shape {
+        self.choices.as_ref().map_or(Shape::Text, |c| c.0.shape())
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use hark_core::domain::{
     Handle, QuestionId, QuestionOutcome, TaskId, TaskState,
     decide::{self, Command},
+    shape::Shape,
 };
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -47,8 +48,8 @@ pub struct AskInput {
     pub context: String,
     /// Overrides the task's deadline for this question.
     pub timeout: Option<Duration>,
-    /// The answers the question accepts, when it offers choices.
-    pub choices: Vec<String>,
+    /// What the question accepts.
+    pub shape: Shape,
 }
 
 /// The resume of a claimed task from the last question, as the claim statement returns it.
@@ -305,7 +306,7 @@ impl Store {
                     &handle,
                     &input.question,
                     &input.context,
-                    &input.choices,
+                    &input.shape,
                 ),
                 None => Vec::new(),
             };
@@ -346,7 +347,7 @@ impl Store {
                 answer: None,
                 inbound_message_id: None,
                 chat_message_id: None,
-                choices: (!input.choices.is_empty()).then(|| Json(input.choices.clone())),
+                choices: super::rows::StoredShape::of(&input.shape),
             });
         }
         Err(Error::Busy("no free question handle after 8 tries".into()))

@@ -74,7 +74,7 @@ pub fn ask_input(round: i32, call: &str) -> AskInput {
         question: "Which city?".into(),
         context: "for the weather".into(),
         timeout: None,
-        choices: vec![],
+        shape: hark_core::domain::shape::Shape::Text,
     }
 }
 
@@ -82,6 +82,7 @@ pub fn answer(text: &str, key: &str) -> Answer {
     Answer {
         answerer: "qq:10001".into(),
         text: text.into(),
+        json: None,
         inbound_key: Some(key.into()),
     }
 }

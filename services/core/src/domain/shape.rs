@@ -1,0 +1,641 @@
+//! The shape of the answer a question takes: free text, one or several of numbered choices, a
+//! yes or no, or a form of a few named fields (the subset of JSON schema that MCP elicitation
+//! uses: a flat object of strings, numbers, integers, booleans and enums).
+//!
+//! An answer is read the same way on every surface, from what a person types in a chat:
+//! `2` or the choice's text, `1,3` for several, `yes`/`no` or `是`/`否`/`好`/`不`, and for a form
+//! one `key: value` per line (or a JSON object). An answer that does not fit is refused with what
+//! was wrong ([`Misfit`]), and the question stays open. What the agent reads is JSON:
+//! `{"choice": …}`, `{"choices": […]}`, `{"confirmed": true}`, or the form's object.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use hark_proto::v1 as pb;
+
+use super::form::{self, ChoiceError};
+
+/// The most fields one form has.
+pub const MAX_FIELDS: usize = 20;
+
+/// What a question accepts.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Shape {
+    /// Any text.
+    #[default]
+    Text,
+    /// One of the choices, or several with `multiple`.
+    Choice {
+        choices: Vec<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        multiple: bool,
+    },
+    /// Yes or no.
+    Confirm,
+    /// A value per field.
+    Form { fields: Vec<Field> },
+}
+
+/// One field of a form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Field {
+    pub key: String,
+    /// What a person reads; the key when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub title: String,
+    #[serde(rename = "type")]
+    pub kind: FieldKind,
+    /// The values it takes, for a field of choices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<String>,
+    #[serde(default)]
+    pub required: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FieldKind {
+    String,
+    Integer,
+    Number,
+    Boolean,
+}
+
+impl Field {
+    /// The field as the API and the control requests carry it.
+    pub fn to_proto(&self) -> pb::FormField {
+        pb::FormField {
+            key: self.key.clone(),
+            title: self.title.clone(),
+            r#type: match self.kind {
+                FieldKind::String => "string",
+                FieldKind::Integer => "integer",
+                FieldKind::Number => "number",
+                FieldKind::Boolean => "boolean",
+            }
+            .to_owned(),
+            choices: self.choices.clone(),
+            required: self.required,
+        }
+    }
+
+    /// A field as a request gives it (`index` from 1, to name it when it is wrong).
+    pub fn from_proto(field: &pb::FormField, index: usize) -> Result<Self, ShapeError> {
+        let kind = match field.r#type.as_str() {
+            "" | "string" => FieldKind::String,
+            "integer" => FieldKind::Integer,
+            "number" => FieldKind::Number,
+            "boolean" => FieldKind::Boolean,
+            other => {
+                return Err(ShapeError::Field {
+                    index,
+                    why: format!(
+                        "type `{}` is not one of string, integer, number, boolean",
+                        super::ids::shown(other)
+                    ),
+                });
+            }
+        };
+        Ok(Self {
+            key: field.key.clone(),
+            title: field.title.clone(),
+            kind,
+            choices: field.choices.clone(),
+            required: field.required,
+        })
+    }
+}
+
+/// Why an answer does not fit its question; the question stays open.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Misfit {
+    #[error("it is not one of the choices")]
+    NotAChoice,
+    #[error("it is not yes or no")]
+    NotYesOrNo,
+    #[error("field `{0}` is missing")]
+    Missing(String),
+    #[error("field `{field}`: {why}")]
+    BadField { field: String, why: String },
+    #[error("`{0}` is not a field of this form")]
+    UnknownField(String),
+}
+
+/// Why a shape was refused when a question was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("choices: {0}")]
+    Choices(#[from] ChoiceError),
+    #[error("a question of kind choice needs at least one choice")]
+    NoChoices,
+    #[error("a form needs between 1 and {MAX_FIELDS} fields")]
+    Fields,
+    #[error("field {index}: {why}")]
+    Field { index: usize, why: String },
+}
+
+const YES: [&str; 9] = ["yes", "y", "是", "好", "对", "确认", "同意", "ok", "1"];
+const NO: [&str; 7] = ["no", "n", "否", "不", "不要", "取消", "2"];
+
+impl Shape {
+    /// The shape of a question asked with these parts, checked: `kind` is `text`, `choice`,
+    /// `confirm` or `form` (empty: `choice` when there are choices, else `text`).
+    pub fn of(
+        kind: &str,
+        choices: &[String],
+        multiple: bool,
+        fields: Vec<Field>,
+    ) -> Result<Self, ShapeError> {
+        let kind = match kind {
+            "" if !choices.is_empty() => "choice",
+            "" => "text",
+            kind => kind,
+        };
+        match kind {
+            "choice" => {
+                let choices = form::choices(choices)?;
+                if choices.is_empty() {
+                    return Err(ShapeError::NoChoices);
+                }
+                Ok(Self::Choice { choices, multiple })
+            }
+            "confirm" => Ok(Self::Confirm),
+            "form" => {
+                if fields.is_empty() || fields.len() > MAX_FIELDS {
+                    return Err(ShapeError::Fields);
+                }
+                let mut kept: Vec<Field> = Vec::with_capacity(fields.len());
+                for (i, mut field) in fields.into_iter().enumerate() {
+                    let bad = |why: String| ShapeError::Field { index: i + 1, why };
+                    field.key = super::text::key(field.key.trim())
+                        .map_err(|e| bad(format!("the key {e}")))?
+                        .to_owned();
+                    if kept.iter().any(|f| f.key == field.key) {
+                        return Err(bad(format!("the key `{}` is used twice", field.key)));
+                    }
+                    field.title = field.title.trim().to_owned();
+                    field.choices =
+                        form::choices(&field.choices).map_err(|e| bad(e.to_string()))?;
+                    kept.push(field);
+                }
+                Ok(Self::Form { fields: kept })
+            }
+            _ => Ok(Self::Text),
+        }
+    }
+
+    /// The shape of a question as a request gives its parts.
+    pub fn from_proto(
+        kind: &str,
+        choices: &[String],
+        multiple: bool,
+        fields: &[pb::FormField],
+    ) -> Result<Self, ShapeError> {
+        let fields = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| Field::from_proto(f, i + 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::of(kind, choices, multiple, fields)
+    }
+
+    /// The shape's parts as a request or a question carries them: kind, choices, multiple,
+    /// fields.
+    pub fn to_proto(&self) -> (String, Vec<String>, bool, Vec<pb::FormField>) {
+        (
+            self.kind().to_owned(),
+            self.choices().to_vec(),
+            matches!(self, Self::Choice { multiple: true, .. }),
+            match self {
+                Self::Form { fields } => fields.iter().map(Field::to_proto).collect(),
+                _ => Vec::new(),
+            },
+        )
+    }
+
+    /// The form of an MCP elicitation's `requestedSchema`: a flat object of primitive
+    /// properties. `None` for a schema outside that subset.
+    pub fn from_schema(schema: &Value) -> Option<Self> {
+        let properties = schema.get("properties")?.as_object()?;
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut fields = Vec::new();
+        for (key, property) in properties {
+            let (kind, choices) = match property["type"].as_str()? {
+                "string" => (
+                    FieldKind::String,
+                    property["enum"]
+                        .as_array()
+                        .map(|e| {
+                            e.iter()
+                                .filter_map(Value::as_str)
+                                .map(str::to_owned)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                ),
+                "integer" => (FieldKind::Integer, Vec::new()),
+                "number" => (FieldKind::Number, Vec::new()),
+                "boolean" => (FieldKind::Boolean, Vec::new()),
+                _ => return None,
+            };
+            fields.push(Field {
+                key: key.clone(),
+                title: property["title"]
+                    .as_str()
+                    .or(property["description"].as_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+                kind,
+                choices,
+                required: required.contains(&key.as_str()),
+            });
+        }
+        Self::of("form", &[], false, fields).ok()
+    }
+
+    /// What it expects, in English, for an error a program reads.
+    pub fn expects(&self) -> String {
+        match self {
+            Self::Text => "any text".into(),
+            Self::Choice {
+                choices,
+                multiple: false,
+            } => format!("one of {}", form::numbered(choices)),
+            Self::Choice {
+                choices,
+                multiple: true,
+            } => format!("one or more of {}", form::numbered(choices)),
+            Self::Confirm => "yes or no".into(),
+            Self::Form { fields } => {
+                let fields: Vec<String> = fields
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{} ({:?}{})",
+                            f.key,
+                            f.kind,
+                            if f.required { ", required" } else { "" }
+                        )
+                        .to_lowercase()
+                    })
+                    .collect();
+                format!("a value per field: {}", fields.join(", "))
+            }
+        }
+    }
+
+    /// One of `choices` (as [`form::choices`] checked them), or any text when there are none.
+    pub fn choosing(choices: Vec<String>) -> Self {
+        if choices.is_empty() {
+            Self::Text
+        } else {
+            Self::Choice {
+                choices,
+                multiple: false,
+            }
+        }
+    }
+
+    /// `text`, `choice`, `confirm` or `form`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Choice { .. } => "choice",
+            Self::Confirm => "confirm",
+            Self::Form { .. } => "form",
+        }
+    }
+
+    /// The choices it offers; empty unless it is a choice.
+    pub fn choices(&self) -> &[String] {
+        match self {
+            Self::Choice { choices, .. } => choices,
+            _ => &[],
+        }
+    }
+
+    /// Whether it takes free text.
+    pub fn is_text(&self) -> bool {
+        matches!(self, Self::Text)
+    }
+
+    /// Reads an answer as a person typed it; the value is what the answer means, as JSON.
+    pub fn read(&self, answer: &str) -> Result<Value, Misfit> {
+        match self {
+            Self::Text => Ok(Value::String(answer.to_owned())),
+            Self::Choice {
+                choices,
+                multiple: false,
+            } => pick(choices, answer).map(|c| json!(c)),
+            Self::Choice {
+                choices,
+                multiple: true,
+            } => {
+                let mut picked: Vec<&str> = Vec::new();
+                for part in answer.split([',', '，', '、', ';', '；']) {
+                    if part.trim().is_empty() {
+                        continue;
+                    }
+                    let choice = pick(choices, part)?;
+                    if !picked.contains(&choice) {
+                        picked.push(choice);
+                    }
+                }
+                if picked.is_empty() {
+                    return Err(Misfit::NotAChoice);
+                }
+                Ok(json!(picked))
+            }
+            Self::Confirm => yes_or_no(answer).map(Value::Bool).ok_or(Misfit::NotYesOrNo),
+            Self::Form { fields } => read_form(fields, answer).map(Value::Object),
+        }
+    }
+
+    /// Checks a value given as JSON (over the API) and returns it as [`Shape::read`] would.
+    pub fn check(&self, value: &Value) -> Result<Value, Misfit> {
+        match (self, value) {
+            (Self::Text, Value::String(_)) => Ok(value.clone()),
+            (Self::Confirm, Value::Bool(_)) => Ok(value.clone()),
+            (Self::Choice { multiple: true, .. }, Value::Array(items)) => {
+                let parts: Vec<String> = items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned).ok_or(Misfit::NotAChoice))
+                    .collect::<Result<_, _>>()?;
+                self.read(&parts.join(","))
+            }
+            (Self::Form { .. }, Value::Object(_)) => self.read(&value.to_string()),
+            (_, Value::String(text)) => self.read(text),
+            (Self::Confirm, _) => Err(Misfit::NotYesOrNo),
+            _ => Err(Misfit::NotAChoice),
+        }
+    }
+
+    /// The answer as the agent reads it, from its value.
+    pub fn for_model(&self, value: &Value) -> String {
+        match (self, value) {
+            (Self::Text, Value::String(text)) => text.clone(),
+            (
+                Self::Choice {
+                    multiple: false, ..
+                },
+                v,
+            ) => json!({"choice": v}).to_string(),
+            (Self::Choice { multiple: true, .. }, v) => json!({"choices": v}).to_string(),
+            (Self::Confirm, v) => json!({"confirmed": v}).to_string(),
+            (_, v) => v.to_string(),
+        }
+    }
+
+    /// The value of an answer as the agent reads it (see [`Shape::for_model`]).
+    pub fn value_of(&self, for_model: &str) -> Value {
+        let parsed: Option<Value> = serde_json::from_str(for_model).ok();
+        match (self, parsed) {
+            (Self::Text, _) | (_, None) => Value::String(for_model.to_owned()),
+            (
+                Self::Choice {
+                    multiple: false, ..
+                },
+                Some(v),
+            ) => v["choice"].clone(),
+            (Self::Choice { multiple: true, .. }, Some(v)) => v["choices"].clone(),
+            (Self::Confirm, Some(v)) => v["confirmed"].clone(),
+            (Self::Form { .. }, Some(v)) => v,
+        }
+    }
+}
+
+/// The choice an answer picks: its number (from 1), or its text ignoring case.
+fn pick<'a>(choices: &'a [String], answer: &str) -> Result<&'a str, Misfit> {
+    form::pick(choices, answer).ok_or(Misfit::NotAChoice)
+}
+
+/// `true` for yes, `false` for no, in English or Chinese; `None` for anything else.
+pub fn yes_or_no(answer: &str) -> Option<bool> {
+    let answer = answer
+        .trim()
+        .trim_end_matches(['.', '。', '!', '！'])
+        .to_lowercase();
+    if YES.contains(&answer.as_str()) || answer == "true" {
+        Some(true)
+    } else if NO.contains(&answer.as_str()) || answer == "false" {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// A form's answer: a JSON object, or one `key: value` per line (`：` too); keys may be given by
+/// the field's title. Missing optional fields are left out.
+fn read_form(fields: &[Field], answer: &str) -> Result<Map<String, Value>, Misfit> {
+    let given: Vec<(String, Value)> = match serde_json::from_str::<Value>(answer.trim()) {
+        Ok(Value::Object(object)) => object.into_iter().collect(),
+        _ => answer
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let (key, value) = line
+                    .split_once([':', '：', '='])
+                    .ok_or_else(|| Misfit::UnknownField(line.trim().to_owned()))?;
+                Ok((
+                    key.trim().to_owned(),
+                    Value::String(value.trim().to_owned()),
+                ))
+            })
+            .collect::<Result<_, Misfit>>()?,
+    };
+    let mut out = Map::new();
+    for (key, value) in given {
+        let field = fields
+            .iter()
+            .find(|f| f.key == key || (!f.title.is_empty() && f.title.eq_ignore_ascii_case(&key)))
+            .ok_or_else(|| Misfit::UnknownField(key.clone()))?;
+        let bad = |why: &str| Misfit::BadField {
+            field: field.key.clone(),
+            why: why.to_owned(),
+        };
+        let text = match &value {
+            Value::String(s) => s.trim().to_owned(),
+            other => other.to_string(),
+        };
+        let value = match field.kind {
+            FieldKind::String if !field.choices.is_empty() => {
+                json!(
+                    form::pick(&field.choices, &text).ok_or_else(|| bad(&format!(
+                        "must be one of {}",
+                        field.choices.join(", ")
+                    )))?
+                )
+            }
+            FieldKind::String => json!(text),
+            FieldKind::Integer => json!(
+                text.parse::<i64>()
+                    .map_err(|_| bad("must be a whole number"))?
+            ),
+            FieldKind::Number => {
+                let n = text.parse::<f64>().map_err(|_| bad("must be a number"))?;
+                serde_json::Number::from_f64(n)
+                    .map(Value::Number)
+                    .ok_or_else(|| bad("must be a finite number"))?
+            }
+            FieldKind::Boolean => json!(yes_or_no(&text).ok_or_else(|| bad("must be yes or no"))?),
+        };
+        out.insert(field.key.clone(), value);
+    }
+    if let Some(missing) = fields
+        .iter()
+        .find(|f| f.required && !out.contains_key(&f.key))
+    {
+        return Err(Misfit::Missing(missing.key.clone()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choices(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn field(key: &str, kind: FieldKind, required: bool) -> Field {
+        Field {
+            key: key.into(),
+            title: String::new(),
+            kind,
+            choices: Vec::new(),
+            required,
+        }
+    }
+
+    #[test]
+    fn choices_are_read_by_number_or_text_one_or_several() {
+        let one = Shape::of("", &choices(&["Red", "蓝色", "Green"]), false, vec![]).expect("ok");
+        assert_eq!(one.kind(), "choice");
+        assert_eq!(one.read("2"), Ok(json!("蓝色")));
+        assert_eq!(one.read(" red "), Ok(json!("Red")));
+        assert_eq!(one.read("4"), Err(Misfit::NotAChoice));
+        assert_eq!(one.for_model(&json!("Red")), r#"{"choice":"Red"}"#);
+
+        let several =
+            Shape::of("choice", &choices(&["Red", "蓝色", "Green"]), true, vec![]).expect("ok");
+        assert_eq!(several.read("2,3"), Ok(json!(["蓝色", "Green"])));
+        assert_eq!(several.read("1，red、3"), Ok(json!(["Red", "Green"])));
+        assert_eq!(several.read("1, 9"), Err(Misfit::NotAChoice));
+        assert_eq!(several.read(" , "), Err(Misfit::NotAChoice));
+        assert_eq!(
+            several.check(&json!(["Green", "1"])),
+            Ok(json!(["Green", "Red"]))
+        );
+        let model = several.for_model(&json!(["Red"]));
+        assert_eq!(model, r#"{"choices":["Red"]}"#);
+        assert_eq!(several.value_of(&model), json!(["Red"]));
+        assert!(matches!(
+            Shape::of("choice", &[], false, vec![]),
+            Err(ShapeError::NoChoices)
+        ));
+    }
+
+    #[test]
+    fn a_confirm_takes_yes_or_no_in_english_or_chinese() {
+        let confirm = Shape::of("confirm", &[], false, vec![]).expect("ok");
+        for yes in ["yes", "Y", "是", "好", "好。", "1"] {
+            assert_eq!(confirm.read(yes), Ok(json!(true)), "{yes}");
+        }
+        for no in ["no", "否", "不", "2"] {
+            assert_eq!(confirm.read(no), Ok(json!(false)), "{no}");
+        }
+        assert_eq!(confirm.read("maybe"), Err(Misfit::NotYesOrNo));
+        assert_eq!(confirm.check(&json!(true)), Ok(json!(true)));
+        assert_eq!(confirm.check(&json!(3)), Err(Misfit::NotYesOrNo));
+        assert_eq!(confirm.for_model(&json!(true)), r#"{"confirmed":true}"#);
+    }
+
+    #[test]
+    fn a_form_is_read_from_lines_or_json_and_checked_field_by_field() {
+        let mut size = field("size", FieldKind::String, true);
+        size.choices = choices(&["S", "M", "L"]);
+        size.title = "尺码".into();
+        let form = Shape::of(
+            "form",
+            &[],
+            false,
+            vec![
+                field("name", FieldKind::String, true),
+                field("age", FieldKind::Integer, false),
+                size,
+                field("vip", FieldKind::Boolean, false),
+            ],
+        )
+        .expect("ok");
+        assert_eq!(
+            form.read("name: 小明\n尺码：2\nvip: 是"),
+            Ok(json!({"name": "小明", "size": "M", "vip": true}))
+        );
+        assert_eq!(
+            form.read(r#"{"name": "Ada", "age": 36, "size": "l"}"#),
+            Ok(json!({"name": "Ada", "age": 36, "size": "L"}))
+        );
+        assert_eq!(form.read("name: Ada"), Err(Misfit::Missing("size".into())));
+        assert!(matches!(
+            form.read("name: Ada\nsize: M\nage: old"),
+            Err(Misfit::BadField { field, .. }) if field == "age"
+        ));
+        assert_eq!(
+            form.read("name: Ada\nsize: M\nshoe: 42"),
+            Err(Misfit::UnknownField("shoe".into()))
+        );
+        assert_eq!(
+            form.read("just text"),
+            Err(Misfit::UnknownField("just text".into()))
+        );
+        let model = form.for_model(&json!({"name": "Ada"}));
+        assert_eq!(form.value_of(&model), json!({"name": "Ada"}));
+    }
+
+    #[test]
+    fn an_elicitation_schema_becomes_a_form_when_it_is_flat() {
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "title": "Name"},
+            "color": {"type": "string", "enum": ["red", "blue"]},
+            "count": {"type": "integer", "minimum": 1},
+            "ok": {"type": "boolean"}
+        }, "required": ["name"]});
+        let Some(Shape::Form { fields }) = Shape::from_schema(&schema) else {
+            panic!("a form")
+        };
+        assert_eq!(fields.len(), 4);
+        let color = fields.iter().find(|f| f.key == "color").expect("color");
+        assert_eq!(color.choices, ["red", "blue"]);
+        assert!(
+            fields
+                .iter()
+                .find(|f| f.key == "name")
+                .expect("name")
+                .required
+        );
+        let nested = json!({"type": "object", "properties": {"a": {"type": "object"}}});
+        assert_eq!(Shape::from_schema(&nested), None);
+    }
+
+    #[test]
+    fn shapes_are_stored_as_json_with_their_kind() {
+        let shape = Shape::Choice {
+            choices: choices(&["a"]),
+            multiple: true,
+        };
+        let stored = serde_json::to_value(&shape).expect("json");
+        assert_eq!(
+            stored,
+            json!({"kind": "choice", "choices": ["a"], "multiple": true})
+        );
+        assert_eq!(
+            serde_json::from_value::<Shape>(json!({"kind": "confirm"})).expect("reads"),
+            Shape::Confirm
+        );
+    }
+}

@@ -205,44 +205,27 @@ impl Runner {
         let registry = self.tools.registry();
         let mut approved = approval::granted(&history);
         if let Some(resume) = &claimed.resume {
-            match resume.tool_call_id.strip_prefix(approval::CALL_PREFIX) {
-                None => pending.push(tool_message(&resume.tool_call_id, &resume.text)),
-                Some(call_id) => {
-                    let result = match approval::call_in(&history, call_id) {
-                        None => format!(
-                            "error: the call {call_id} waiting for approval is not in the conversation."
-                        ),
-                        Some(call) => match approval::Decision::of(resume) {
-                            approval::Decision::Expired => format!(
-                                "the owner did not answer the request to approve `{}` in time; it did not run.",
-                                call.name
-                            ),
-                            approval::Decision::Deny => {
-                                format!("the owner declined; `{}` did not run.", call.name)
-                            }
-                            approval::Decision::Approve { for_task } => {
-                                match registry.check(&call, role) {
-                                    Err(error) => error,
-                                    Ok(checked) => {
-                                        if for_task {
-                                            pending.push(approval::record(&checked.tool.name));
-                                            approved.insert(checked.tool.name.clone());
-                                        }
-                                        let key = format!("{}:{number}:{call_id}", spec.id);
-                                        match run.execute(&spec, &checked, &key, &cancel).await {
-                                            Ok(result) => result,
-                                            Err(outcome) => return outcome,
-                                        }
-                                    }
-                                }
-                            }
-                        },
-                    };
-                    pending.push(tool_message(
-                        call_id,
-                        &limits::cut(&result, limits::MAX_TOOL_RESULT),
-                    ));
+            if approval::asked_by_hark(&resume.tool_call_id) {
+                let mut ctx = Resuming {
+                    spec: &spec,
+                    registry: &registry,
+                    history: &history,
+                    approved: &mut approved,
+                    pending: &mut pending,
+                    cancel: &cancel,
+                    number,
+                };
+                match run.resume_call(&mut ctx, resume).await {
+                    Ok(None) => {}
+                    Ok(Some(ask)) => {
+                        return run
+                            .ask(&spec, round(number + 1, &pending), Vec::new(), ask)
+                            .await;
+                    }
+                    Err(outcome) => return outcome,
                 }
+            } else {
+                pending.push(tool_message(&resume.tool_call_id, &resume.text));
             }
         }
         inbox.push(claimed.instructions.clone());
@@ -387,8 +370,20 @@ impl Runner {
                                 continue;
                             }
                         }
-                        _ => match run.execute(&spec, &checked, &key, &cancel).await {
-                            Ok(result) => result,
+                        _ => match run.execute(&spec, &checked, &call.id, &key, Vec::new(), &cancel).await {
+                            Ok(Step::Result(result)) => result,
+                            Ok(Step::Asks(_)) if !spec.can_ask => format!(
+                                "error: `{}` asked for input, and nobody can be asked for this task; it did not finish.",
+                                checked.tool.name
+                            ),
+                            Ok(Step::Asks(_)) if ask.is_some() => format!(
+                                "error: `{}` asked for input while a question is already waiting; call it again after the answer.",
+                                checked.tool.name
+                            ),
+                            Ok(Step::Asks(asks)) => {
+                                ask = Some(asks);
+                                continue;
+                            }
                             Err(outcome) => return outcome,
                         },
                     },
@@ -404,32 +399,9 @@ impl Runner {
 
             let this_round = round(number, &pending);
             if let Some(ask) = ask {
-                let (kind, choices, multiple, fields) = ask.shape.to_proto();
-                let request = pb::AskRequest {
-                    lease: Some(lease.clone()),
-                    round: Some(this_round),
-                    consumed_instruction_ids: std::mem::take(&mut consumed),
-                    tool_call_id: ask.call_id,
-                    question: ask.question,
-                    context: ask.context,
-                    timeout_s: ask.timeout_s,
-                    kind,
-                    choices,
-                    multiple,
-                    fields,
-                    ..Default::default()
-                };
-                return match self.control.ask(request, &gone).await {
-                    Ok(asked) => {
-                        tracing::info!(
-                            task = spec.id,
-                            handle = asked.handle,
-                            "task suspended on a question"
-                        );
-                        Outcome::Suspended
-                    }
-                    Err(e) => run.settle(e).await,
-                };
+                return run
+                    .ask(&spec, this_round, std::mem::take(&mut consumed), ask)
+                    .await;
             }
             match self
                 .control
@@ -444,6 +416,26 @@ impl Runner {
             history.append(&mut pending);
         }
     }
+}
+
+/// What running a tool came to.
+enum Step {
+    /// Its result, for the model.
+    Result(String),
+    /// It needs its owner's input first.
+    Asks(PendingAsk),
+}
+
+/// What resuming a call hark asked about works on.
+struct Resuming<'a> {
+    spec: &'a pb::TaskSpec,
+    registry: &'a crate::tools::Registry,
+    history: &'a [Value],
+    approved: &'a mut std::collections::HashSet<String>,
+    pending: &'a mut Vec<Value>,
+    cancel: &'a CancellationToken,
+    /// The last round stored.
+    number: u32,
 }
 
 /// One claimed run: what its steps need to talk to task-control about it.
@@ -463,12 +455,14 @@ impl Run<'_> {
         &self,
         spec: &pb::TaskSpec,
         checked: &Checked<'_>,
+        call_id: &str,
         key: &str,
+        answers: Vec<mcp::Elicited>,
         cancel: &CancellationToken,
-    ) -> Result<String, Outcome> {
+    ) -> Result<Step, Outcome> {
         let runner = self.runner;
         let role: Role = spec.owner_role.parse().unwrap_or(Role::Guest);
-        Ok(match &checked.tool.kind {
+        Ok(Step::Result(match &checked.tool.kind {
             Kind::AskUser => "error: ask_user cannot run here.".to_owned(),
             Kind::SendMessage => {
                 let text = checked
@@ -512,10 +506,14 @@ impl Run<'_> {
             Kind::WorkerInfo => json!({"worker_id": runner.worker_id}).to_string(),
             Kind::Mcp { server, tool } => {
                 let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
-                let call =
-                    runner
-                        .tools
-                        .call(*server, tool, checked.arguments.clone(), key, progress);
+                let call = runner.tools.call(
+                    *server,
+                    tool,
+                    checked.arguments.clone(),
+                    key,
+                    progress,
+                    answers,
+                );
                 tokio::pin!(call);
                 let mut last: Option<std::time::Instant> = None;
                 let mut sent = 0u32;
@@ -525,7 +523,15 @@ impl Run<'_> {
                             return Err(Outcome::Stopped("cancelled during a tool call".into()));
                         }
                         result = &mut call => break match result {
-                            Ok(text) => text,
+                            Ok(mcp::Called::Done(text)) => text,
+                            Ok(mcp::Called::Asks { message, shape }) => {
+                                return Ok(Step::Asks(approval::elicitation(
+                                    &checked.tool.name,
+                                    call_id,
+                                    &message,
+                                    shape,
+                                )));
+                            }
                             Err(e) => e.to_string(),
                         },
                         Some(report) = reports.recv() => {
@@ -544,7 +550,112 @@ impl Run<'_> {
                     }
                 }
             }
-        })
+        }))
+    }
+
+    /// Asks the owner `ask`, storing `round` with it; the task waits, and this run ends.
+    async fn ask(
+        &self,
+        spec: &pb::TaskSpec,
+        round: pb::Round,
+        consumed: Vec<String>,
+        ask: PendingAsk,
+    ) -> Outcome {
+        let (kind, choices, multiple, fields) = ask.shape.to_proto();
+        let request = pb::AskRequest {
+            lease: Some(self.lease.clone()),
+            round: Some(round),
+            consumed_instruction_ids: consumed,
+            tool_call_id: ask.call_id,
+            question: ask.question,
+            context: ask.context,
+            timeout_s: ask.timeout_s,
+            kind,
+            choices,
+            multiple,
+            fields,
+            ..Default::default()
+        };
+        match self.runner.control.ask(request, self.gone).await {
+            Ok(asked) => {
+                tracing::info!(
+                    task = spec.id,
+                    handle = asked.handle,
+                    "task suspended on a question"
+                );
+                Outcome::Suspended
+            }
+            Err(e) => self.settle(e).await,
+        }
+    }
+
+    /// The answer to a question hark asked on a call's behalf (its approval, or its server's
+    /// input request): the call runs now and its result is added, or it did not run and the
+    /// model reads why; `Some` when the call asks again.
+    async fn resume_call(
+        &self,
+        ctx: &mut Resuming<'_>,
+        resume: &pb::Resume,
+    ) -> Result<Option<PendingAsk>, Outcome> {
+        let role: Role = ctx.spec.owner_role.parse().unwrap_or(Role::Guest);
+        let (call_id, answers) = match resume.tool_call_id.strip_prefix(approval::ELICIT_PREFIX) {
+            Some(call_id) => {
+                let mut answers = approval::elicited(ctx.history, call_id);
+                let answer = (!resume.expired)
+                    .then(|| serde_json::from_str::<Value>(&resume.text).ok())
+                    .flatten();
+                ctx.pending
+                    .push(approval::elicited_record(call_id, answer.as_ref()));
+                answers.push(answer);
+                (call_id, Some(answers))
+            }
+            None => (
+                resume
+                    .tool_call_id
+                    .strip_prefix(approval::CALL_PREFIX)
+                    .unwrap_or(&resume.tool_call_id),
+                None,
+            ),
+        };
+        let Some(call) = approval::call_in(ctx.history, call_id) else {
+            let error = format!("error: the call {call_id} is not in the conversation.");
+            ctx.pending.push(tool_message(call_id, &error));
+            return Ok(None);
+        };
+        let decision = match answers {
+            Some(_) => approval::Decision::Approve { for_task: false },
+            None => approval::Decision::of(resume),
+        };
+        let result = match decision {
+            approval::Decision::Expired => format!(
+                "the owner did not answer the request to approve `{}` in time; it did not run.",
+                call.name
+            ),
+            approval::Decision::Deny => format!("the owner declined; `{}` did not run.", call.name),
+            approval::Decision::Approve { for_task } => match ctx.registry.check(&call, role) {
+                Err(error) => error,
+                Ok(checked) => {
+                    if for_task {
+                        ctx.pending.push(approval::record(&checked.tool.name));
+                        ctx.approved.insert(checked.tool.name.clone());
+                    }
+                    let key = approval::call_key(&ctx.spec.id, call_id, ctx.number);
+                    let answers = answers.unwrap_or_default();
+                    match self
+                        .execute(ctx.spec, &checked, call_id, &key, answers, ctx.cancel)
+                        .await?
+                    {
+                        Step::Result(result) => result,
+                        Step::Asks(ask) => return Ok(Some(ask)),
+                    }
+                }
+            },
+        };
+        ctx.pending.push(tool_message(
+            call_id,
+            &limits::cut(&result, limits::MAX_TOOL_RESULT),
+        ));
+        Ok(None)
     }
 
     /// The whole checkpoint, as (round, its messages' JSON): the rounds the claim carried, and

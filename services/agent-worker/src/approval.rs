@@ -20,6 +20,50 @@ use crate::{
 
 /// The tool call id an approval is asked under: this prefix and the model's call id.
 pub const CALL_PREFIX: &str = "approve:";
+/// The tool call id a server's input request is asked under: this prefix and the call's id.
+pub const ELICIT_PREFIX: &str = "elicit:";
+
+/// Whether a question's tool call id is one hark asked on a call's behalf.
+pub fn asked_by_hark(tool_call_id: &str) -> bool {
+    tool_call_id.starts_with(CALL_PREFIX) || tool_call_id.starts_with(ELICIT_PREFIX)
+}
+
+/// The question for a server's input request during the call `call_id` of `tool`.
+pub(crate) fn elicitation(tool: &str, call_id: &str, message: &str, shape: Shape) -> PendingAsk {
+    PendingAsk {
+        call_id: format!("{ELICIT_PREFIX}{call_id}"),
+        question: format!("`{tool}`: {}", limits::cut(message, limits::MAX_QUESTION)),
+        context: String::new(),
+        timeout_s: 0,
+        shape,
+    }
+}
+
+/// The record of the owner's answer to an input request of the call `call_id` (`None`: declined
+/// or unanswered).
+pub fn elicited_record(call_id: &str, answer: Option<&Value>) -> Value {
+    json!({"role": RECORD_ROLE, "elicited": call_id, "answer": answer})
+}
+
+/// The answers to the input requests of the call `call_id` so far, in order.
+pub fn elicited(history: &[Value], call_id: &str) -> Vec<crate::mcp::Elicited> {
+    history
+        .iter()
+        .filter(|m| m["role"] == RECORD_ROLE && m["elicited"] == call_id)
+        .map(|m| Some(m["answer"].clone()).filter(|a| !a.is_null()))
+        .collect()
+}
+
+/// The idempotency key of the call `call_id`: `task:round:call id`, the round being the one
+/// the call was made in (its id says, `r3_0`), else `round`.
+pub fn call_key(task: &str, call_id: &str, round: u32) -> String {
+    let made_in = call_id
+        .strip_prefix('r')
+        .and_then(|rest| rest.split_once('_'))
+        .and_then(|(n, _)| n.parse::<u32>().ok())
+        .unwrap_or(round);
+    format!("{task}:{made_in}:{call_id}")
+}
 
 /// The role of the checkpoint's records that are hark's own, never sent to the model.
 const RECORD_ROLE: &str = "hark";

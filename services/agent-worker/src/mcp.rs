@@ -6,8 +6,14 @@
 //! while there is none, a call is an error result for the model, never a failed task.
 //!
 //! Each call carries, in its `_meta`, the idempotency key `(task, round, call id)` under
-//! [`IDEMPOTENCY_KEY`], and the same key as its progress token; the progress a server reports
-//! reaches whoever made the call.
+//! [`IDEMPOTENCY_KEY`], and a progress token; the progress a server reports reaches whoever made
+//! the call.
+//!
+//! A server may ask for input during a call (`elicitation/create`). A person cannot be waited for
+//! while a worker holds the call, so the first time hark answers `cancel`, and the call ends as
+//! [`Called::Asks`]: the task asks its owner, durably, with the request's schema as a form. Once
+//! answered, the call is made again under the same idempotency key, with the answers so far
+//! ([`Elicited`]); the server's requests are answered from them in order.
 
 use std::{
     collections::HashMap,
@@ -17,16 +23,20 @@ use std::{
 
 use hark_core::config::{McpServerConfig, ToolsConfig};
 use rmcp::{
-    ClientHandler, ServiceExt,
+    ClientHandler, ErrorData as McpError, ServiceExt,
     model::{
-        CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-        Implementation, ProgressNotificationParam, RequestMetaObject,
+        CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
+        ClientRequest, ContentBlock, ElicitRequestParams, ElicitResult, ElicitationAction,
+        ElicitationCapability, FormElicitationCapability, Implementation,
+        ProgressNotificationParam, ProgressToken, RequestMetaObject, ServerResult,
     },
-    service::{NotificationContext, Peer, RoleClient},
+    service::{NotificationContext, Peer, PeerRequestOptions, RequestContext, RoleClient},
 };
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use hark_core::domain::shape::Shape;
 
 use crate::tools::{Kind, Registry, Tool, Visibility};
 
@@ -46,13 +56,56 @@ pub struct Progress {
     pub message: Option<String>,
 }
 
-/// Where the progress of calls in flight goes, by progress token.
-type Watchers = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Progress>>>>;
+/// The owner's answer to one input request of a call: the form's values, or `None` when the
+/// owner declined or did not answer in time.
+pub type Elicited = Option<Value>;
+
+/// What a call ended with.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Called {
+    /// The tool's result, as the model reads it.
+    Done(String),
+    /// The server asked for input hark has no answer for yet: ask the owner `message`, with
+    /// `shape` as the form.
+    Asks { message: String, shape: Shape },
+}
+
+/// A call in flight.
+#[derive(Debug)]
+struct InFlight {
+    server: usize,
+    progress: mpsc::UnboundedSender<Progress>,
+    /// The answers to the server's input requests, in order.
+    answers: Vec<Elicited>,
+    /// How many of them were used.
+    used: Mutex<usize>,
+    /// An input request beyond them.
+    asks: Mutex<Option<(String, Shape)>>,
+    /// The progress token rmcp gave the request, once sent.
+    token: Mutex<Option<String>>,
+}
+
+/// The calls in flight, by progress token.
+type Calls = Arc<Mutex<HashMap<String, Arc<InFlight>>>>;
 
 /// What a server may ask of hark while connected.
 #[derive(Debug, Clone)]
 struct Handler {
-    watchers: Watchers,
+    server: usize,
+    calls: Calls,
+}
+
+impl Handler {
+    /// The one call in flight at this server; `None` when there is none, or several (an input
+    /// request cannot be told apart then).
+    fn only_call(&self) -> Option<Arc<InFlight>> {
+        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut here = calls.values().filter(|c| c.server == self.server);
+        match (here.next(), here.next()) {
+            (Some(call), None) => Some(call.clone()),
+            _ => None,
+        }
+    }
 }
 
 impl ClientHandler for Handler {
@@ -61,13 +114,13 @@ impl ClientHandler for Handler {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        let token = match &params.progress_token.0 {
-            rmcp::model::NumberOrString::String(s) => s.to_string(),
-            rmcp::model::NumberOrString::Number(n) => n.to_string(),
-        };
-        let watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(watcher) = watchers.get(&token) {
-            let _ = watcher.send(Progress {
+        let token = token_text(&params.progress_token);
+        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let call = calls.values().find(|c| {
+            c.token.lock().unwrap_or_else(|p| p.into_inner()).as_deref() == Some(token.as_str())
+        });
+        if let Some(call) = call {
+            let _ = call.progress.send(Progress {
                 progress: params.progress,
                 total: params.total,
                 message: params.message.clone(),
@@ -75,9 +128,52 @@ impl ClientHandler for Handler {
         }
     }
 
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, McpError> {
+        let answer = |action, content| {
+            let mut result = ElicitResult::new(action);
+            result.content = content;
+            Ok(result)
+        };
+        let ElicitRequestParams::FormElicitationParams {
+            message,
+            requested_schema,
+            ..
+        } = request
+        else {
+            return answer(ElicitationAction::Decline, None);
+        };
+        let shape = serde_json::to_value(&requested_schema)
+            .ok()
+            .and_then(|schema| Shape::from_schema(&schema));
+        let (Some(shape), Some(call)) = (shape, self.only_call()) else {
+            return answer(ElicitationAction::Decline, None);
+        };
+        let index = {
+            let mut used = call.used.lock().unwrap_or_else(|p| p.into_inner());
+            *used += 1;
+            *used - 1
+        };
+        match call.answers.get(index) {
+            Some(Some(values)) => answer(ElicitationAction::Accept, Some(values.clone())),
+            Some(None) => answer(ElicitationAction::Decline, None),
+            None => {
+                *call.asks.lock().unwrap_or_else(|p| p.into_inner()) = Some((message, shape));
+                answer(ElicitationAction::Cancel, None)
+            }
+        }
+    }
+
     fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        let mut elicitation = ElicitationCapability::new();
+        elicitation.form = Some(FormElicitationCapability::new());
+        capabilities.elicitation = Some(elicitation);
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("hark", env!("CARGO_PKG_VERSION")),
         )
     }
@@ -119,7 +215,7 @@ impl Server {
 #[derive(Debug)]
 pub struct Hub {
     servers: Vec<Arc<Server>>,
-    watchers: Watchers,
+    calls: Calls,
     max_offered: usize,
     registry: RwLock<Arc<Registry>>,
 }
@@ -167,7 +263,7 @@ impl Hub {
         let max_offered = config.max_offered as usize;
         Arc::new(Self {
             servers,
-            watchers: Default::default(),
+            calls: Default::default(),
             max_offered,
             registry: RwLock::new(Arc::new(Registry::builtin().with([], max_offered))),
         })
@@ -218,10 +314,7 @@ impl Hub {
 
     /// How many calls are in flight.
     pub fn in_flight(&self) -> usize {
-        self.watchers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The tools as they are now: the built-in ones and those of each connected server.
@@ -323,7 +416,8 @@ impl Hub {
         server: &Server,
     ) -> Result<rmcp::service::RunningService<RoleClient, Handler>, String> {
         let handler = Handler {
-            watchers: self.watchers.clone(),
+            server: server.index,
+            calls: self.calls.clone(),
         };
         let config = &server.config;
         let service = if !config.command.trim().is_empty() {
@@ -404,7 +498,8 @@ impl Hub {
     }
 
     /// Calls `tool` of server `server` with `arguments`, under the idempotency key `key`;
-    /// `progress` receives what the server reports while it works. The text is the model's.
+    /// `progress` receives what the server reports while it works, and `answers` answer its
+    /// input requests in order.
     pub async fn call(
         &self,
         server: usize,
@@ -412,7 +507,8 @@ impl Hub {
         arguments: Map<String, Value>,
         key: &str,
         progress: mpsc::UnboundedSender<Progress>,
-    ) -> Result<String, CallError> {
+        answers: Vec<Elicited>,
+    ) -> Result<Called, CallError> {
         let Some(server) = self.servers.get(server) else {
             return Err(CallError::Failed {
                 tool: tool.to_owned(),
@@ -430,20 +526,44 @@ impl Hub {
             })?;
         let mut meta = Map::new();
         meta.insert(IDEMPOTENCY_KEY.into(), json!(key));
-        meta.insert("progressToken".into(), json!(key));
         let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         params.meta = Some(RequestMetaObject::from(meta));
-        let watch = Watch::new(&self.watchers, key, progress);
+        let call = Arc::new(InFlight {
+            server: server.index,
+            progress,
+            answers,
+            used: Mutex::new(0),
+            asks: Mutex::new(None),
+            token: Mutex::new(None),
+        });
+        // Registered before it is sent: the server may ask for input at once.
+        let watch = Watch::new(&self.calls, key, call.clone());
         let timeout = server.config.timeout.0;
-        let result = tokio::time::timeout(timeout, peer.call_tool(params)).await;
+        let result = tokio::time::timeout(timeout, async {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+            let handle = peer
+                .send_request_with_option(request, PeerRequestOptions::no_options())
+                .await?;
+            // rmcp sets the request's progress token itself.
+            *call.token.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(token_text(&handle.progress_token));
+            match handle.await_response().await? {
+                ServerResult::CallToolResult(result) => Ok(result),
+                _ => Err(rmcp::ServiceError::UnexpectedResponse),
+            }
+        })
+        .await;
         drop(watch);
+        if let Some((message, shape)) = call.asks.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Ok(Called::Asks { message, shape });
+        }
         match result {
             Err(_) => Err(CallError::Timeout {
                 tool: format!("{name}__{tool}"),
                 seconds: timeout.as_secs(),
                 key: server.key(),
             }),
-            Ok(Ok(result)) => Ok(render(&result)),
+            Ok(Ok(result)) => Ok(Called::Done(render(&result))),
             Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallError::Failed {
                 tool: format!("{name}__{tool}"),
                 message: e.message.to_string(),
@@ -456,20 +576,27 @@ impl Hub {
     }
 }
 
-/// A progress token registered while its call is in flight.
+fn token_text(token: &ProgressToken) -> String {
+    match &token.0 {
+        rmcp::model::NumberOrString::String(s) => s.to_string(),
+        rmcp::model::NumberOrString::Number(n) => n.to_string(),
+    }
+}
+
+/// A call registered, by its idempotency key, while it is in flight.
 struct Watch<'a> {
-    watchers: &'a Watchers,
+    calls: &'a Calls,
     token: String,
 }
 
 impl<'a> Watch<'a> {
-    fn new(watchers: &'a Watchers, token: &str, to: mpsc::UnboundedSender<Progress>) -> Self {
-        watchers
+    fn new(calls: &'a Calls, token: &str, call: Arc<InFlight>) -> Self {
+        calls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(token.to_owned(), to);
+            .insert(token.to_owned(), call);
         Self {
-            watchers,
+            calls,
             token: token.to_owned(),
         }
     }
@@ -477,7 +604,7 @@ impl<'a> Watch<'a> {
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        self.watchers
+        self.calls
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.token);

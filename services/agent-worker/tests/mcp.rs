@@ -415,3 +415,110 @@ async fn a_replayed_round_calls_the_tool_with_the_same_idempotency_key() {
     let _ = std::fs::remove_file(&log);
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn a_server_s_input_request_becomes_a_form_question_and_the_answer_reaches_the_server() {
+    let bed = bed(
+        vec![
+            Step::call("everything__trigger-elicitation-request", json!({})),
+            Step::say("{answer}"),
+        ],
+        vec![stdio(|_| {})],
+    )
+    .await;
+    let id = bed.create("api:alice", "fill in the form", |_| {}).await;
+    let question = open_question(&bed, &id).await;
+    assert!(
+        question
+            .text
+            .starts_with("`everything__trigger-elicitation-request`: Please provide inputs"),
+        "{}",
+        question.text
+    );
+    assert_eq!(question.kind, "form");
+    let name = question
+        .fields
+        .iter()
+        .find(|f| f.key == "name")
+        .expect("a name field");
+    assert!(name.required);
+    // Nothing waits at the server meanwhile: the task waits like for any question.
+    assert_eq!(bed.tools[0].in_flight(), 0);
+
+    // Answered as in a chat, by field key or title, choices by label; the rest take defaults.
+    bed.answer(
+        &id,
+        "name: Ada Lovelace\ncheck: 是\nTitled Single Select Enum: Wonder Woman\nuntitledMultipleSelectEnum: Piano, 4",
+    )
+    .await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    assert!(
+        result.contains("User provided the requested information")
+            && result.contains("- Name: Ada Lovelace")
+            && result.contains("- Agreed to terms: true")
+            && result.contains("hero-3")
+            && result.contains("\"Piano\"")
+            && result.contains("\"Drums\""),
+        "{result}"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_tool_s_progress_reaches_the_task_s_chat() {
+    let bed = bed(
+        vec![
+            Step::call(
+                "everything__trigger-long-running-operation",
+                json!({"duration": 2, "steps": 4}),
+            ),
+            Step::say("{answer}"),
+        ],
+        vec![stdio(|_| {})],
+    )
+    .await;
+    let mut outbound = bed
+        .nats
+        .subscribe(bed.names.chat_out_all())
+        .await
+        .expect("subscribed");
+    let id = bed
+        .create("qq:10001", "take long", |r| {
+            r.chat = Some(pb::ChatRoute {
+                platform: "qq".into(),
+                bot_id: "42".into(),
+                stream: "group:777".into(),
+                ..Default::default()
+            });
+        })
+        .await;
+    let progress = tokio::time::timeout(WAIT, async {
+        loop {
+            let message = futures_util::StreamExt::next(&mut outbound)
+                .await
+                .expect("a message");
+            let out: pb::OutboundMessage =
+                hark_core::codec::decode(&message.payload).expect("decodes");
+            if out.text.starts_with("⏳") {
+                return out;
+            }
+        }
+    })
+    .await
+    .expect("a progress note within the wait");
+    assert!(
+        progress
+            .text
+            .starts_with("⏳ everything__trigger-long-running-operation 1/4"),
+        "{}",
+        progress.text
+    );
+    assert_eq!(progress.route.expect("route").stream, "group:777");
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    assert!(
+        done.task.expect("task").result.contains("completed"),
+        "the call finished"
+    );
+    bed.stop().await;
+}

@@ -178,7 +178,12 @@ impl Texts {
                             format!("{} ({})", f.key, f.title)
                         };
                         let what = match (f.kind, f.choices.is_empty()) {
-                            (_, false) => f.choices.join(" / "),
+                            (_, false) if f.multiple => format!(
+                                "{}{}",
+                                f.shown().join(" / "),
+                                pick!(self, zh: "，可多选", en: ", one or more")
+                            ),
+                            (_, false) => f.shown().join(" / "),
                             (FieldKind::String, _) => {
                                 pick!(self, zh: "文字", en: "text").to_owned()
                             }
@@ -804,6 +809,7 @@ mod tests {
                     kind: FieldKind::String,
                     choices: vec![],
                     required: true,
+                    ..Field::default()
                 },
                 Field {
                     key: "size".into(),
@@ -811,6 +817,7 @@ mod tests {
                     kind: FieldKind::String,
                     choices: vec!["S".into(), "M".into()],
                     required: false,
+                    ..Field::default()
                 },
             ],
         };

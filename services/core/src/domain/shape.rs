@@ -38,7 +38,7 @@ pub enum Shape {
 }
 
 /// One field of a form.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Field {
     pub key: String,
     /// What a person reads; the key when empty.
@@ -49,13 +49,23 @@ pub struct Field {
     /// The values it takes, for a field of choices.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub choices: Vec<String>,
+    /// What a person reads for each choice, when not the value itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+    /// With choices: several may be picked, and the value is a list.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multiple: bool,
     #[serde(default)]
     pub required: bool,
+    /// The value taken when the field is left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<Value>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FieldKind {
+    #[default]
     String,
     Integer,
     Number,
@@ -77,6 +87,13 @@ impl Field {
             .to_owned(),
             choices: self.choices.clone(),
             required: self.required,
+            labels: self.labels.clone(),
+            multiple: self.multiple,
+            default_json: self
+                .default
+                .as_ref()
+                .map(Value::to_string)
+                .unwrap_or_default(),
         }
     }
 
@@ -97,12 +114,22 @@ impl Field {
                 });
             }
         };
+        let default = match field.default_json.trim() {
+            "" => None,
+            raw => Some(serde_json::from_str(raw).map_err(|e| ShapeError::Field {
+                index,
+                why: format!("default_json is not JSON: {e}"),
+            })?),
+        };
         Ok(Self {
             key: field.key.clone(),
             title: field.title.clone(),
             kind,
             choices: field.choices.clone(),
+            labels: field.labels.clone(),
+            multiple: field.multiple,
             required: field.required,
+            default,
         })
     }
 }
@@ -177,6 +204,12 @@ impl Shape {
                     field.title = field.title.trim().to_owned();
                     field.choices =
                         form::choices(&field.choices).map_err(|e| bad(e.to_string()))?;
+                    if !field.labels.is_empty() && field.labels.len() != field.choices.len() {
+                        return Err(bad("labels must name each choice".into()));
+                    }
+                    if field.multiple && field.choices.is_empty() {
+                        return Err(bad("only a field of choices takes several".into()));
+                    }
                     kept.push(field);
                 }
                 Ok(Self::Form { fields: kept })
@@ -214,8 +247,9 @@ impl Shape {
         )
     }
 
-    /// The form of an MCP elicitation's `requestedSchema`: a flat object of primitive
-    /// properties. `None` for a schema outside that subset.
+    /// The form of an MCP elicitation's `requestedSchema`: a flat object of strings (plain,
+    /// or one of an `enum`, titled by `enumNames` or by `oneOf` `const`/`title`), numbers,
+    /// integers, booleans and lists of choices. `None` for a schema outside that subset.
     pub fn from_schema(schema: &Value) -> Option<Self> {
         let properties = schema.get("properties")?.as_object()?;
         let required: Vec<&str> = schema["required"]
@@ -224,24 +258,17 @@ impl Shape {
             .unwrap_or_default();
         let mut fields = Vec::new();
         for (key, property) in properties {
-            let (kind, choices) = match property["type"].as_str()? {
-                "string" => (
-                    FieldKind::String,
-                    property["enum"]
-                        .as_array()
-                        .map(|e| {
-                            e.iter()
-                                .filter_map(Value::as_str)
-                                .map(str::to_owned)
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                ),
-                "integer" => (FieldKind::Integer, Vec::new()),
-                "number" => (FieldKind::Number, Vec::new()),
-                "boolean" => (FieldKind::Boolean, Vec::new()),
+            let (kind, multiple, (choices, labels)) = match property["type"].as_str()? {
+                "string" => (FieldKind::String, false, schema_choices(property)),
+                "array" => (FieldKind::String, true, schema_choices(&property["items"])),
+                "integer" => (FieldKind::Integer, false, Default::default()),
+                "number" => (FieldKind::Number, false, Default::default()),
+                "boolean" => (FieldKind::Boolean, false, Default::default()),
                 _ => return None,
             };
+            if multiple && choices.is_empty() {
+                return None;
+            }
             fields.push(Field {
                 key: key.clone(),
                 title: property["title"]
@@ -251,7 +278,10 @@ impl Shape {
                     .to_owned(),
                 kind,
                 choices,
+                labels,
+                multiple,
                 required: required.contains(&key.as_str()),
+                default: property.get("default").cloned(),
             });
         }
         Self::of("form", &[], false, fields).ok()
@@ -408,6 +438,36 @@ impl Shape {
     }
 }
 
+/// The choices of a schema property, with their titles: an `enum` (titled by `enumNames`), or
+/// `oneOf`/`anyOf` of `const` with `title`.
+fn schema_choices(property: &Value) -> (Vec<String>, Vec<String>) {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if property["enum"].is_array() {
+        return (strings(&property["enum"]), strings(&property["enumNames"]));
+    }
+    let titled = property["oneOf"]
+        .as_array()
+        .or(property["anyOf"].as_array());
+    let mut choices = Vec::new();
+    let mut labels = Vec::new();
+    for option in titled.into_iter().flatten() {
+        if let Some(value) = option["const"].as_str() {
+            choices.push(value.to_owned());
+            labels.push(option["title"].as_str().unwrap_or(value).to_owned());
+        }
+    }
+    (choices, labels)
+}
+
 /// The choice an answer picks: its number (from 1), or its text ignoring case.
 fn pick<'a>(choices: &'a [String], answer: &str) -> Result<&'a str, Misfit> {
     form::pick(choices, answer).ok_or(Misfit::NotAChoice)
@@ -463,12 +523,36 @@ fn read_form(fields: &[Field], answer: &str) -> Result<Map<String, Value>, Misfi
         };
         let value = match field.kind {
             FieldKind::String if !field.choices.is_empty() => {
-                json!(
-                    form::pick(&field.choices, &text).ok_or_else(|| bad(&format!(
-                        "must be one of {}",
-                        field.choices.join(", ")
-                    )))?
-                )
+                let pick_one = |part: &str| {
+                    field_choice(field, part).ok_or_else(|| {
+                        bad(&format!("must be one of {}", form::numbered(field.shown())))
+                    })
+                };
+                if field.multiple {
+                    let parts: Vec<String> = match &value {
+                        Value::Array(items) => items
+                            .iter()
+                            .map(|v| {
+                                v.as_str()
+                                    .map(str::to_owned)
+                                    .unwrap_or_else(|| v.to_string())
+                            })
+                            .collect(),
+                        _ => text
+                            .split([',', '，', '、', ';', '；'])
+                            .filter(|p| !p.trim().is_empty())
+                            .map(str::to_owned)
+                            .collect(),
+                    };
+                    json!(
+                        parts
+                            .iter()
+                            .map(|p| pick_one(p))
+                            .collect::<Result<Vec<_>, _>>()?
+                    )
+                } else {
+                    json!(pick_one(&text)?)
+                }
             }
             FieldKind::String => json!(text),
             FieldKind::Integer => json!(
@@ -485,6 +569,13 @@ fn read_form(fields: &[Field], answer: &str) -> Result<Map<String, Value>, Misfi
         };
         out.insert(field.key.clone(), value);
     }
+    for field in fields {
+        if !out.contains_key(&field.key)
+            && let Some(default) = &field.default
+        {
+            out.insert(field.key.clone(), default.clone());
+        }
+    }
     if let Some(missing) = fields
         .iter()
         .find(|f| f.required && !out.contains_key(&f.key))
@@ -492,6 +583,27 @@ fn read_form(fields: &[Field], answer: &str) -> Result<Map<String, Value>, Misfi
         return Err(Misfit::Missing(missing.key.clone()));
     }
     Ok(out)
+}
+
+/// The value of a field's choice that `answer` picks: by number, value or label.
+fn field_choice(field: &Field, answer: &str) -> Option<String> {
+    if let Some(value) = form::pick(&field.choices, answer) {
+        return Some(value.to_owned());
+    }
+    let index = form::pick(&field.labels, answer)
+        .and_then(|label| field.labels.iter().position(|l| l == label))?;
+    field.choices.get(index).cloned()
+}
+
+impl Field {
+    /// Its choices as a person reads them: the labels when it has them.
+    pub fn shown(&self) -> &[String] {
+        if self.labels.len() == self.choices.len() {
+            &self.labels
+        } else {
+            &self.choices
+        }
+    }
 }
 
 #[cfg(test)]
@@ -508,7 +620,10 @@ mod tests {
             title: String::new(),
             kind,
             choices: Vec::new(),
+            labels: Vec::new(),
+            multiple: false,
             required,
+            default: None,
         }
     }
 
@@ -602,13 +717,21 @@ mod tests {
         let schema = json!({"type": "object", "properties": {
             "name": {"type": "string", "title": "Name"},
             "color": {"type": "string", "enum": ["red", "blue"]},
-            "count": {"type": "integer", "minimum": 1},
-            "ok": {"type": "boolean"}
+            "count": {"type": "integer", "minimum": 1, "default": 42},
+            "ok": {"type": "boolean"},
+            "hero": {"type": "string", "oneOf": [
+                {"const": "hero-1", "title": "Superman"}, {"const": "hero-2", "title": "Green Lantern"}]},
+            "pet": {"type": "string", "enum": ["pet-1", "pet-2"], "enumNames": ["Cats", "Dogs"]},
+            "fish": {"type": "array", "items": {"anyOf": [
+                {"const": "fish-1", "title": "Tuna"}, {"const": "fish-2", "title": "Salmon"}]}}
         }, "required": ["name"]});
-        let Some(Shape::Form { fields }) = Shape::from_schema(&schema) else {
+        let Some(form) = Shape::from_schema(&schema) else {
             panic!("a form")
         };
-        assert_eq!(fields.len(), 4);
+        let Shape::Form { fields } = &form else {
+            panic!("a form")
+        };
+        assert_eq!(fields.len(), 7);
         let color = fields.iter().find(|f| f.key == "color").expect("color");
         assert_eq!(color.choices, ["red", "blue"]);
         assert!(
@@ -618,6 +741,16 @@ mod tests {
                 .expect("name")
                 .required
         );
+        // Choices by label or number, several for a list, and defaults for what is left out.
+        assert_eq!(
+            form.read("name: Ada\nhero: green lantern\npet: 2\nfish: Tuna, 2"),
+            Ok(json!({"name": "Ada", "hero": "hero-2", "pet": "pet-2",
+                "fish": ["fish-1", "fish-2"], "count": 42}))
+        );
+        assert!(matches!(
+            form.read("name: Ada\nhero: Batman"),
+            Err(Misfit::BadField { field, why }) if field == "hero" && why.contains("1) Superman")
+        ));
         let nested = json!({"type": "object", "properties": {"a": {"type": "object"}}});
         assert_eq!(Shape::from_schema(&nested), None);
     }

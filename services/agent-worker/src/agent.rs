@@ -504,6 +504,19 @@ impl Run<'_> {
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
             Kind::WorkerInfo => json!({"worker_id": runner.worker_id}).to_string(),
+            Kind::FetchUrl => {
+                let url = checked
+                    .arguments
+                    .get("url")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                tokio::select! {
+                    _ = cancel.cancelled() => {
+                        return Err(Outcome::Stopped("cancelled during a tool call".into()));
+                    }
+                    text = runner.tools.fetch(url) => text,
+                }
+            }
             Kind::Mcp { server, tool } => {
                 let (progress, mut reports) = tokio::sync::mpsc::unbounded_channel();
                 let call = runner.tools.call(

@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod approval;
 pub mod control;
+pub mod fetch;
 pub mod limits;
 pub mod llm;
 pub mod mcp;

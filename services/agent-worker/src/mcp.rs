@@ -215,6 +215,8 @@ impl Server {
 #[derive(Debug)]
 pub struct Hub {
     servers: Vec<Arc<Server>>,
+    /// `fetch_url`, when enabled.
+    fetch: Option<crate::fetch::Fetcher>,
     calls: Calls,
     max_offered: usize,
     registry: RwLock<Arc<Registry>>,
@@ -260,13 +262,16 @@ impl Hub {
                 })
             })
             .collect();
-        let max_offered = config.max_offered as usize;
-        Arc::new(Self {
+        let fetch = crate::fetch::Fetcher::new(&config.fetch_url);
+        let hub = Self {
             servers,
+            fetch,
             calls: Default::default(),
-            max_offered,
-            registry: RwLock::new(Arc::new(Registry::builtin().with([], max_offered))),
-        })
+            max_offered: config.max_offered as usize,
+            registry: RwLock::new(Arc::new(Registry::builtin())),
+        };
+        hub.rebuild();
+        Arc::new(hub)
     }
 
     /// Starts a supervisor per server, which connects it and connects again whenever the
@@ -325,8 +330,20 @@ impl Hub {
             .clone()
     }
 
+    /// Fetches `url` with `fetch_url`; the text is the model's.
+    pub async fn fetch(&self, url: &str) -> String {
+        match &self.fetch {
+            Some(fetcher) => fetcher.fetch(url).await,
+            None => "error: fetch_url is off (tools.fetch_url.enabled).".to_owned(),
+        }
+    }
+
     fn rebuild(&self) {
-        let mut tools = Vec::new();
+        let mut tools: Vec<Tool> = self
+            .fetch
+            .iter()
+            .map(|f| Tool::fetch_url(f.min_role()))
+            .collect();
         for server in &self.servers {
             let listed = server.tools.read().unwrap_or_else(|p| p.into_inner());
             for tool in listed.iter().filter(|t| server.offered(&t.name)) {
@@ -460,6 +477,7 @@ impl Hub {
                     .map_err(|_| format!("header `{name}` has a value that is not allowed"))?;
                 headers.insert(name, value);
             }
+            hark_core::install_crypto();
             let transport = StreamableHttpClientTransport::with_client(
                 reqwest::Client::new(),
                 StreamableHttpClientTransportConfig::with_uri(config.url.as_str())

@@ -33,6 +33,7 @@ pub enum Kind {
     GetToolSchema,
     CurrentTime,
     WorkerInfo,
+    FetchUrl,
     /// The tool `tool` of the MCP server `server` (its index in `tools.mcp`).
     Mcp {
         server: usize,
@@ -42,13 +43,14 @@ pub enum Kind {
 
 /// The names of the built-in tools, and `mcp` for every tool of an MCP server: the values of the
 /// tool label of the worker's metrics.
-pub const METRIC_NAMES: [&str; 7] = [
+pub const METRIC_NAMES: [&str; 8] = [
     "ask_user",
     "send_message",
     "list_tools",
     "get_tool_schema",
     "current_time",
     "worker_info",
+    "fetch_url",
     "mcp",
 ];
 
@@ -82,6 +84,21 @@ impl Tool {
             kind,
             approval: false,
         }
+    }
+
+    /// `fetch_url`, for tasks of `min_role` and above.
+    pub fn fetch_url(min_role: Role) -> Self {
+        Self::builtin(
+            "fetch_url",
+            "Fetch a web page or an API response with HTTP GET, from the hosts the operator allows. \
+             Returns the status and the text (cut when long).",
+            json!({"type": "object", "properties": {
+                "url": {"type": "string", "description": "An http or https URL."}
+            }, "required": ["url"], "additionalProperties": false}),
+            min_role,
+            Visibility::Offered,
+            Kind::FetchUrl,
+        )
     }
 
     /// The name its metrics are labelled with.

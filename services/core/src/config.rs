@@ -285,6 +285,8 @@ pub struct ToolsConfig {
     /// How many tools the model is offered by name in each request before the rest are found
     /// through `list_tools` (`ask_user` is always offered).
     pub max_offered: u32,
+    /// The `fetch_url` tool: HTTP GET of allowed hosts.
+    pub fetch_url: FetchUrlConfig,
 }
 
 impl Default for ToolsConfig {
@@ -292,6 +294,34 @@ impl Default for ToolsConfig {
         Self {
             mcp: Vec::new(),
             max_offered: 24,
+            fetch_url: FetchUrlConfig::default(),
+        }
+    }
+}
+
+/// The `fetch_url` tool, off unless enabled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FetchUrlConfig {
+    pub enabled: bool,
+    /// The hosts it may fetch from: `example.com`, `*.example.com` (its subdomains), or `*`
+    /// (any host whose addresses are public: not loopback, private or link-local).
+    pub allow: Vec<String>,
+    /// The most bytes of a response read; the rest is cut with a note.
+    pub max_bytes: u64,
+    pub timeout: HumanDuration,
+    /// The least role of a task owner whose task may fetch.
+    pub min_role: Role,
+}
+
+impl Default for FetchUrlConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            allow: Vec::new(),
+            max_bytes: 256 * 1024,
+            timeout: HumanDuration::from_secs(15),
+            min_role: Role::User,
         }
     }
 }
@@ -801,6 +831,21 @@ impl Config {
     /// and delivers only for bots of those platforms.
     fn validate_tools(&self) -> Result<(), Error> {
         let bad = |key: String, message: String| Err(Error::Key { key, message });
+        let fetch = &self.tools.fetch_url;
+        if fetch.enabled && fetch.allow.is_empty() {
+            return bad(
+                "tools.fetch_url.allow".into(),
+                "is empty while tools.fetch_url.enabled is true: list the hosts it may fetch \
+                 from (`example.com`, `*.example.com`, or `*` for any public host)"
+                    .into(),
+            );
+        }
+        if fetch.max_bytes == 0 {
+            return bad(
+                "tools.fetch_url.max_bytes".into(),
+                "must be at least 1".into(),
+            );
+        }
         let mut names: Vec<&str> = Vec::new();
         for (i, server) in self.tools.mcp.iter().enumerate() {
             let key = |k: &str| format!("tools.mcp[{i}].{k}");

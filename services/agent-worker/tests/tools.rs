@@ -1,0 +1,108 @@
+//! The built-in tools that reach beyond hark: `fetch_url` against a real HTTP server.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::{Router, response::Redirect, routing::get};
+use common::Bed;
+use hark_proto::v1 as pb;
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A web server with a page, a large page, and a redirect to a host that is not allowed.
+async fn site() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let app =
+        Router::new()
+            .route("/page", get(|| async { "hello from the page" }))
+            .route("/big", get(|| async { "x".repeat(10_000) }))
+            .route(
+                "/away",
+                get(move || async move {
+                    Redirect::temporary(&format!("http://localhost:{port}/page"))
+                }),
+            )
+            .route("/here", get(|| async { Redirect::temporary("/page") }));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://127.0.0.1:{port}")
+}
+
+#[tokio::test]
+async fn fetch_url_reads_allowed_hosts_only_and_cuts_what_is_long() {
+    let base = site().await;
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call("fetch_url", json!({"url": format!("{base}/page")})),
+        Step::call("fetch_url", json!({"url": format!("{base}/here")})),
+        Step::call("fetch_url", json!({"url": format!("{base}/big")})),
+        Step::call("fetch_url", json!({"url": format!("{base}/away")})),
+        Step::call("fetch_url", json!({"url": "http://10.0.0.1/"})),
+        Step::say("{answers}"),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut bed = Bed::start(llm, |c| {
+        c.tools.fetch_url.enabled = true;
+        c.tools.fetch_url.allow = vec!["127.0.0.1".into()];
+        c.tools.fetch_url.max_bytes = 1024;
+    })
+    .await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "read the page", |_| {}).await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    let results: Vec<&str> = result.split('|').collect();
+    assert_eq!(results.len(), 5, "{result}");
+    assert!(
+        results[0].starts_with("HTTP 200") && results[0].ends_with("hello from the page"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].ends_with("hello from the page"),
+        "a redirect on an allowed host: {}",
+        results[1]
+    );
+    assert!(
+        results[2].contains(&"x".repeat(1024))
+            && !results[2].contains(&"x".repeat(1025))
+            && results[2].contains("read only the first 1024 bytes"),
+        "{}",
+        results[2]
+    );
+    assert!(
+        results[3].starts_with("error: localhost is not allowed (tools.fetch_url.allow)"),
+        "a redirect to a host not allowed: {}",
+        results[3]
+    );
+    assert!(
+        results[4].starts_with("error: 10.0.0.1 is not allowed"),
+        "{}",
+        results[4]
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn fetch_url_is_off_unless_enabled() {
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call("fetch_url", json!({"url": "http://127.0.0.1/"})),
+        Step::say("{answer}"),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "read the page", |_| {}).await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    assert!(result.contains("there is no tool `fetch_url`"), "{result}");
+    bed.stop().await;
+}

@@ -504,6 +504,49 @@ impl Run<'_> {
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
             Kind::WorkerInfo => json!({"worker_id": runner.worker_id}).to_string(),
+            Kind::ListMyTasks => {
+                let states: Vec<String> = checked
+                    .arguments
+                    .get("states")
+                    .and_then(Value::as_array)
+                    .map(|s| {
+                        s.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let limit = checked
+                    .arguments
+                    .get("limit")
+                    .and_then(Value::as_u64)
+                    .map_or(0, |l| l.min(50) as u32);
+                match runner
+                    .control
+                    .tasks(self.lease, states, limit, self.gone)
+                    .await
+                {
+                    Ok(tasks) => {
+                        let tasks: Vec<Value> = tasks
+                            .into_iter()
+                            .map(|t| {
+                                let mut task = json!({"id": t.id, "goal": t.goal, "state": t.state,
+                                    "created_at": t.created_at});
+                                if !t.result.is_empty() {
+                                    task["result"] = json!(t.result);
+                                }
+                                if !t.error.is_empty() {
+                                    task["error"] = json!(t.error);
+                                }
+                                task
+                            })
+                            .collect();
+                        json!({"tasks": tasks}).to_string()
+                    }
+                    Err(e) if e.is_final() => return Err(Outcome::Stopped(e.to_string())),
+                    Err(e) => format!("error: the tasks could not be listed: {e}"),
+                }
+            }
             Kind::FetchUrl => {
                 let url = checked
                     .arguments

@@ -89,6 +89,7 @@ refusable!(
     HeartbeatResponse,
     AskResponse,
     HistoryResponse,
+    TasksResponse,
     ControlAck
 );
 
@@ -439,6 +440,29 @@ impl ControlClient {
             Persist::WhileHeld(gone),
         )
         .await
+    }
+
+    /// The tasks of the owner of the task `lease` holds, newest first.
+    pub async fn tasks(
+        &self,
+        lease: &pb::Lease,
+        states: Vec<String>,
+        limit: u32,
+        gone: &CancellationToken,
+    ) -> Result<Vec<pb::TaskSummary>, Error> {
+        let response: pb::TasksResponse = self
+            .call(
+                ControlOp::Tasks,
+                pb::TasksRequest {
+                    lease: Some(lease.clone()),
+                    states,
+                    limit,
+                    ..Default::default()
+                },
+                Persist::WhileHeld(gone),
+            )
+            .await?;
+        Ok(response.tasks)
     }
 
     pub async fn send(

@@ -33,6 +33,7 @@ pub enum Kind {
     GetToolSchema,
     CurrentTime,
     WorkerInfo,
+    ListMyTasks,
     FetchUrl,
     /// The tool `tool` of the MCP server `server` (its index in `tools.mcp`).
     Mcp {
@@ -43,13 +44,14 @@ pub enum Kind {
 
 /// The names of the built-in tools, and `mcp` for every tool of an MCP server: the values of the
 /// tool label of the worker's metrics.
-pub const METRIC_NAMES: [&str; 8] = [
+pub const METRIC_NAMES: [&str; 9] = [
     "ask_user",
     "send_message",
     "list_tools",
     "get_tool_schema",
     "current_time",
     "worker_info",
+    "list_my_tasks",
     "fetch_url",
     "mcp",
 ];
@@ -202,6 +204,20 @@ impl Registry {
                     Role::Guest,
                     Visibility::Discoverable,
                     Kind::CurrentTime,
+                ),
+                Tool::builtin(
+                    "list_my_tasks",
+                    "List the tasks of the person this task is for, newest first: id, goal, state, \
+                     when it was created, and its result or error once it ended.",
+                    json!({"type": "object", "properties": {
+                        "states": {"type": "array", "items": {"type": "string", "enum": [
+                            "pending", "running", "waiting_input", "paused", "completed", "failed", "cancelled"]},
+                            "description": "Optional: only tasks in these states."},
+                        "limit": {"type": "integer", "minimum": 1, "description": "Optional: at most this many (50 at most)."}
+                    }, "additionalProperties": false}),
+                    Role::User,
+                    Visibility::Offered,
+                    Kind::ListMyTasks,
                 ),
                 Tool::builtin(
                     "worker_info",
@@ -410,13 +426,13 @@ mod tests {
                 mcp_tool("s__admin", Role::Admin),
             ]
         };
-        // Four essential tools and two the user may use fit in six.
-        let roomy = Registry::builtin().with(more(), 6);
+        // Four essential tools, list_my_tasks and two the user may use fit in seven.
+        let roomy = Registry::builtin().with(more(), 7);
         let offered = names(&roomy.offered(Role::User));
         assert!(offered.contains(&"s__a".to_owned()) && offered.contains(&"s__b".to_owned()));
         assert!(!offered.contains(&"s__admin".to_owned()), "{offered:?}");
         assert_eq!(roomy.discoverable(Role::User).len(), 1, "current_time only");
-        // An admin may use seven: they no longer fit, and list_tools finds them.
+        // An admin may use eight: they no longer fit, and list_tools finds them.
         let offered = names(&roomy.offered(Role::Admin));
         assert_eq!(offered.len(), 4, "{offered:?}");
         assert!(offered.contains(&"ask_user".to_owned()));
@@ -427,7 +443,14 @@ mod tests {
             .collect();
         assert_eq!(
             listed,
-            ["current_time", "worker_info", "s__a", "s__b", "s__admin"]
+            [
+                "current_time",
+                "list_my_tasks",
+                "worker_info",
+                "s__a",
+                "s__b",
+                "s__admin"
+            ]
         );
         // A call above the owner's role is refused whether offered or not.
         let err = roomy

@@ -106,3 +106,50 @@ async fn fetch_url_is_off_unless_enabled() {
     assert!(result.contains("there is no tool `fetch_url`"), "{result}");
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn list_my_tasks_lists_the_owner_s_tasks_only() {
+    let llm = ScriptedLlm::with_default(Script::new(vec![Step::ask("Anything else?")]))
+        .await
+        .expect("scripted LLM");
+    llm.set_script(
+        "list",
+        Script::new(vec![
+            Step::call("list_my_tasks", json!({})),
+            Step::call(
+                "list_my_tasks",
+                json!({"states": ["waiting_input"], "limit": 5}),
+            ),
+            Step::say("{answers}"),
+        ]),
+    );
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let waiting = bed.create("api:alice", "plan the trip", |_| {}).await;
+    bed.wait_state(&waiting, pb::TaskState::WaitingInput, WAIT)
+        .await;
+    let other = bed.create("api:bob", "bob's secret plan", |_| {}).await;
+    bed.wait_state(&other, pb::TaskState::WaitingInput, WAIT)
+        .await;
+
+    let id = bed
+        .create("api:alice", "[script:list] what am I doing?", |_| {})
+        .await;
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let result = done.task.expect("task").result;
+    let (all, waiting_only) = result.split_once('|').expect("two results");
+    let all: serde_json::Value = serde_json::from_str(all).expect("JSON");
+    let goals: Vec<&str> = all["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["goal"].as_str())
+        .collect();
+    assert_eq!(goals, ["[script:list] what am I doing?", "plan the trip"]);
+    let waiting_only: serde_json::Value = serde_json::from_str(waiting_only).expect("JSON");
+    let tasks = waiting_only["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0]["id"], waiting.as_str());
+    assert_eq!(tasks[0]["state"], "waiting_input");
+    bed.stop().await;
+}

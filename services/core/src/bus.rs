@@ -106,10 +106,12 @@ pub enum ControlOp {
     Release,
     History,
     Send,
+    /// The tasks of the owner of the task a worker holds (`list_my_tasks`).
+    Tasks,
 }
 
 impl ControlOp {
-    pub const ALL: [ControlOp; 10] = [
+    pub const ALL: [ControlOp; 11] = [
         ControlOp::Claim,
         ControlOp::Poll,
         ControlOp::Heartbeat,
@@ -120,6 +122,7 @@ impl ControlOp {
         ControlOp::Release,
         ControlOp::History,
         ControlOp::Send,
+        ControlOp::Tasks,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -134,6 +137,7 @@ impl ControlOp {
             ControlOp::Release => "release",
             ControlOp::History => "history",
             ControlOp::Send => "send",
+            ControlOp::Tasks => "tasks",
         }
     }
 }

@@ -54,6 +54,7 @@ versioned!(
     ReleaseRequest,
     HistoryRequest,
     SendRequest,
+    TasksRequest,
 );
 
 /// Encodes `message`, stamping the current wire version.

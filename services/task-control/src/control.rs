@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use hark_core::{
     bus::ControlOp,
     codec,
-    domain::{Role, TaskId},
+    domain::{Role, TaskId, TaskState},
     error::Classified as _,
 };
 use hark_proto::v1 as pb;
@@ -182,6 +182,7 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
         // Served by `handoff::poll`; one that reaches here has nothing for it.
         Some(ControlOp::Poll) => pb::PollResponse::default().encode_to_vec(),
         Some(ControlOp::Send) => ack(send(shared, payload).await),
+        Some(ControlOp::Tasks) => tasks(shared, payload).await.encode_to_vec(),
         None => ack(Err(invalid("unknown control operation"))),
     }
 }
@@ -534,6 +535,48 @@ async fn history(shared: &Shared, payload: &[u8]) -> pb::HistoryResponse {
             more,
         },
         Err(refusal) => pb::HistoryResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
+/// The most tasks `list_my_tasks` returns.
+const MAX_LISTED: u32 = 50;
+
+async fn tasks(shared: &Shared, payload: &[u8]) -> pb::TasksResponse {
+    let result = async {
+        let request: pb::TasksRequest = decode(payload)?;
+        let lease = lease_of(request.lease.as_ref())?;
+        let states = request
+            .states
+            .iter()
+            .map(|s| {
+                s.parse::<TaskState>().map_err(|_| {
+                    invalid(format!(
+                        "`{}` is not a task state",
+                        hark_core::domain::ids::shown(s)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let limit = match request.limit {
+            0 => 20,
+            n => n.min(MAX_LISTED),
+        };
+        shared
+            .store
+            .owner_tasks(&lease, &states, limit.into())
+            .await
+            .map_err(|e| refusal_of(&e))
+    }
+    .await;
+    match result {
+        Ok(rows) => pb::TasksResponse {
+            refusal: None,
+            tasks: rows.iter().map(convert::task_summary).collect(),
+        },
+        Err(refusal) => pb::TasksResponse {
             refusal,
             ..Default::default()
         },

@@ -135,6 +135,22 @@ pub fn question(q: &QuestionRow) -> pb::Question {
     }
 }
 
+/// A task as an agent sees it in a list: goal, result and error cut short.
+pub fn task_summary(row: &TaskRow) -> pb::TaskSummary {
+    let short = |text: &str| crate::render::clip(text, 300);
+    pb::TaskSummary {
+        id: row.id.to_string(),
+        goal: short(&row.goal),
+        state: row.state.as_str().to_owned(),
+        created_at: row
+            .created_at
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+        result: row.result.as_deref().map(short).unwrap_or_default(),
+        error: row.error.as_deref().map(short).unwrap_or_default(),
+    }
+}
+
 /// A question's shape, as the proto's `kind`, `choices`, `multiple` and `fields` carry it.
 pub fn shaped(shape: &Shape) -> pb::Question {
     let (kind, choices, multiple, fields) = shape.to_proto();

@@ -222,6 +222,39 @@ impl Store {
             .collect())
     }
 
+    /// The tasks of the owner of the task `lease` holds, newest first, in `states` (all when
+    /// empty); refused as any request of a lease no longer held is.
+    pub async fn owner_tasks(
+        &self,
+        lease: &Lease,
+        states: &[TaskState],
+        limit: i64,
+    ) -> Result<Vec<TaskRow>, Error> {
+        let owner: Option<String> = sqlx::query_scalar(concat!(
+            "SELECT owner FROM tasks WHERE id = $1 AND state = ",
+            sql_state!(running),
+            " AND generation = $2 AND worker_id = $3"
+        ))
+        .bind(lease.task.as_uuid())
+        .bind(lease.generation)
+        .bind(&lease.worker_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(owner) = owner else {
+            return Err(self.refusal(lease).await);
+        };
+        let owner = owner
+            .parse()
+            .map_err(|_| Error::Internal(format!("task {} has a bad owner", lease.task)))?;
+        self.list_tasks(&super::TaskFilter {
+            owner: Some(owner),
+            states: states.to_vec(),
+            limit,
+            ..Default::default()
+        })
+        .await
+    }
+
     /// Renews the lease; returns the instructions not yet consumed.
     pub async fn heartbeat(
         &self,

@@ -122,6 +122,8 @@ pub(crate) struct PendingAsk {
     pub(crate) context: String,
     pub(crate) timeout_s: u32,
     pub(crate) shape: Shape,
+    /// The subtask whose end answers it, instead of a person; empty for a person.
+    pub(crate) waits_for: String,
 }
 
 /// The shape of the answer an ask_user call asks for, checked; the error is for the model.
@@ -341,6 +343,7 @@ impl Runner {
                             };
                             ask = Some(PendingAsk {
                                 shape,
+                                waits_for: String::new(),
                                 call_id: call.id.clone(),
                                 question: text("question"),
                                 context: text("context"),
@@ -352,6 +355,38 @@ impl Runner {
                                     .unwrap_or(0),
                             });
                             continue;
+                        }
+                        Kind::CreateSubtask => {
+                            let goal = checked.arguments.get("goal").and_then(Value::as_str).unwrap_or("");
+                            let wait = checked.arguments.get("wait").and_then(Value::as_bool).unwrap_or(false);
+                            if wait && ask.is_some() {
+                                "error: a question is already waiting; create the subtask after the answer.".to_owned()
+                            } else {
+                                match self.control.subtask(&lease, goal, &key, &gone).await {
+                                    Err(e) if e.is_final() => return Outcome::Stopped(e.to_string()),
+                                    Err(e) => format!("error: the subtask was not created: {e}"),
+                                    Ok(subtask) if wait => {
+                                        ask = Some(PendingAsk {
+                                            call_id: call.id.clone(),
+                                            question: format!(
+                                                "waiting for subtask {subtask}: {}",
+                                                limits::cut(goal, 200)
+                                            ),
+                                            context: String::new(),
+                                            timeout_s: checked
+                                                .arguments
+                                                .get("timeout_s")
+                                                .and_then(Value::as_u64)
+                                                .and_then(|t| u32::try_from(t).ok())
+                                                .unwrap_or(0),
+                                            shape: Shape::Text,
+                                            waits_for: subtask,
+                                        });
+                                        continue;
+                                    }
+                                    Ok(subtask) => json!({"task": subtask, "state": "pending"}).to_string(),
+                                }
+                            }
                         }
                         _ if checked.tool.approval && !approved.contains(&checked.tool.name) => {
                             if !spec.can_ask {
@@ -504,6 +539,7 @@ impl Run<'_> {
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
             Kind::WorkerInfo => json!({"worker_id": runner.worker_id}).to_string(),
+            Kind::CreateSubtask => "error: create_subtask cannot run here.".to_owned(),
             Kind::ListMyTasks => {
                 let states: Vec<String> = checked
                     .arguments
@@ -630,6 +666,7 @@ impl Run<'_> {
             choices,
             multiple,
             fields,
+            waits_for_task: ask.waits_for,
             ..Default::default()
         };
         match self.runner.control.ask(request, self.gone).await {

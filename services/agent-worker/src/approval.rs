@@ -36,6 +36,7 @@ pub(crate) fn elicitation(tool: &str, call_id: &str, message: &str, shape: Shape
         context: String::new(),
         timeout_s: 0,
         shape,
+        waits_for: String::new(),
     }
 }
 
@@ -96,6 +97,7 @@ pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> P
         context: String::new(),
         timeout_s: 0,
         shape: Shape::choosing(choices.iter().map(|c| (*c).to_owned()).collect()),
+        waits_for: String::new(),
     }
 }
 

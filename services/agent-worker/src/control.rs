@@ -90,6 +90,7 @@ refusable!(
     AskResponse,
     HistoryResponse,
     TasksResponse,
+    SubtaskResponse,
     ControlAck
 );
 
@@ -440,6 +441,30 @@ impl ControlClient {
             Persist::WhileHeld(gone),
         )
         .await
+    }
+
+    /// Creates a task for the owner and chat of the task `lease` holds; its id. The same
+    /// `idempotency_key` creates it once.
+    pub async fn subtask(
+        &self,
+        lease: &pb::Lease,
+        goal: &str,
+        idempotency_key: &str,
+        gone: &CancellationToken,
+    ) -> Result<String, Error> {
+        let response: pb::SubtaskResponse = self
+            .call(
+                ControlOp::Subtask,
+                pb::SubtaskRequest {
+                    lease: Some(lease.clone()),
+                    goal: goal.to_owned(),
+                    idempotency_key: idempotency_key.to_owned(),
+                    ..Default::default()
+                },
+                Persist::WhileHeld(gone),
+            )
+            .await?;
+        Ok(response.task_id)
     }
 
     /// The tasks of the owner of the task `lease` holds, newest first.

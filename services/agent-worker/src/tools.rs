@@ -34,6 +34,7 @@ pub enum Kind {
     CurrentTime,
     WorkerInfo,
     ListMyTasks,
+    CreateSubtask,
     FetchUrl,
     /// The tool `tool` of the MCP server `server` (its index in `tools.mcp`).
     Mcp {
@@ -44,7 +45,7 @@ pub enum Kind {
 
 /// The names of the built-in tools, and `mcp` for every tool of an MCP server: the values of the
 /// tool label of the worker's metrics.
-pub const METRIC_NAMES: [&str; 9] = [
+pub const METRIC_NAMES: [&str; 10] = [
     "ask_user",
     "send_message",
     "list_tools",
@@ -52,6 +53,7 @@ pub const METRIC_NAMES: [&str; 9] = [
     "current_time",
     "worker_info",
     "list_my_tasks",
+    "create_subtask",
     "fetch_url",
     "mcp",
 ];
@@ -218,6 +220,20 @@ impl Registry {
                     Role::User,
                     Visibility::Offered,
                     Kind::ListMyTasks,
+                ),
+                Tool::builtin(
+                    "create_subtask",
+                    "Start another task for the same person and chat, run by its own agent. With \
+                     wait, this task pauses until the subtask ends, and the result is how it ended \
+                     ({\"task\", \"state\", \"result\" or \"error\"}); without, the result is its id at once.",
+                    json!({"type": "object", "properties": {
+                        "goal": {"type": "string", "description": "What the subtask is to do, on its own."},
+                        "wait": {"type": "boolean", "description": "Optional: wait for it to end (default false)."},
+                        "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional, with wait: the longest wait in seconds."}
+                    }, "required": ["goal"], "additionalProperties": false}),
+                    Role::User,
+                    Visibility::Offered,
+                    Kind::CreateSubtask,
                 ),
                 Tool::builtin(
                     "worker_info",
@@ -426,13 +442,14 @@ mod tests {
                 mcp_tool("s__admin", Role::Admin),
             ]
         };
-        // Four essential tools, list_my_tasks and two the user may use fit in seven.
-        let roomy = Registry::builtin().with(more(), 7);
+        // Four essential tools, list_my_tasks, create_subtask and two the user may use fit in
+        // eight.
+        let roomy = Registry::builtin().with(more(), 8);
         let offered = names(&roomy.offered(Role::User));
         assert!(offered.contains(&"s__a".to_owned()) && offered.contains(&"s__b".to_owned()));
         assert!(!offered.contains(&"s__admin".to_owned()), "{offered:?}");
         assert_eq!(roomy.discoverable(Role::User).len(), 1, "current_time only");
-        // An admin may use eight: they no longer fit, and list_tools finds them.
+        // An admin may use nine: they no longer fit, and list_tools finds them.
         let offered = names(&roomy.offered(Role::Admin));
         assert_eq!(offered.len(), 4, "{offered:?}");
         assert!(offered.contains(&"ask_user".to_owned()));
@@ -446,6 +463,7 @@ mod tests {
             [
                 "current_time",
                 "list_my_tasks",
+                "create_subtask",
                 "worker_info",
                 "s__a",
                 "s__b",

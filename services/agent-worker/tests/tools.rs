@@ -153,3 +153,75 @@ async fn list_my_tasks_lists_the_owner_s_tasks_only() {
     assert_eq!(tasks[0]["state"], "waiting_input");
     bed.stop().await;
 }
+
+#[tokio::test]
+async fn a_task_waits_durably_for_its_subtask_and_reads_how_it_ended() {
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "create_subtask",
+            json!({"goal": "[script:child] count the sheep", "wait": true}),
+        ),
+        Step::say("{answer}"),
+    ]))
+    .await
+    .expect("scripted LLM");
+    llm.set_script("child", Script::new(vec![Step::say("42 sheep")]));
+    // The subtask does not answer until released.
+    llm.hold("child");
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let id = bed.create("api:alice", "plan the farm", |_| {}).await;
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let question = waiting.task.expect("task").open_question.expect("question");
+    assert!(
+        question.text.starts_with("waiting for subtask "),
+        "{}",
+        question.text
+    );
+    let child = question.text["waiting for subtask ".len()..]
+        .split(':')
+        .next()
+        .expect("an id")
+        .to_owned();
+    let subtask = bed.task(&child).await.task.expect("the subtask");
+    assert_eq!(subtask.owner, "api:alice");
+    assert_eq!(subtask.goal, "[script:child] count the sheep");
+
+    // Nobody but the subtask answers it.
+    let refused = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: id.clone(),
+            answer: "done".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("refused");
+    assert!(
+        refused.message().contains("waits for the subtask"),
+        "{}",
+        refused.message()
+    );
+
+    bed.llm.release("child");
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let ended: serde_json::Value =
+        serde_json::from_str(&done.task.expect("task").result).expect("JSON");
+    assert_eq!(
+        ended,
+        json!({"task": child, "state": "completed", "result": "42 sheep"})
+    );
+    let listed = bed
+        .client()
+        .await
+        .list_tasks(pb::ListTasksRequest {
+            owner: "api:alice".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("listed")
+        .into_inner();
+    assert_eq!(listed.tasks.len(), 2, "one subtask, created once");
+    bed.stop().await;
+}

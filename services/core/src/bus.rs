@@ -108,10 +108,12 @@ pub enum ControlOp {
     Send,
     /// The tasks of the owner of the task a worker holds (`list_my_tasks`).
     Tasks,
+    /// A task for the same owner and chat (`create_subtask`).
+    Subtask,
 }
 
 impl ControlOp {
-    pub const ALL: [ControlOp; 11] = [
+    pub const ALL: [ControlOp; 12] = [
         ControlOp::Claim,
         ControlOp::Poll,
         ControlOp::Heartbeat,
@@ -123,6 +125,7 @@ impl ControlOp {
         ControlOp::History,
         ControlOp::Send,
         ControlOp::Tasks,
+        ControlOp::Subtask,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -138,6 +141,7 @@ impl ControlOp {
             ControlOp::History => "history",
             ControlOp::Send => "send",
             ControlOp::Tasks => "tasks",
+            ControlOp::Subtask => "subtask",
         }
     }
 }

@@ -55,6 +55,7 @@ versioned!(
     HistoryRequest,
     SendRequest,
     TasksRequest,
+    SubtaskRequest,
 );
 
 /// Encodes `message`, stamping the current wire version.

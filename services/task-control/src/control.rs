@@ -183,6 +183,7 @@ pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
         Some(ControlOp::Poll) => pb::PollResponse::default().encode_to_vec(),
         Some(ControlOp::Send) => ack(send(shared, payload).await),
         Some(ControlOp::Tasks) => tasks(shared, payload).await.encode_to_vec(),
+        Some(ControlOp::Subtask) => subtask(shared, payload).await.encode_to_vec(),
         None => ack(Err(invalid("unknown control operation"))),
     }
 }
@@ -374,7 +375,15 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             &request.fields,
         )
         .map_err(|e| invalid(e.to_string()))?;
+        let waits_for = match request.waits_for_task.as_str() {
+            "" => None,
+            id => Some(
+                id.parse::<TaskId>()
+                    .map_err(|e| invalid(format!("waits_for_task: {e}")))?,
+            ),
+        };
         let input = AskInput {
+            waits_for,
             round,
             messages,
             consumed_instructions: ids_of(&request.consumed_instruction_ids),
@@ -535,6 +544,51 @@ async fn history(shared: &Shared, payload: &[u8]) -> pb::HistoryResponse {
             more,
         },
         Err(refusal) => pb::HistoryResponse {
+            refusal,
+            ..Default::default()
+        },
+    }
+}
+
+async fn subtask(shared: &Shared, payload: &[u8]) -> pb::SubtaskResponse {
+    let result = async {
+        let request: pb::SubtaskRequest = decode(payload)?;
+        let lease = lease_of(request.lease.as_ref())?;
+        let goal =
+            hark_core::domain::text::text(&request.goal, hark_core::domain::text::MAX_TEXT_BYTES)
+                .map_err(|e| invalid(format!("goal {e}")))?
+                .to_owned();
+        let parent = shared
+            .store
+            .held(&lease)
+            .await
+            .map_err(|e| refusal_of(&e))?;
+        let config = &shared.config.task;
+        shared
+            .store
+            .create_task(&store::NewTask {
+                owner: parent.owner.clone(),
+                goal: strip_nul(goal),
+                chat: parent.chat(),
+                ask_timeout: config.ask_timeout.0,
+                on_timeout: config.on_timeout,
+                request_id: (!request.idempotency_key.is_empty())
+                    .then(|| format!("subtask:{}", request.idempotency_key)),
+                active_limit: config.max_active_per_owner,
+                questionnaire: None,
+                schedule: None,
+                priority: parent.priority,
+            })
+            .await
+            .map_err(|e| refusal_of(&e))
+    }
+    .await;
+    match result {
+        Ok(task) => pb::SubtaskResponse {
+            refusal: None,
+            task_id: task.id.to_string(),
+        },
+        Err(refusal) => pb::SubtaskResponse {
             refusal,
             ..Default::default()
         },

@@ -39,13 +39,15 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
         .start_due_schedules(BATCH, task.max_active_per_owner)
         .await?
         .len();
-    if expired + reminded + recovered + overtime.len() + scheduled > 0 {
+    let settled = store.settle_subtasks(BATCH).await?;
+    if expired + reminded + recovered + overtime.len() + scheduled + settled > 0 {
         tracing::info!(
             expired,
             reminded,
             recovered,
             overtime = overtime.len(),
             scheduled,
+            settled,
             "timers fired"
         );
     }

@@ -171,6 +171,7 @@ mod tests {
             inbound_message_id: None,
             chat_message_id: None,
             choices: None,
+            waits_for: None,
         }
     }
 

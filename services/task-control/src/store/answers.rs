@@ -61,7 +61,65 @@ pub struct AnswerTarget {
     form_last_round: Option<Json<serde_json::Value>>,
 }
 
+/// An open question waiting for a subtask that has ended: (question, subtask, its state,
+/// result, error).
+type SubtaskEnded = (
+    uuid::Uuid,
+    uuid::Uuid,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+/// Who answers a question that waits for `subtask`: the subtask itself.
+pub fn subtask_answerer(subtask: uuid::Uuid) -> String {
+    format!("task:{subtask}")
+}
+
 impl Store {
+    /// Answers the open questions that wait for a subtask which has ended, with how it ended:
+    /// `{"task": id, "state": …, "result": …}` (or `"error"`). Each answer carries an inbound
+    /// key of its question, so one applied twice (by two replicas, or again after a crash)
+    /// changes nothing. Returns how many were answered.
+    pub async fn settle_subtasks(&self, limit: i64) -> Result<usize, Error> {
+        let due: Vec<SubtaskEnded> = sqlx::query_as(
+            "SELECT q.id, t.id, t.state, t.result, t.error
+                 FROM questions q JOIN tasks t ON t.id = q.waits_for
+                 WHERE q.outcome = 'open' AND q.waits_for IS NOT NULL
+                   AND t.state IN ('completed', 'failed', 'cancelled')
+                 LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut answered = 0;
+        for (question, subtask, state, result, error) in due {
+            let mut text = serde_json::json!({"task": subtask.to_string(), "state": state});
+            if let Some(result) = result {
+                text["result"] = serde_json::json!(result);
+            }
+            if let Some(error) = error {
+                text["error"] = serde_json::json!(error);
+            }
+            let answer = Answer {
+                answerer: subtask_answerer(subtask),
+                text: text.to_string(),
+                json: None,
+                inbound_key: Some(format!("subtask:{question}")),
+            };
+            match self.answer(QuestionId::from_uuid(question), &answer).await {
+                Ok(AnswerOutcome::Applied { .. }) => answered += 1,
+                Ok(_) => {}
+                // Closed meanwhile (the parent was cancelled, say): nothing waits any more.
+                Err(
+                    Error::QuestionClosed { .. } | Error::WrongState { .. } | Error::Already { .. },
+                ) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(answered)
+    }
+
     /// Applies an answer to an open question: the question becomes answered, the inbound message
     /// is recorded as applied, and the task goes from waiting_input to pending with its resume job
     /// queued, all in one statement.
@@ -143,6 +201,15 @@ impl Store {
             });
         }
         let task_id = question_row.task_id;
+        // Only the end of the subtask a question waits for answers it.
+        if let Some(subtask) = question_row.waits_for
+            && answer.answerer != subtask_answerer(subtask)
+        {
+            return Err(Error::WaitsForSubtask {
+                handle: question_row.handle.clone(),
+                subtask: subtask.to_string(),
+            });
+        }
         if !question_row.outcome.is_open() {
             return Err(Error::QuestionClosed {
                 id: question.to_string(),

@@ -845,10 +845,10 @@ impl Store {
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
                                      $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[],
-                                     $19::jsonb[], $24::text[])
+                                     $19::jsonb[], $24::text[], $25::uuid[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
                                          c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms,
-                                         c_choices, c_traceparent, c_ord)
+                                         c_choices, c_traceparent, c_waits_for, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END,
@@ -884,9 +884,10 @@ impl Store {
                 WHERE i.id = u.id AND i.task_id = t.id AND i.consumed_round IS NULL
             ), asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, choices, traceparent, deadline)
+                                       platform, bot_id, stream, choices, traceparent, waits_for,
+                                       deadline)
                 SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
-                       platform, bot_id, stream, c_choices, c_traceparent,
+                       platform, bot_id, stream, c_choices, c_traceparent, c_waits_for,
                        CASE WHEN on_timeout = 'never' THEN NULL
                             WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
@@ -955,6 +956,7 @@ impl Store {
             .bind(TaskState::Running.as_str())
             .bind(Event::Ask.as_str())
             .bind(column(batch, |r| r.trace.as_deref()))
+            .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())))
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

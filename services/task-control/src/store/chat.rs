@@ -73,7 +73,7 @@ impl Store {
                             EXISTS (SELECT 1 FROM applied_inbound WHERE key = $4) AS applied
                      FROM (SELECT ",
                     question_columns!(),
-                    " FROM questions WHERE outcome = 'open' AND stream = $2 AND ",
+                    " FROM questions WHERE outcome = 'open' AND stream = $2 AND waits_for IS NULL AND ",
                     $filter,
                     ") q
                      JOIN tasks t ON t.id = q.task_id

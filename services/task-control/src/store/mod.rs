@@ -111,7 +111,7 @@ macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
     stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
-    chat_message_id, choices"
+    chat_message_id, choices, waits_for"
     };
 }
 
@@ -222,6 +222,8 @@ pub enum Error {
         shape: Box<hark_core::domain::shape::Shape>,
         misfit: hark_core::domain::shape::Misfit,
     },
+    #[error("question #{handle} waits for the subtask {subtask} to end; only that answers it")]
+    WaitsForSubtask { handle: String, subtask: String },
     /// Other writers kept winning; the same request later will likely go through.
     #[error("{0}; try again")]
     Busy(String),
@@ -240,6 +242,7 @@ impl hark_core::error::Classified for Error {
             | Error::AmbiguousTask { .. }
             | Error::BadRound { .. }
             | Error::Misfit { .. } => Kind::Invalid,
+            Error::WaitsForSubtask { .. } => Kind::Conflict,
             Error::TaskNotFound(_) | Error::QuestionNotFound(_) | Error::ScheduleNotFound(_) => {
                 Kind::NotFound
             }

@@ -147,6 +147,9 @@ pub struct QuestionRow {
     pub chat_message_id: Option<String>,
     /// What it accepts, as [`StoredShape`] keeps it (the column is `choices`).
     pub choices: Option<Json<StoredShape>>,
+    /// The subtask it waits for, when it is asked of a task rather than of a person: that
+    /// task's end answers it, and nobody else may.
+    pub waits_for: Option<Uuid>,
 }
 
 /// A question's shape as the `choices` column keeps it: NULL for free text, the list of choices

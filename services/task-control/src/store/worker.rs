@@ -50,6 +50,8 @@ pub struct AskInput {
     pub timeout: Option<Duration>,
     /// What the question accepts.
     pub shape: Shape,
+    /// The subtask whose end answers it, instead of a person.
+    pub waits_for: Option<TaskId>,
 }
 
 /// The resume of a claimed task from the last question, as the claim statement returns it.
@@ -222,16 +224,13 @@ impl Store {
             .collect())
     }
 
-    /// The tasks of the owner of the task `lease` holds, newest first, in `states` (all when
-    /// empty); refused as any request of a lease no longer held is.
-    pub async fn owner_tasks(
-        &self,
-        lease: &Lease,
-        states: &[TaskState],
-        limit: i64,
-    ) -> Result<Vec<TaskRow>, Error> {
-        let owner: Option<String> = sqlx::query_scalar(concat!(
-            "SELECT owner FROM tasks WHERE id = $1 AND state = ",
+    /// The task `lease` holds, while it holds it; refused as any request of a lease no longer
+    /// held is.
+    pub async fn held(&self, lease: &Lease) -> Result<TaskRow, Error> {
+        let held = sqlx::query_as::<_, TaskRow>(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE id = $1 AND state = ",
             sql_state!(running),
             " AND generation = $2 AND worker_id = $3"
         ))
@@ -240,14 +239,23 @@ impl Store {
         .bind(&lease.worker_id)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(owner) = owner else {
-            return Err(self.refusal(lease).await);
-        };
-        let owner = owner
-            .parse()
-            .map_err(|_| Error::Internal(format!("task {} has a bad owner", lease.task)))?;
+        match held {
+            Some(task) => Ok(task),
+            None => Err(self.refusal(lease).await),
+        }
+    }
+
+    /// The tasks of the owner of the task `lease` holds, newest first, in `states` (all when
+    /// empty); refused as any request of a lease no longer held is.
+    pub async fn owner_tasks(
+        &self,
+        lease: &Lease,
+        states: &[TaskState],
+        limit: i64,
+    ) -> Result<Vec<TaskRow>, Error> {
+        let held = self.held(lease).await?;
         self.list_tasks(&super::TaskFilter {
-            owner: Some(owner),
+            owner: Some(held.owner),
             states: states.to_vec(),
             limit,
             ..Default::default()
@@ -332,7 +340,8 @@ impl Store {
         for _ in 0..8 {
             let handle = Handle::random().to_string();
             let outbox = match &chat {
-                Some(route) => self.effects.question(
+                // A question for a subtask is not for the chat.
+                Some(route) if input.waits_for.is_none() => self.effects.question(
                     route,
                     lease.task,
                     question_id,
@@ -341,7 +350,7 @@ impl Store {
                     &input.context,
                     &input.shape,
                 ),
-                None => Vec::new(),
+                _ => Vec::new(),
             };
             let asked = self
                 .decide(super::batch::AskRequest {
@@ -381,6 +390,7 @@ impl Store {
                 inbound_message_id: None,
                 chat_message_id: None,
                 choices: super::rows::StoredShape::of(&input.shape),
+                waits_for: input.waits_for.map(|t| t.as_uuid()),
             });
         }
         Err(Error::Busy("no free question handle after 8 tries".into()))

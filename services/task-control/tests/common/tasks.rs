@@ -75,6 +75,7 @@ pub fn ask_input(round: i32, call: &str) -> AskInput {
         context: "for the weather".into(),
         timeout: None,
         shape: hark_core::domain::shape::Shape::Text,
+        waits_for: None,
     }
 }
 

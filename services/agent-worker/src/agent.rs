@@ -126,6 +126,15 @@ pub(crate) struct PendingAsk {
     pub(crate) waits_for: String,
 }
 
+/// The `timeout_s` of a call's arguments, in seconds; 0 when not given.
+fn timeout_of(arguments: &serde_json::Map<String, Value>) -> u32 {
+    arguments
+        .get("timeout_s")
+        .and_then(Value::as_u64)
+        .and_then(|t| u32::try_from(t).ok())
+        .unwrap_or(0)
+}
+
 /// The shape of the answer an ask_user call asks for, checked; the error is for the model.
 fn shape_of(arguments: &serde_json::Map<String, Value>) -> Result<Shape, String> {
     let kind = arguments.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -347,12 +356,7 @@ impl Runner {
                                 call_id: call.id.clone(),
                                 question: text("question"),
                                 context: text("context"),
-                                timeout_s: checked
-                                    .arguments
-                                    .get("timeout_s")
-                                    .and_then(Value::as_u64)
-                                    .and_then(|t| u32::try_from(t).ok())
-                                    .unwrap_or(0),
+                                timeout_s: timeout_of(&checked.arguments),
                             });
                             continue;
                         }
@@ -373,12 +377,7 @@ impl Runner {
                                                 limits::cut(goal, 200)
                                             ),
                                             context: String::new(),
-                                            timeout_s: checked
-                                                .arguments
-                                                .get("timeout_s")
-                                                .and_then(Value::as_u64)
-                                                .and_then(|t| u32::try_from(t).ok())
-                                                .unwrap_or(0),
+                                            timeout_s: timeout_of(&checked.arguments),
                                             shape: Shape::Text,
                                             waits_for: subtask,
                                         });

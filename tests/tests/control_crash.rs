@@ -99,7 +99,7 @@ async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_afte
     let question = |key: &str, text: &str| pb::FormQuestion {
         key: key.into(),
         text: text.into(),
-        choices: vec![],
+        ..Default::default()
     };
     let task = api
         .create_task(pb::CreateTaskRequest {

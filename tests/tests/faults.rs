@@ -280,7 +280,7 @@ impl Job {
             .map(|k| pb::FormQuestion {
                 key: String::new(),
                 text: format!("Question {k} of job-{}?", self.n),
-                choices: Vec::new(),
+                ..Default::default()
             })
             .collect()
     }

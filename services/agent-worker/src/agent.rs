@@ -813,12 +813,22 @@ impl Run<'_> {
                 }
             },
         };
+        let shape_of = |q: &pb::FormQuestion| {
+            Shape::from_proto(&q.kind, &q.choices, q.multiple, &q.fields).unwrap_or_default()
+        };
         if let Some(resume) = resume {
+            let shape = spec
+                .questionnaire
+                .iter()
+                .find(|q| resume.tool_call_id == progress::call_id(&q.key))
+                .map(shape_of)
+                .unwrap_or_default();
             progress::record(
                 &mut answers,
                 &resume.tool_call_id,
                 resume.expired,
                 &resume.text,
+                &shape,
             );
         }
         let keys = spec.questionnaire.iter().map(|q| q.key.as_str());
@@ -835,7 +845,10 @@ impl Run<'_> {
                     )),
                     tool_call_id: progress::call_id(&question.key),
                     question: question.text.clone(),
+                    kind: question.kind.clone(),
                     choices: question.choices.clone(),
+                    multiple: question.multiple,
+                    fields: question.fields.clone(),
                     ..Default::default()
                 };
                 match control.ask(request, self.gone).await {

@@ -18,6 +18,7 @@ fn question(key: &str, text: &str, choices: &[&str]) -> pb::FormQuestion {
         key: key.into(),
         text: text.into(),
         choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+        ..Default::default()
     }
 }
 
@@ -213,5 +214,84 @@ async fn an_expired_question_is_recorded_as_null_and_a_cancelled_questionnaire_s
         err.message()
     );
     assert!(bed.llm.requests().is_empty(), "no model was called");
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_questionnaire_asks_confirms_several_choices_and_forms_and_outputs_their_values() {
+    let bed = bed().await;
+    let id = bed
+        .create("api:alice", "sign-up", |r| {
+            r.questionnaire = vec![
+                pb::FormQuestion {
+                    key: "agree".into(),
+                    text: "Do you agree?".into(),
+                    kind: "confirm".into(),
+                    ..Default::default()
+                },
+                pb::FormQuestion {
+                    key: "days".into(),
+                    text: "Which days?".into(),
+                    choices: vec!["Mon".into(), "Tue".into(), "Wed".into()],
+                    multiple: true,
+                    ..Default::default()
+                },
+                pb::FormQuestion {
+                    key: "contact".into(),
+                    text: "Contact?".into(),
+                    kind: "form".into(),
+                    fields: vec![
+                        pb::FormField {
+                            key: "email".into(),
+                            r#type: "string".into(),
+                            required: true,
+                            ..Default::default()
+                        },
+                        pb::FormField {
+                            key: "age".into(),
+                            r#type: "integer".into(),
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                },
+            ];
+        })
+        .await;
+    let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let task = waiting.task.expect("task");
+    assert_eq!(task.questionnaire[0].kind, "confirm");
+    assert!(task.questionnaire[1].multiple);
+    assert_eq!(task.questionnaire[2].fields.len(), 2);
+    assert_eq!(task.open_question.expect("first").kind, "confirm");
+
+    let next = answer_and_wait(&bed, &id, "好").await;
+    let days = next.question.expect("the second question");
+    assert!(days.multiple, "{days:?}");
+    // An answer that does not fit is refused and the question stays open.
+    let refused = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: id.clone(),
+            answer: "Sunday".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not a choice");
+    assert!(
+        refused.message().contains("one or more of"),
+        "{}",
+        refused.message()
+    );
+    let next = answer_and_wait(&bed, &id, "1,3").await;
+    assert_eq!(next.question.expect("the form").kind, "form");
+    let end = answer_and_wait(&bed, &id, "email: a@b.c\nage: 30").await;
+    let output: serde_json::Value = serde_json::from_str(&end.result).expect("JSON");
+    assert_eq!(
+        output,
+        serde_json::json!({"agree": true, "days": ["Mon", "Wed"],
+            "contact": {"email": "a@b.c", "age": 30}})
+    );
     bed.stop().await;
 }

@@ -370,6 +370,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                         key: String::new(),
                         text: parts.next().unwrap_or_default().to_owned(),
                         choices: parts.map(str::to_owned).collect(),
+                        ..Default::default()
                     }
                 })
                 .collect();

@@ -8,7 +8,7 @@ use hark_core::{
     bus,
     domain::{
         Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form,
-        schedule, text,
+        schedule, shape::Shape, text,
     },
     error::{Classified as _, Kind},
     secret::Secret,
@@ -211,12 +211,28 @@ impl TaskService for Api {
                     request
                         .questionnaire
                         .into_iter()
-                        .map(|q| form::FormQuestion {
-                            key: q.key,
-                            text: q.text,
-                            choices: q.choices,
+                        .enumerate()
+                        .map(|(i, q)| {
+                            let shaped = !q.kind.is_empty() || q.multiple || !q.fields.is_empty();
+                            let shape = shaped
+                                .then(|| {
+                                    Shape::from_proto(&q.kind, &q.choices, q.multiple, &q.fields)
+                                        .map_err(|e| {
+                                            invalid(
+                                                "questionnaire",
+                                                format!("question {}: {e}", i + 1),
+                                            )
+                                        })
+                                })
+                                .transpose()?;
+                            Ok(form::FormQuestion {
+                                key: q.key,
+                                text: q.text,
+                                choices: q.choices,
+                                shape,
+                            })
                         })
-                        .collect(),
+                        .collect::<Result<Vec<_>, Status>>()?,
                 )
                 .map_err(|e| invalid("questionnaire", e))?,
             ),

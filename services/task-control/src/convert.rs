@@ -191,9 +191,13 @@ pub fn asked(task: &TaskRow, q: Asked<'_>) -> pb::Question {
 }
 
 pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
+    let (kind, choices, multiple, fields) = q.shape().to_proto();
     pb::FormQuestion {
         key: q.key.clone(),
         text: q.text.clone(),
-        choices: q.choices.clone(),
+        choices,
+        kind,
+        multiple,
+        fields,
     }
 }

@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::text;
+use super::{
+    shape::{Shape, ShapeError},
+    text,
+};
 
 /// The most questions one questionnaire asks.
 pub const MAX_QUESTIONS: usize = 50;
@@ -15,7 +18,7 @@ pub const MAX_CHOICES: usize = 20;
 pub const MAX_CHOICE_BYTES: usize = 256;
 
 /// One question of a questionnaire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FormQuestion {
     /// The answer's key in the output.
     pub key: String,
@@ -23,6 +26,19 @@ pub struct FormQuestion {
     /// When not empty, the answer is one of these.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub choices: Vec<String>,
+    /// Any shape other than free text or one of `choices` (which older questionnaires, and
+    /// replicas that know only those, keep as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Shape>,
+}
+
+impl FormQuestion {
+    /// What it accepts.
+    pub fn shape(&self) -> Shape {
+        self.shape
+            .clone()
+            .unwrap_or_else(|| Shape::choosing(self.choices.clone()))
+    }
 }
 
 /// Why a questionnaire or a list of choices was refused; it names the place that is wrong.
@@ -40,6 +56,8 @@ pub enum FormError {
     DuplicateKey { index: usize, key: String },
     #[error("question {index}: {why}")]
     Choices { index: usize, why: ChoiceError },
+    #[error("question {index}: {why}")]
+    Shape { index: usize, why: ShapeError },
 }
 
 /// Why a list of choices was refused.
@@ -111,7 +129,36 @@ pub fn questionnaire(given: Vec<FormQuestion>) -> Result<Vec<FormQuestion>, Form
         }
         let choices =
             choices(&question.choices).map_err(|why| FormError::Choices { index, why })?;
-        kept.push(FormQuestion { key, text, choices });
+        let shape = match question.shape {
+            None => None,
+            Some(shape) => {
+                let (kind, given, multiple, fields) = shape.to_proto();
+                let given = if given.is_empty() {
+                    choices.clone()
+                } else {
+                    given
+                };
+                match Shape::from_proto(&kind, &given, multiple, &fields)
+                    .map_err(|why| FormError::Shape { index, why })?
+                {
+                    Shape::Text => None,
+                    Shape::Choice {
+                        multiple: false, ..
+                    } => None,
+                    shape => Some(shape),
+                }
+            }
+        };
+        let choices = match &shape {
+            Some(shape) => shape.choices().to_vec(),
+            None => choices,
+        };
+        kept.push(FormQuestion {
+            key,
+            text,
+            choices,
+            shape,
+        });
     }
     Ok(kept)
 }
@@ -153,6 +200,8 @@ pub fn numbered(choices: &[String]) -> String {
 pub mod progress {
     use serde_json::{Map, Value, json};
 
+    use super::Shape;
+
     /// The tool call id a question of `key` is asked under; its answer comes back under it.
     pub fn call_id(key: &str) -> String {
         format!("form:{key}")
@@ -176,14 +225,24 @@ pub mod progress {
         }
     }
 
-    /// Records the answer a resume brings for the call `call_id`: its text, or null when the
-    /// deadline passed.
-    pub fn record(answers: &mut Map<String, Value>, call_id: &str, expired: bool, text: &str) {
+    /// Records the answer a resume brings for the call `call_id` of a question of `shape`: its
+    /// text (a choice's text for one choice), its value for the other shapes (a list, true or
+    /// false, an object), or null when the deadline passed.
+    pub fn record(
+        answers: &mut Map<String, Value>,
+        call_id: &str,
+        expired: bool,
+        text: &str,
+        shape: &Shape,
+    ) {
         if let Some(key) = call_id.strip_prefix("form:") {
-            let value = if expired {
-                Value::Null
-            } else {
-                Value::String(text.to_owned())
+            let value = match shape {
+                _ if expired => Value::Null,
+                Shape::Text
+                | Shape::Choice {
+                    multiple: false, ..
+                } => Value::String(text.to_owned()),
+                _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
             };
             answers.insert(key.to_owned(), value);
         }
@@ -227,6 +286,7 @@ mod tests {
             key: key.into(),
             text: text.into(),
             choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+            shape: None,
         }
     }
 
@@ -236,9 +296,21 @@ mod tests {
         let keys = ["name", "b", "a"];
         let mut answers = serde_json::Map::new();
         assert_eq!(next(keys, &answers), Some("name"));
-        record(&mut answers, &call_id("name"), false, "小明");
-        record(&mut answers, &call_id("b"), true, "no answer came");
-        record(&mut answers, "call-7", false, "not a questionnaire's call");
+        record(&mut answers, &call_id("name"), false, "小明", &Shape::Text);
+        record(
+            &mut answers,
+            &call_id("b"),
+            true,
+            "no answer came",
+            &Shape::Text,
+        );
+        record(
+            &mut answers,
+            "call-7",
+            false,
+            "not a questionnaire's call",
+            &Shape::Text,
+        );
         assert_eq!(next(keys, &answers), Some("a"));
         // A step's record reads back.
         let stored = serde_json::to_vec(&step(&answers, Some("a"))).expect("json");
@@ -251,6 +323,62 @@ mod tests {
         assert_eq!(parsed["name"], "小明");
         assert!(answers_of(b"[{}]").is_err());
         assert!(answers_of(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_questionnaire_takes_every_shape_and_records_its_value() {
+        use progress::*;
+        let mut confirm = q("ok", "Agree?", &[]);
+        confirm.shape = Some(Shape::Confirm);
+        let mut several = q("tags", "Tags?", &["a", "b", "c"]);
+        several.shape = Some(Shape::Choice {
+            choices: vec![],
+            multiple: true,
+        });
+        let mut one = q("one", "One?", &["x", "y"]);
+        one.shape = Some(Shape::Choice {
+            choices: vec!["x".into(), "y".into()],
+            multiple: false,
+        });
+        let kept = questionnaire(vec![confirm, several, one]).expect("valid");
+        assert_eq!(kept[0].shape(), Shape::Confirm);
+        assert_eq!(
+            kept[1].shape(),
+            Shape::Choice {
+                choices: vec!["a".into(), "b".into(), "c".into()],
+                multiple: true
+            }
+        );
+        // One choice is kept as before: its choices, no shape.
+        assert_eq!(kept[2].shape, None);
+        assert_eq!(kept[2].choices, ["x", "y"]);
+        let mut bad = q("f", "Form?", &[]);
+        bad.shape = Some(Shape::Form { fields: vec![] });
+        assert!(matches!(
+            questionnaire(vec![bad]),
+            Err(FormError::Shape { index: 1, .. })
+        ));
+
+        let mut answers = serde_json::Map::new();
+        record(
+            &mut answers,
+            &call_id("ok"),
+            false,
+            "true",
+            &kept[0].shape(),
+        );
+        record(
+            &mut answers,
+            &call_id("tags"),
+            false,
+            r#"["a","c"]"#,
+            &kept[1].shape(),
+        );
+        record(&mut answers, &call_id("one"), false, "y", &kept[2].shape());
+        assert_eq!(
+            output(["ok", "tags", "one"], &answers),
+            r#"{"ok":true,"tags":["a","c"],"one":"y"}"#
+        );
     }
 
     #[test]

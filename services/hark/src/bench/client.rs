@@ -52,7 +52,7 @@ impl Kind {
                 questionnaire: vec![pb::FormQuestion {
                     key: "go".into(),
                     text: "Go on?".into(),
-                    choices: vec![],
+                    ..Default::default()
                 }],
                 ..Default::default()
             },

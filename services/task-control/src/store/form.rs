@@ -143,7 +143,7 @@ pub(super) struct FormAsk {
     text: String,
     handle: String,
     call_id: String,
-    choices: Vec<String>,
+    shape: Shape,
     outbox: Vec<OutboxMessage>,
 }
 
@@ -242,7 +242,13 @@ impl Store {
                 })?,
             ),
         };
-        progress::record(&mut answers, &question.tool_call_id, false, &answer.text);
+        progress::record(
+            &mut answers,
+            &question.tool_call_id,
+            false,
+            &answer.text,
+            &question.shape(),
+        );
         let keys = questions.iter().map(|q| q.key.as_str());
         let step = match progress::next(keys.clone(), &answers)
             .and_then(|k| questions.iter().find(|q| q.key == k))
@@ -311,7 +317,7 @@ impl Store {
                                 &handle,
                                 &next.text,
                                 "",
-                                &Shape::choosing(next.choices.clone()),
+                                &next.shape(),
                             )
                         })
                         .unwrap_or_default();
@@ -322,7 +328,7 @@ impl Store {
                             text: next.text.clone(),
                             handle: handle.clone(),
                             call_id: progress::call_id(&next.key),
-                            choices: next.choices.clone(),
+                            shape: next.shape(),
                             outbox,
                         })
                         .await?;
@@ -340,7 +346,7 @@ impl Store {
                                     handle: &handle,
                                     text: &next.text,
                                     context: "",
-                                    shape: &Shape::choosing(next.choices.clone()),
+                                    shape: &next.shape(),
                                     deadline,
                                 },
                             );
@@ -417,9 +423,7 @@ impl Store {
             .bind(column(batch, |r| r.text.as_str()))
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
-            .bind(column(batch, |r| {
-                super::rows::StoredShape::of(&Shape::choosing(r.choices.clone()))
-            }));
+            .bind(column(batch, |r| super::rows::StoredShape::of(&r.shape)));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");

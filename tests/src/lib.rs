@@ -5,6 +5,7 @@
 //! its own, and [`Process`] runs one `hark` role and kills it (SIGKILL) on demand or on drop.
 
 pub mod bot;
+pub mod chat;
 pub mod servers;
 
 use std::{

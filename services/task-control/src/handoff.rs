@@ -372,7 +372,17 @@ async fn take_back(shared: &Shared, lease: &pb::Lease) {
         .release(&held, "the worker did not take the task handed to it")
         .await
     {
-        tracing::debug!(task = lease.task_id, error = %e, "a handed-over task was not taken back");
+        use hark_core::error::{Classified as _, Kind};
+        match e.kind() {
+            Kind::Gone | Kind::Conflict | Kind::NotFound => {
+                tracing::debug!(task = lease.task_id, error = %e, "a handed-over task was not taken back");
+            }
+            _ => tracing::warn!(
+                task = lease.task_id,
+                error = %e,
+                "a handed-over task could not be taken back; its lease lapses instead (task.lease)"
+            ),
+        }
     }
 }
 

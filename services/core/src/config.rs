@@ -327,13 +327,34 @@ impl Default for FetchUrlConfig {
 }
 
 /// Tools that need the owner's consent before they run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Approval {
     /// `"all"`, `"none"`, or `"destructive"`: the tools the server annotates `destructiveHint`.
     Every(ApprovalWord),
     /// The tools named.
     Listed(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Approval {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Word(String),
+            Listed(Vec<String>),
+        }
+        let expected = "expected \"all\", \"none\", \"destructive\", or a list of tool names";
+        match Given::deserialize(deserializer).map_err(|_| serde::de::Error::custom(expected))? {
+            Given::Listed(names) => Ok(Self::Listed(names)),
+            Given::Word(word) => match word.as_str() {
+                "all" => Ok(Self::Every(ApprovalWord::All)),
+                "none" => Ok(Self::Every(ApprovalWord::None)),
+                "destructive" => Ok(Self::Every(ApprovalWord::Destructive)),
+                other => Err(serde::de::Error::custom(format!("`{other}`: {expected}"))),
+            },
+        }
+    }
 }
 
 impl Default for Approval {
@@ -1249,8 +1270,8 @@ mod tests {
             ),
             (
                 "[[tools.mcp]]\nname = \"a\"\ncommand = \"x\"\napproval = \"some\"",
-                "tools",
-                "",
+                "tools.mcp[0].approval",
+                "`some`: expected \"all\", \"none\", \"destructive\", or a list of tool names",
             ),
         ] {
             let err = Config::from_parts(Some(text), "f", &BTreeMap::new()).unwrap_err();

@@ -3,10 +3,15 @@
 //!
 //! A host is allowed by name (`example.com`), by domain (`*.example.com`), or by `*`, which takes
 //! any host whose addresses are all public: a page cannot make a worker reach its own network
-//! through it. Each redirect is checked the same way. At most `max_bytes` of the body are read;
+//! through it. The public check is made by the client's own resolver, on the addresses it then
+//! connects to, so a name cannot resolve to one address when checked and another when fetched.
+//! Each redirect is checked the same way. At most `max_bytes` of the body are read;
 //! text is returned as it is, anything else as a note saying what it was.
 
-use std::{net::IpAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use hark_core::config::FetchUrlConfig;
 use reqwest::Url;
@@ -28,6 +33,9 @@ impl Fetcher {
         }
         hark_core::install_crypto();
         let http = reqwest::Client::builder()
+            .dns_resolver(Arc::new(Resolver {
+                allow: config.allow.clone(),
+            }))
             .redirect(reqwest::redirect::Policy::none())
             .timeout(config.timeout.0)
             .user_agent(concat!("hark/", env!("CARGO_PKG_VERSION")))
@@ -54,7 +62,7 @@ impl Fetcher {
     async fn get(&self, url: &str) -> Result<String, String> {
         let mut url = Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
         for _ in 0..=MAX_REDIRECTS {
-            self.check(&url).await?;
+            self.check(&url)?;
             let mut response = self
                 .http
                 .get(url.clone())
@@ -119,7 +127,7 @@ impl Fetcher {
     }
 
     /// Whether `url` may be fetched: http or https, to an allowed host.
-    async fn check(&self, url: &Url) -> Result<(), String> {
+    fn check(&self, url: &Url) -> Result<(), String> {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!(
                 "only http and https can be fetched, not {}",
@@ -132,14 +140,7 @@ impl Fetcher {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_ascii_lowercase();
-        let named = self.config.allow.iter().any(|pattern| {
-            let pattern = pattern.trim().to_ascii_lowercase();
-            match pattern.strip_prefix("*.") {
-                Some(domain) => host.ends_with(&format!(".{domain}")),
-                None => pattern == host,
-            }
-        });
-        if named {
+        if named(&self.config.allow, &host) {
             return Ok(());
         }
         if !self.config.allow.iter().any(|p| p.trim() == "*") {
@@ -147,22 +148,50 @@ impl Fetcher {
                 "{host} is not allowed (tools.fetch_url.allow); ask the operator, or do without it"
             ));
         }
-        let port = url.port_or_known_default().unwrap_or(80);
-        let addresses: Vec<IpAddr> = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::net::lookup_host((host.as_str(), port)),
-        )
-        .await
-        .map_err(|_| format!("looking up {host} timed out"))?
-        .map_err(|e| format!("cannot look up {host}: {e}"))?
-        .map(|a| a.ip())
-        .collect();
-        if addresses.is_empty() || addresses.iter().any(|ip| !public(ip)) {
-            return Err(format!(
-                "{host} is not a public address; only hosts named in tools.fetch_url.allow may be"
-            ));
+        // A name is checked by the resolver when it is looked up; an address given as such, here.
+        if let Ok(ip) = host.parse::<IpAddr>()
+            && !public(&ip)
+        {
+            return Err(not_public(&host));
         }
         Ok(())
+    }
+}
+
+/// Whether `host` is named in `allow`, itself or by its domain.
+fn named(allow: &[String], host: &str) -> bool {
+    allow.iter().any(|pattern| {
+        let pattern = pattern.trim().to_ascii_lowercase();
+        match pattern.strip_prefix("*.") {
+            Some(domain) => host.ends_with(&format!(".{domain}")),
+            None => pattern == host,
+        }
+    })
+}
+
+fn not_public(host: &str) -> String {
+    format!("{host} is not a public address; only hosts named in tools.fetch_url.allow may be")
+}
+
+/// The client's resolver: a host not named in `allow` resolves only when every address it has is
+/// public.
+#[derive(Debug)]
+struct Resolver {
+    allow: Vec<String>,
+}
+
+impl reqwest::dns::Resolve for Resolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_ascii_lowercase();
+        let trusted = named(&self.allow, &host);
+        Box::pin(async move {
+            let addresses: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if !trusted && (addresses.is_empty() || addresses.iter().any(|a| !public(&a.ip()))) {
+                return Err(not_public(&host).into());
+            }
+            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
+        })
     }
 }
 
@@ -191,7 +220,7 @@ fn public(ip: &IpAddr) -> bool {
     }
 }
 
-/// A reqwest error's message with its cause, without the URL it repeats.
+/// A reqwest error's message with its innermost cause, without the URL it repeats.
 fn without_url(error: &reqwest::Error) -> String {
     let kind = if error.is_timeout() {
         "timed out (tools.fetch_url.timeout)"
@@ -200,8 +229,12 @@ fn without_url(error: &reqwest::Error) -> String {
     } else {
         "request failed"
     };
-    match std::error::Error::source(error) {
-        Some(source) => format!("{kind}: {source}"),
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause.and_then(std::error::Error::source) {
+        cause = Some(inner);
+    }
+    match cause {
+        Some(cause) => format!("{kind}: {cause}"),
         None => kind.to_owned(),
     }
 }
@@ -242,15 +275,21 @@ mod tests {
         };
         let url = |u: &str| Url::parse(u).expect("url");
         let named = fetcher(&["example.com", "*.example.org"]);
-        assert!(named.check(&url("https://example.com/x")).await.is_ok());
-        assert!(named.check(&url("https://a.b.example.org/")).await.is_ok());
-        assert!(named.check(&url("https://example.org/")).await.is_err());
-        assert!(named.check(&url("https://evil.com/")).await.is_err());
-        assert!(named.check(&url("file:///etc/passwd")).await.is_err());
+        assert!(named.check(&url("https://example.com/x")).is_ok());
+        assert!(named.check(&url("https://a.b.example.org/")).is_ok());
+        assert!(named.check(&url("https://example.org/")).is_err());
+        assert!(named.check(&url("https://evil.com/")).is_err());
+        assert!(named.check(&url("file:///etc/passwd")).is_err());
         let any = fetcher(&["*"]);
-        let err = any.check(&url("http://127.0.0.1:5432/")).await.unwrap_err();
+        let err = any.check(&url("http://127.0.0.1:5432/")).unwrap_err();
         assert!(err.contains("not a public address"), "{err}");
-        assert!(any.check(&url("http://[::1]/")).await.is_err());
+        assert!(any.check(&url("http://[::1]/")).is_err());
+        // A name is looked up by the client's resolver, whose addresses it then connects to.
+        let err = any.fetch("http://localhost:9/").await;
+        assert!(err.starts_with("error: GET http://localhost:9/ failed: cannot connect: localhost is not a public address"), "{err}");
+        // Named, the same host resolves: the failure is then the closed port.
+        let err = fetcher(&["localhost"]).fetch("http://localhost:9/").await;
+        assert!(!err.contains("not a public address"), "{err}");
         assert!(
             Fetcher::new(&FetchUrlConfig::default()).is_none(),
             "off by default"

@@ -168,6 +168,12 @@ impl App {
             claims,
         } = self;
         let tracker = TaskTracker::new();
+        // Control requests are served before anything publishes a run job, so that a worker
+        // given one at start finds a replica to claim it from.
+        let requests = control::subscribe(&shared)
+            .await
+            .map_err(|e| Error::Serve(format!("cannot take control requests (nats.url): {e}")))?;
+        tracker.spawn(control::serve(shared.clone(), requests, shutdown.clone()));
 
         {
             let (watchers, shutdown) = (shared.watchers.clone(), shutdown.clone());
@@ -190,14 +196,6 @@ impl App {
             shared.names.task_events_all(),
             shutdown.clone(),
         ));
-        {
-            let (shared, shutdown) = (shared.clone(), shutdown.clone());
-            tracker.spawn(async move {
-                if let Err(e) = control::serve(shared, shutdown).await {
-                    tracing::error!(error = %e, "control requests stopped");
-                }
-            });
-        }
 
         let (health, health_service) = tonic_health::server::health_reporter();
         health

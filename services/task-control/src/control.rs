@@ -22,14 +22,22 @@ use crate::{
 };
 
 /// Serves control requests until `shutdown`; in-flight requests are finished first.
-pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), async_nats::Error> {
-    let mut requests = shared
+/// Takes this replica's share of the control requests; [`serve`] answers them.
+pub async fn subscribe(shared: &Shared) -> Result<async_nats::Subscriber, async_nats::Error> {
+    Ok(shared
         .nats
         .queue_subscribe(
             shared.names.control_all(),
             shared.names.control_queue_group(),
         )
-        .await?;
+        .await?)
+}
+
+pub async fn serve(
+    shared: Shared,
+    mut requests: async_nats::Subscriber,
+    shutdown: CancellationToken,
+) {
     let tracker = TaskTracker::new();
     let poll_subject = shared.names.control(ControlOp::Poll);
     loop {
@@ -71,7 +79,6 @@ pub async fn serve(shared: Shared, shutdown: CancellationToken) -> Result<(), as
     let _ = requests.unsubscribe().await;
     tracker.close();
     tracker.wait().await;
-    Ok(())
 }
 
 fn refusal(reason: pb::RefusalReason, message: impl Into<String>) -> Option<pb::Refusal> {

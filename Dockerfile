@@ -17,7 +17,7 @@ USER hark
 # The gateway's inbound spool; mount a volume here so that it survives the container.
 ENV HARK_GATEWAY__SPOOL_DIR=/var/lib/hark/spool
 # The gateway (OneBot and the HTTP adapter), the gRPC API, and metrics.listen as the manifests set it.
-EXPOSE 8080 50051 9464
+EXPOSE 8080 8081 50051 9464
 # Checks the role the container runs (`hark health` reads it from PID 1's command line).
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["hark", "health"]
 ENTRYPOINT ["hark"]

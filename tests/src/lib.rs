@@ -166,6 +166,11 @@ impl Env {
                 "HARK_GATEWAY__LISTEN".to_owned(),
                 format!("127.0.0.1:{}", self.gateway_port),
             ),
+            // No fixed console port: several task-controls of one installation may run.
+            (
+                "HARK_CONTROL__HTTP_LISTEN".to_owned(),
+                "127.0.0.1:0".to_owned(),
+            ),
             ("HARK_LOG__FILTER".to_owned(), "info".to_owned()),
             // The tests read the English texts (Chinese is the default on qq).
             ("HARK_CHAT__LANGUAGE".to_owned(), "en".to_owned()),

@@ -40,6 +40,7 @@ async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
                 format!("127.0.0.1:{}", free_port()),
             )
             .env("HARK_GATEWAY__LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("HARK_CONTROL__HTTP_LISTEN", "")
             .kill_on_drop(true)
             .output(),
     )

@@ -152,6 +152,16 @@ async fn a_role_reachable_from_other_hosts_without_its_token_does_not_start() {
     assert!(output.contains("control.api_tokens"), "{output}");
     assert!(output.contains("control.allow_unauthenticated"), "{output}");
 
+    // The web console, beyond loopback without a token, is refused the same way.
+    let mut console = env.spawn(&["control"], &[("HARK_CONTROL__HTTP_LISTEN", &everywhere)]);
+    let status = console.exited_within(WAIT).await.expect("refused at start");
+    assert!(!status.success());
+    let output = console.output();
+    assert!(
+        output.contains("control.http_listen") && output.contains("control.api_tokens"),
+        "{output}"
+    );
+
     // Opting out on purpose is possible, and then it serves.
     let mut open = env.spawn(
         &["control"],

@@ -243,6 +243,12 @@ pub struct ControlConfig {
     /// `WatchTask` streams one task-control process serves at once; more are refused with
     /// `RESOURCE_EXHAUSTED`.
     pub max_watchers: u32,
+    /// Where task-control serves the web console, e.g. `127.0.0.1:8081`; empty: no console.
+    /// Beyond loopback it asks for one of `control.api_tokens`, as the gRPC API does.
+    pub http_listen: String,
+    /// The gateway whose HTTP adapter the console's playground talks through, e.g.
+    /// `http://hark-gateway:8080`; empty: `gateway.listen` on this host.
+    pub playground_url: String,
 }
 
 impl Default for ControlConfig {
@@ -252,6 +258,8 @@ impl Default for ControlConfig {
             api_tokens: Vec::new(),
             allow_unauthenticated: false,
             max_watchers: 10_000,
+            http_listen: "127.0.0.1:8081".into(),
+            playground_url: String::new(),
         }
     }
 }
@@ -1037,6 +1045,38 @@ impl Config {
                  empty, so anyone could create, answer and cancel tasks. Set control.api_tokens \
                  (HARK_CONTROL__API_TOKENS), listen on 127.0.0.1, or set \
                  control.allow_unauthenticated = true to serve it open on purpose"
+            ),
+        })
+    }
+
+    /// The web console's address, `None` when there is none. Beyond loopback it takes the same
+    /// guard as the gRPC API: `control.api_tokens`, or `control.allow_unauthenticated`.
+    pub fn console_listen(&self) -> Result<Option<SocketAddr>, Error> {
+        let control = &self.control;
+        let listen = control.http_listen.trim();
+        if listen.is_empty() {
+            return Ok(None);
+        }
+        let addr: SocketAddr = listen.parse().map_err(|_| Error::Key {
+            key: "control.http_listen".into(),
+            message: format!(
+                "`{listen}` is not a listen address: expected host:port, e.g. 127.0.0.1:8081, or \
+                 empty for no web console"
+            ),
+        })?;
+        if addr.ip().is_loopback()
+            || control.allow_unauthenticated
+            || control.api_tokens.iter().any(|t| !t.is_empty())
+        {
+            return Ok(Some(addr));
+        }
+        Err(Error::Key {
+            key: "control.api_tokens".into(),
+            message: format!(
+                "control.http_listen = {addr} is reachable from other hosts, but \
+                 control.api_tokens is empty, so anyone could answer and cancel tasks in the web \
+                 console. Set control.api_tokens (HARK_CONTROL__API_TOKENS), listen on 127.0.0.1, \
+                 or leave control.http_listen empty for no console"
             ),
         })
     }

@@ -46,15 +46,17 @@ pub struct App {
     committed: UnboundedReceiver<Vec<OutboxMessage>>,
     /// Tasks answers claimed for polling workers, to hand over.
     claims: UnboundedReceiver<handoff::Handoff>,
+    /// The web console's listener (`control.http_listen`), when there is one.
+    console: Option<std::net::TcpListener>,
 }
 
 impl App {
     /// Builds task-control when Postgres and NATS answer now; fails at once when they do not.
     pub async fn build(config: Config) -> Result<Self, Error> {
-        let listener = bind(&config)?;
+        let (listener, console) = bind(&config)?;
         let pool = connect_store(&config).await?;
         let connection = bus::connect(&config.nats, "hark task-control").await?;
-        Self::assemble(config, listener, pool, connection)
+        Self::assemble(config, listener, console, pool, connection)
     }
 
     /// Builds task-control, waiting (with capped backoff, saying what it waits for) for
@@ -65,7 +67,7 @@ impl App {
         config: Config,
         shutdown: &CancellationToken,
     ) -> Result<Option<Self>, Error> {
-        let listener = bind(&config)?;
+        let (listener, console) = bind(&config)?;
         let interim = NotReady::serve(&listener)?;
         let database = format!(
             "Postgres at database.url = {}",
@@ -87,12 +89,13 @@ impl App {
             return Ok(None);
         };
         interim.stop().await;
-        Self::assemble(config, listener, pool, connection).map(Some)
+        Self::assemble(config, listener, console, pool, connection).map(Some)
     }
 
     fn assemble(
         config: Config,
         listener: std::net::TcpListener,
+        console: Option<std::net::TcpListener>,
         pool: sqlx::PgPool,
         connection: bus::Connection,
     ) -> Result<Self, Error> {
@@ -146,6 +149,7 @@ impl App {
             listener,
             committed,
             claims,
+            console,
         })
     }
 
@@ -154,6 +158,11 @@ impl App {
         self.listener
             .local_addr()
             .unwrap_or(self.shared.config.control.grpc_listen)
+    }
+
+    /// The address the web console listens on, when there is one.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn shared(&self) -> &Shared {
@@ -166,6 +175,7 @@ impl App {
             listener,
             committed,
             claims,
+            console,
         } = self;
         let tracker = TaskTracker::new();
         // Control requests are served before anything publishes a run job, so that a worker
@@ -183,6 +193,13 @@ impl App {
             });
         }
         tracker.spawn(relay(shared.clone(), committed, shutdown.clone()));
+        if let Some(console) = console {
+            tracker.spawn(crate::console::serve(
+                shared.clone(),
+                console,
+                shutdown.clone(),
+            ));
+        }
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(handoff::forget_stopping(shared.clone(), shutdown.clone()));
         tokio::spawn(handoff::hand_over_claims(shared.clone(), claims));
@@ -231,8 +248,8 @@ impl App {
 }
 
 /// Checks the configuration that can be checked without a dependency, and binds the gRPC
-/// listener.
-fn bind(config: &Config) -> Result<std::net::TcpListener, Error> {
+/// listener and the web console's.
+fn bind(config: &Config) -> Result<(std::net::TcpListener, Option<std::net::TcpListener>), Error> {
     config.check_control_exposure()?;
     let addr = config.control.grpc_listen;
     let listener =
@@ -240,7 +257,8 @@ fn bind(config: &Config) -> Result<std::net::TcpListener, Error> {
     listener
         .set_nonblocking(true)
         .map_err(|source| Error::Listen { addr, source })?;
-    Ok(listener)
+    let console = crate::console::bind(config).map_err(Error::Serve)?;
+    Ok((listener, console))
 }
 
 /// Connects to Postgres and migrates.

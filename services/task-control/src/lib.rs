@@ -5,7 +5,8 @@
 //! - [`chat`] interprets inbound chat messages: commands, and answers routed to open questions.
 //! - [`control`] answers the requests of agent workers over NATS; [`handoff`] holds idle
 //!   workers' polls and hands them run jobs directly.
-//! - [`api`] serves `hark.v1.TaskService` over gRPC, with health and reflection.
+//! - [`api`] serves `hark.v1.TaskService` over gRPC, with health and reflection; [`console`]
+//!   serves the web console on `control.http_listen` through the same API.
 //! - [`timers`] sweeps deadlines, reminders, leases and running time; [`app`] wires it all up
 //!   and relays the outbox.
 //! - [`effects`] turns what a decision makes happen into outbox messages: run jobs, chat text
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod app;
 pub mod chat;
+pub mod console;
 pub mod control;
 pub mod convert;
 pub mod effects;

@@ -259,12 +259,17 @@ impl Texts {
                 handle,
                 question,
                 left,
-            } => {
-                let left = self.duration(*left);
-                pick!(self,
-                    zh: format!("[{t} · #{handle}] 还在等你的回答（剩 {left}）：{question}"),
-                    en: format!("[{t} · #{handle}] still waiting for your answer ({left} left): {question}"))
-            }
+            } => match left {
+                Some(left) => {
+                    let left = self.duration(*left);
+                    pick!(self,
+                        zh: format!("[{t} · #{handle}] 还在等你的回答（剩 {left}）：{question}"),
+                        en: format!("[{t} · #{handle}] still waiting for your answer ({left} left): {question}"))
+                }
+                None => pick!(self,
+                    zh: format!("[{t} · #{handle}] 还在等你的回答：{question}"),
+                    en: format!("[{t} · #{handle}] still waiting for your answer: {question}")),
+            },
         }
     }
 
@@ -866,7 +871,7 @@ mod tests {
             Say::Reminder {
                 handle: "a3f9".into(),
                 question: "Q?".into(),
-                left: Duration::from_secs(90),
+                left: Some(Duration::from_secs(90)),
             },
         ];
         for say in &says {

@@ -29,29 +29,6 @@ async fn create(tc: &TestControl, owner: &str, goal: &str) -> pb::Task {
         .expect("task")
 }
 
-async fn complete(tc: &TestControl, lease: pb::Lease, result: &str) {
-    let done: pb::ControlAck = tc
-        .request(
-            ControlOp::Complete,
-            codec::encode(pb::CompleteRequest {
-                lease: Some(lease),
-                result: result.into(),
-                ..Default::default()
-            }),
-        )
-        .await;
-    assert!(done.refusal.is_none(), "{:?}", done.refusal);
-}
-
-/// Claims the next job as a worker would, expecting it to be `task`'s.
-async fn claim_next(tc: &TestControl, task: &str) -> pb::Lease {
-    let job = tc.next_job().await;
-    assert_eq!(job.task_id, task);
-    let claimed = tc.claim(&job, "w1").await;
-    assert!(claimed.refusal.is_none(), "{:?}", claimed.refusal);
-    claimed.lease.expect("lease")
-}
-
 async fn next_event(watch: &mut Streaming<pb::TaskEvent>) -> pb::TaskEvent {
     tokio::time::timeout(WAIT, watch.next())
         .await
@@ -142,8 +119,8 @@ async fn events_carry_the_question_the_output_and_the_error() {
     api.answer_question(answer(&task.id, "blue", pb::AnswerWait::None, 0))
         .await
         .expect("answered");
-    let lease = claim_next(&tc, &task.id).await;
-    complete(&tc, lease, "Blue it is.").await;
+    let lease = tc.claim_next(&task.id).await;
+    tc.complete(lease, "Blue it is.").await;
     let mut last = next_event(&mut watch).await;
     while last.state != pb::TaskState::Completed as i32 {
         assert!(last.question.is_none() && last.result.is_empty());
@@ -155,7 +132,7 @@ async fn events_carry_the_question_the_output_and_the_error() {
 
     // A failure carries its error; a cancel its reason.
     let failing = create(&tc, "api:alice", "fail").await;
-    let lease = claim_next(&tc, &failing.id).await;
+    let lease = tc.claim_next(&failing.id).await;
     let mut watch = api
         .watch_task(pb::WatchTaskRequest {
             task_id: failing.id.clone(),
@@ -229,7 +206,7 @@ async fn an_answer_can_wait_for_the_next_question_or_the_end() {
             .await
         })
     };
-    let lease = claim_next(&tc, &task.id).await;
+    let lease = tc.claim_next(&task.id).await;
     assert!(
         !waiting.is_finished(),
         "the answer waits for the next question"
@@ -263,8 +240,8 @@ async fn an_answer_can_wait_for_the_next_question_or_the_end() {
             .await
         })
     };
-    let lease = claim_next(&tc, &task.id).await;
-    complete(&tc, lease, "one and two").await;
+    let lease = tc.claim_next(&task.id).await;
+    tc.complete(lease, "one and two").await;
     let replied = waiting
         .await
         .expect("joined")
@@ -355,14 +332,14 @@ async fn one_stream_watches_many_tasks_filtered_and_resumes_where_it_left_off() 
     assert_eq!(from_carol.event.expect("event").task_id, a.id);
 
     // a asks: the waiting stream sees only that; b's stream sees only b.
-    let lease = claim_next(&tc, &a.id).await;
+    let lease = tc.claim_next(&a.id).await;
     let asked = tc.ask(&lease, 1, "c1", "a?", 600).await;
     assert!(asked.refusal.is_none());
     let seen = next_of_many(&mut waiting).await.event.expect("event");
     assert_eq!(seen.task_id, a.id);
     assert_eq!(seen.question.expect("question").text, "a?");
-    let lease_b = claim_next(&tc, &b.id).await;
-    complete(&tc, lease_b, "b done").await;
+    let lease_b = tc.claim_next(&b.id).await;
+    tc.complete(lease_b, "b done").await;
     let b_events: Vec<i32> = vec![
         next_of_many(&mut by_ids).await.event.expect("event").state,
         next_of_many(&mut by_ids).await.event.expect("event").state,

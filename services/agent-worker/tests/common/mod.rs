@@ -48,6 +48,7 @@ impl Bed {
         config.nats.url = nats_url().into();
         config.nats.namespace = format!("w{tag}");
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
+        config.control.http_listen = "127.0.0.1:0".into();
         config.llm.base_url = llm.base_url();
         config.llm.max_retries = 3;
         config.llm.request_timeout = "20s".parse().expect("duration");

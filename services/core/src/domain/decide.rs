@@ -92,6 +92,8 @@ pub enum Command<'a> {
     Remind {
         before: Duration,
     },
+    /// Someone asks for the owner to be reminded now (the console's "remind"), deadline or not.
+    Nudge,
     /// The agent gave its final answer.
     Finish {
         result: &'a str,
@@ -119,7 +121,7 @@ impl Command<'_> {
             Command::Ask => Event::Ask,
             Command::Answer => Event::Answer,
             Command::Expire => Event::Expire(on_timeout),
-            Command::Remind { .. } => Event::Remind,
+            Command::Remind { .. } | Command::Nudge => Event::Remind,
             Command::Finish { .. } => Event::Finish,
             Command::Fail { .. } => Event::Fail,
             Command::LeaseExpired => Event::LeaseExpired,
@@ -151,11 +153,11 @@ pub enum Say {
         waited: Duration,
         resumed: bool,
     },
-    /// The question `handle`, asking `question`, closes in `left`.
+    /// The question `handle`, asking `question`, closes in `left` (never, when `None`).
     Reminder {
         handle: String,
         question: String,
-        left: Duration,
+        left: Option<Duration>,
     },
 }
 
@@ -390,7 +392,24 @@ pub fn decide(
                 vec![Effect::Say(Say::Reminder {
                     handle: question.handle.clone(),
                     question: question.text.clone(),
-                    left: Duration::from_secs(left.as_secs()),
+                    left: Some(Duration::from_secs(left.as_secs())),
+                })],
+            )
+        }
+        (S::WaitingInput { question }, C::Nudge) => {
+            let left = match question.deadline {
+                Some(deadline) if now >= deadline => return Err(Refusal::NotDue),
+                Some(deadline) => Some(Duration::from_secs(
+                    (deadline - now).unsigned_abs().as_secs(),
+                )),
+                None => None,
+            };
+            to(
+                from,
+                vec![Effect::Say(Say::Reminder {
+                    handle: question.handle.clone(),
+                    question: question.text.clone(),
+                    left,
                 })],
             )
         }
@@ -551,6 +570,7 @@ mod tests {
             Command::Remind {
                 before: Duration::from_secs(60),
             },
+            Command::Nudge,
             Command::Finish { result: "done" },
             Command::Fail { error: "broke" },
             Command::LeaseExpired,
@@ -584,7 +604,7 @@ mod tests {
             (s, C::Pause) if *s == running(false) => T::Running,
             (s, C::Resume) if *s == running(true) => T::Running,
             (State::WaitingInput { .. }, C::Answer | C::Expire) => T::Pending,
-            (State::WaitingInput { .. }, C::Remind { .. }) => T::WaitingInput,
+            (State::WaitingInput { .. }, C::Remind { .. } | C::Nudge) => T::WaitingInput,
             (State::WaitingInput { .. }, C::Cancel { .. }) => T::Cancelled,
             (State::WaitingInput { .. }, C::Pause) => T::Paused,
             (
@@ -747,9 +767,30 @@ mod tests {
             vec![&Say::Reminder {
                 handle: "a3f9".into(),
                 question: "Which city?".into(),
-                left: Duration::from_secs(30)
+                left: Some(Duration::from_secs(30))
             }]
         );
+        // A nudge comes at any moment before the deadline, and without one.
+        let nudge = decide(&waiting, &Command::Nudge, at(100), POLICY).unwrap();
+        assert!(!nudge.moves());
+        assert!(matches!(
+            nudge.said().next(),
+            Some(Say::Reminder { left: Some(left), .. }) if *left == Duration::from_secs(500)
+        ));
+        assert_eq!(
+            decide(&waiting, &Command::Nudge, at(600), POLICY),
+            Err(Refusal::NotDue)
+        );
+        let open_ended = task(State::WaitingInput {
+            question: question(None),
+        });
+        assert!(matches!(
+            decide(&open_ended, &Command::Nudge, at(100), POLICY)
+                .unwrap()
+                .said()
+                .next(),
+            Some(Say::Reminder { left: None, .. })
+        ));
         assert_eq!(
             decide(
                 &waiting,

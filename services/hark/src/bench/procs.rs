@@ -46,6 +46,8 @@ impl Processes {
                 config.control.grpc_listen.to_string(),
             ),
             ("HARK_GATEWAY__LISTEN", config.gateway.listen.to_string()),
+            // No web console: nothing watches it, and its port may be taken.
+            ("HARK_CONTROL__HTTP_LISTEN", String::new()),
             (
                 "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
                 config.gateway.onebot.access_token.expose().to_owned(),

@@ -175,6 +175,8 @@ pub enum Error {
     ScheduleEnded(String),
     #[error("task {task} has no open question")]
     NoOpenQuestion { task: String },
+    #[error("question #{handle} cannot be reminded of: {why}")]
+    NotRemindable { handle: String, why: &'static str },
     #[error("question {id} is closed ({outcome})")]
     QuestionClosed {
         id: String,
@@ -247,6 +249,7 @@ impl hark_core::error::Classified for Error {
                 Kind::NotFound
             }
             Error::NoOpenQuestion { .. }
+            | Error::NotRemindable { .. }
             | Error::ScheduleEnded(_)
             | Error::Already { .. }
             | Error::QuestionClosed { .. }

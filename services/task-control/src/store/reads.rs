@@ -1,6 +1,7 @@
 //! Reading tasks, their questions, rounds, instructions and audit.
 
 use hark_core::domain::{Owner, QuestionId, TaskId, TaskState};
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{ChatRoute, Error, Instruction, QuestionRow, RoundRow, Store, TaskRow, TransitionRow};
@@ -161,6 +162,20 @@ impl Store {
         .bind(task.as_uuid())
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// The rounds of a task with when each was checkpointed, for its timeline.
+    pub async fn rounds_at(&self, task: TaskId) -> Result<Vec<(RoundRow, OffsetDateTime)>, Error> {
+        let rows = sqlx::query_as::<_, (i32, sqlx::types::Json<serde_json::Value>, OffsetDateTime)>(
+            "SELECT round, messages, created_at FROM checkpoints WHERE task_id = $1 ORDER BY round",
+        )
+        .bind(task.as_uuid())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(round, messages, at)| (RoundRow { round, messages }, at))
+            .collect())
     }
 
     /// The instructions of a task not yet consumed by a checkpoint, oldest first.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    TaskId, TaskState, TimeoutPolicy,
+    QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
     decide::{self, Command, Decision},
 };
 use time::OffsetDateTime;
@@ -165,11 +165,58 @@ impl Store {
         .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
         .await?;
+        let outbox = self.reminders(&due, Command::Remind { before });
+        self.enqueue(&mut tx, outbox, &mut sent).await?;
+        tx.commit().await?;
+        self.published(sent);
+        Ok(due.len())
+    }
+
+    /// Reminds the owner of the open question `id` now, deadline or not (the console's
+    /// "remind"), and marks it reminded. Refused when the question is not open, its task does
+    /// not wait on it (paused, say), it has no chat to remind in, or its deadline passed.
+    pub async fn remind_now(&self, id: QuestionId) -> Result<QuestionRow, Error> {
+        let mut tx = self.pool.begin().await?;
+        let mut sent: Vec<OutboxMessage> = Vec::new();
+        let reminded = sqlx::query_as::<_, Reminded>(concat!(
+            "UPDATE questions q SET reminded_at = now()
+             WHERE id = $1 AND outcome = 'open' AND stream IS NOT NULL
+               AND (deadline IS NULL OR deadline > now())
+               AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $2)
+             RETURNING now() AS db_now, ",
+            question_columns!()
+        ))
+        .bind(id.as_uuid())
+        .bind(TaskState::WaitingInput.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(reminded) = reminded else {
+            let question = self.get_question(id).await?;
+            return Err(Error::NotRemindable {
+                handle: question.handle,
+                why: if question.outcome != QuestionOutcome::Open {
+                    "it is not open any more"
+                } else if question.stream.is_none() {
+                    "it was not asked in a chat; answer it here instead"
+                } else {
+                    "its task does not wait on it now (paused, or its deadline just passed)"
+                },
+            });
+        };
+        let outbox = self.reminders(std::slice::from_ref(&reminded), Command::Nudge);
+        self.enqueue(&mut tx, outbox, &mut sent).await?;
+        tx.commit().await?;
+        self.published(sent);
+        Ok(reminded.question)
+    }
+
+    /// The chat messages that remind the owners of `due`, as `command` decides them.
+    fn reminders(&self, due: &[Reminded], command: Command<'_>) -> Vec<OutboxMessage> {
         let mut outbox = Vec::new();
         for Reminded {
             question: q,
             db_now,
-        } in &due
+        } in due
         {
             let Some(route) = route(&q.platform, &q.bot_id, &q.stream) else {
                 continue;
@@ -181,7 +228,6 @@ impl Store {
             }) else {
                 continue;
             };
-            let command = Command::Remind { before };
             let Ok(decision) = decide::decide(&lifecycle, &command, *db_now, self.policy) else {
                 continue;
             };
@@ -193,10 +239,7 @@ impl Store {
                 &decision,
             ));
         }
-        self.enqueue(&mut tx, outbox, &mut sent).await?;
-        tx.commit().await?;
-        self.published(sent);
-        Ok(due.len())
+        outbox
     }
 
     /// Returns running tasks whose lease ran out to `pending`, to continue from their last

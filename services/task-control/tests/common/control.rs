@@ -58,6 +58,8 @@ pub struct TestControl {
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
     pub grpc: String,
+    /// The web console's base URL, when it listens.
+    pub console: Option<String>,
     shutdown: CancellationToken,
     handle: tokio::task::JoinHandle<()>,
     db: super::TestDb,
@@ -78,6 +80,7 @@ impl TestControl {
         config.nats.url = nats_url().into();
         config.nats.namespace = db.store.names().namespace().to_string();
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
+        config.control.http_listen = "127.0.0.1:0".into();
         config.permission.admins = vec!["qq:1".parse().expect("owner")];
         config.permission.users = vec![];
         // The tests read the English texts; the Chinese ones are tested where they are written
@@ -87,6 +90,7 @@ impl TestControl {
         let names = db.store.names().clone();
         let app = App::build(config).await.expect("task-control builds");
         let grpc = format!("http://{}", app.grpc_addr());
+        let console = app.console_addr().map(|a| format!("http://{a}"));
         let store = app.shared().store.clone();
         let watchers = app.shared().watchers.clone();
         let shutdown = CancellationToken::new();
@@ -121,6 +125,7 @@ impl TestControl {
             nats,
             js,
             grpc,
+            console,
             shutdown,
             handle,
             db,
@@ -344,6 +349,30 @@ impl TestControl {
             }),
         )
         .await
+    }
+
+    /// Claims the next job as a worker would, expecting it to be `task`'s.
+    pub async fn claim_next(&self, task: &str) -> pb::Lease {
+        let job = self.next_job().await;
+        assert_eq!(job.task_id, task);
+        let claimed = self.claim(&job, "w1").await;
+        assert!(claimed.refusal.is_none(), "{:?}", claimed.refusal);
+        claimed.lease.expect("lease")
+    }
+
+    /// Completes the task of `lease` with `result`, as its worker would.
+    pub async fn complete(&self, lease: pb::Lease, result: &str) {
+        let done: pb::ControlAck = self
+            .request(
+                ControlOp::Complete,
+                codec::encode(pb::CompleteRequest {
+                    lease: Some(lease),
+                    result: result.into(),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        assert!(done.refusal.is_none(), "{:?}", done.refusal);
     }
 
     /// Claims the task of the next job and asks `question`; returns the lease and the handle.

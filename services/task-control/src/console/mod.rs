@@ -1,0 +1,609 @@
+//! The web console on `control.http_listen`: an inbox of open questions answered in place,
+//! the tasks with their timelines and actions, and a playground that talks to hark as a chat
+//! user does, through the gateway's HTTP adapter.
+//!
+//! The page is three files built into the binary ([`assets`]); it reads and acts through the
+//! JSON routes here, which go through the same [`Api`] as gRPC, and stays current from one
+//! stream of task events (server-sent events over `fetch`, so that it can carry the token).
+//!
+//! Who may use it: anyone holding one of `control.api_tokens`, sent as
+//! `Authorization: Bearer`; with no tokens (allowed on loopback only, unless
+//! `control.allow_unauthenticated`), anyone who reaches it under a loopback host name, so that
+//! another site cannot reach it through DNS rebinding. Writes take JSON bodies only, which a
+//! page of another origin cannot send without a preflight this server never grants.
+
+mod assets;
+pub mod json;
+mod playground;
+
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, Request, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    middleware::{self, Next},
+    response::{
+        IntoResponse, Response,
+        sse::{Event, KeepAlive, Sse},
+    },
+    routing::{get, post},
+};
+use futures_util::{Stream, StreamExt as _};
+use hark_core::{
+    domain::{QuestionId, TaskId, TaskState},
+    secret::Secret,
+};
+use hark_proto::v1::{self as pb, task_service_server::TaskService as _};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+
+use crate::{api::Api, shared::Shared};
+
+/// The console's state: the API it acts through and who may use it.
+#[derive(Debug, Clone)]
+struct Console {
+    shared: Shared,
+    api: Api,
+    tokens: Arc<Vec<Secret>>,
+    playground: Arc<playground::Playground>,
+}
+
+/// Binds `control.http_listen`, when set, so that a port in use is said at start-up.
+pub fn bind(config: &hark_core::config::Config) -> Result<Option<std::net::TcpListener>, String> {
+    let Some(addr) = config.console_listen().map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        format!(
+            "cannot serve the web console on control.http_listen = {addr}: {e}; pick a free port, \
+             or leave control.http_listen empty for no console"
+        )
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("control.http_listen = {addr}: {e}"))?;
+    Ok(Some(listener))
+}
+
+/// Serves the console on `listener` until `shutdown`.
+pub async fn serve(shared: Shared, listener: std::net::TcpListener, shutdown: CancellationToken) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, "the web console cannot listen (control.http_listen)");
+            return;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "web console listening");
+    }
+    let served = axum::serve(listener, router(shared))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "the web console stopped");
+    }
+}
+
+fn router(shared: Shared) -> Router {
+    let console = Console {
+        api: Api::new(shared.clone()),
+        tokens: Arc::new(
+            shared
+                .config
+                .control
+                .api_tokens
+                .iter()
+                .filter(|t| !t.is_empty())
+                .cloned()
+                .collect(),
+        ),
+        playground: Arc::new(playground::Playground::new(&shared.config)),
+        shared,
+    };
+    let api = Router::new()
+        .route("/questions", get(questions))
+        .route("/questions/{id}/answer", post(answer))
+        .route("/questions/{id}/remind", post(remind))
+        .route("/tasks", get(tasks).post(create))
+        .route("/tasks/{id}", get(task))
+        .route("/tasks/{id}/{action}", post(act))
+        .route("/events", get(events))
+        .route("/playground/messages", post(playground::say))
+        .route("/playground/stream", get(playground::stream))
+        .route_layer(middleware::from_fn_with_state(console.clone(), signed_in))
+        .route("/session", get(session));
+    Router::new()
+        .route("/", get(assets::index))
+        .route("/assets/{name}", get(assets::file))
+        .nest("/api", api)
+        .layer(middleware::from_fn_with_state(console.clone(), guard))
+        .with_state(console)
+}
+
+/// Every response: no framing, no sniffing, nothing but this origin's own scripts; and with no
+/// tokens, only requests made to a loopback host name.
+async fn guard(State(console): State<Console>, request: Request, next: Next) -> Response {
+    if console.tokens.is_empty() && !loopback_host(request.headers()) {
+        return error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this console answers without a token only when reached as 127.0.0.1, [::1] or \
+             localhost; set control.api_tokens to reach it by another name",
+        )
+        .into_response();
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
+             connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether `headers` carry one of the tokens (always, when there are none).
+fn allowed(console: &Console, headers: &HeaderMap) -> bool {
+    console.tokens.is_empty()
+        || hark_core::secret::bearer(headers)
+            .is_some_and(|given| console.tokens.iter().any(|t| t.matches(given)))
+}
+
+async fn signed_in(State(console): State<Console>, request: Request, next: Next) -> Response {
+    if allowed(&console, request.headers()) {
+        next.run(request).await
+    } else {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "sign in with one of control.api_tokens",
+        )
+        .into_response()
+    }
+}
+
+/// A refusal the page reads: a status and `{"error": "…"}`.
+#[derive(Debug)]
+pub struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({"error": self.message}))).into_response()
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Failure {
+    Failure {
+        status,
+        message: message.into(),
+    }
+}
+
+/// A refusal of the API as the page reads it: the status a browser knows, and the message.
+fn refused(status: Status) -> Failure {
+    let code = match status.code() {
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    error(code, status.message())
+}
+
+type Answered = Result<Json<Value>, Failure>;
+
+/// `GET /api/session`: whether a token is needed and whether the one sent is good, the
+/// language, the chat command word and the playground.
+async fn session(State(console): State<Console>, headers: HeaderMap) -> Json<Value> {
+    let config = &console.shared.config;
+    Json(json!({
+        "token_required": !console.tokens.is_empty(),
+        "signed_in": allowed(&console, &headers),
+        "language": config.chat.language_for(&config.gateway.onebot.platform),
+        "command": config.chat.command,
+        "playground": console.playground.describe(),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+struct QuestionQuery {
+    #[serde(default)]
+    owner: String,
+}
+
+/// `GET /api/questions`: the open questions, oldest first.
+async fn questions(State(console): State<Console>, Query(q): Query<QuestionQuery>) -> Answered {
+    let mut all = Vec::new();
+    let mut page_token = String::new();
+    // The inbox shows every open question; pages of 200 until none is left (bounded).
+    for _ in 0..25 {
+        let page = console
+            .api
+            .list_questions(tonic::Request::new(pb::ListQuestionsRequest {
+                owner: q.owner.clone(),
+                page_size: 200,
+                page_token: page_token.clone(),
+                ..Default::default()
+            }))
+            .await
+            .map_err(refused)?
+            .into_inner();
+        all.extend(page.questions);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    all.sort_by_key(|q| {
+        q.asked_at
+            .as_ref()
+            .map(|t| (t.seconds, t.nanos))
+            .unwrap_or_default()
+    });
+    Ok(Json(json!({
+        "questions": all.iter().map(json::question).collect::<Vec<_>>()
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+struct TaskQuery {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    owner: String,
+    /// `platform:stream`, e.g. `qq:group:777`, or a stream alone.
+    #[serde(default)]
+    chat: String,
+    #[serde(default)]
+    page_token: String,
+}
+
+/// `GET /api/tasks`: the newest tasks, filtered by state (a comma-separated list), owner and
+/// chat.
+async fn tasks(State(console): State<Console>, Query(q): Query<TaskQuery>) -> Answered {
+    let mut states = Vec::new();
+    for word in q.state.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let state = word
+            .parse::<TaskState>()
+            .map_err(|e| error(StatusCode::BAD_REQUEST, format!("state: {e}")))?;
+        states.push(state.to_proto() as i32);
+    }
+    let chat = q.chat.trim();
+    let (platform, stream) = match chat.split_once(':') {
+        Some((platform, stream)) if stream.contains(':') => (platform, stream),
+        _ => ("", chat),
+    };
+    let page = console
+        .api
+        .list_tasks(tonic::Request::new(pb::ListTasksRequest {
+            owner: q.owner.trim().to_owned(),
+            states,
+            stream: stream.to_owned(),
+            platform: platform.to_owned(),
+            page_size: 100,
+            page_token: q.page_token,
+        }))
+        .await
+        .map_err(refused)?
+        .into_inner();
+    Ok(Json(json!({
+        "tasks": page.tasks.iter().map(json::task).collect::<Vec<_>>(),
+        "next_page_token": page.next_page_token,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTask {
+    owner: String,
+    goal: String,
+}
+
+/// `POST /api/tasks`: a task without a chat; its questions are answered here or over the API.
+async fn create(State(console): State<Console>, Json(new): Json<NewTask>) -> Answered {
+    let created = console
+        .api
+        .create_task(tonic::Request::new(pb::CreateTaskRequest {
+            owner: new.owner,
+            goal: new.goal,
+            ..Default::default()
+        }))
+        .await
+        .map_err(refused)?
+        .into_inner();
+    Ok(Json(json!({
+        "task": created.task.as_ref().map_or(Value::Null, json::task)
+    })))
+}
+
+/// `GET /api/tasks/{id}`: the task and its timeline: rounds, questions, transitions and the
+/// instructions not yet read.
+async fn task(State(console): State<Console>, Path(id): Path<String>) -> Answered {
+    let got = console
+        .api
+        .get_task(tonic::Request::new(pb::GetTaskRequest {
+            task_id: id.clone(),
+        }))
+        .await
+        .map_err(refused)?
+        .into_inner();
+    let task = got.task.unwrap_or_default();
+    let id: TaskId = task
+        .id
+        .parse()
+        .map_err(|_| error(StatusCode::NOT_FOUND, format!("no task {id}")))?;
+    let store = &console.shared.store;
+    let failed = |e: crate::store::Error| refused(crate::api::status_of(e));
+    let rounds = store.rounds_at(id).await.map_err(failed)?;
+    let transitions = store.transitions_of(id).await.map_err(failed)?;
+    let instructions = store.instructions_of(id).await.map_err(failed)?;
+    let at = |t: time::OffsetDateTime| json!(t.unix_timestamp_nanos() / 1_000_000);
+    Ok(Json(json!({
+        "task": json::task(&task),
+        "questions": got.questions.iter().map(json::question).collect::<Vec<_>>(),
+        "rounds": rounds.iter().map(|(r, created)| json!({
+            "round": r.round,
+            "messages": r.messages.0,
+            "at": at(*created),
+        })).collect::<Vec<_>>(),
+        "transitions": transitions.iter().map(|t| json!({
+            "from": t.from_state,
+            "to": t.to_state,
+            "event": t.event,
+            "generation": t.generation,
+            "actor": t.actor,
+            "detail": t.detail,
+            "at": at(t.at),
+        })).collect::<Vec<_>>(),
+        "instructions": instructions.iter().map(|i| json!({
+            "text": i.text,
+            "author": i.author,
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Act {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    text: String,
+}
+
+/// `POST /api/tasks/{id}/{cancel|pause|resume|tell}`.
+async fn act(
+    State(console): State<Console>,
+    Path((id, action)): Path<(String, String)>,
+    Json(act): Json<Act>,
+) -> Answered {
+    let api = &console.api;
+    let task = match action.as_str() {
+        "cancel" => {
+            api.cancel_task(tonic::Request::new(pb::CancelTaskRequest {
+                task_id: id,
+                reason: act.reason,
+            }))
+            .await
+            .map_err(refused)?
+            .into_inner()
+            .task
+        }
+        "pause" => {
+            api.pause_task(tonic::Request::new(pb::PauseTaskRequest { task_id: id }))
+                .await
+                .map_err(refused)?
+                .into_inner()
+                .task
+        }
+        "resume" => {
+            api.resume_task(tonic::Request::new(pb::ResumeTaskRequest { task_id: id }))
+                .await
+                .map_err(refused)?
+                .into_inner()
+                .task
+        }
+        "tell" => {
+            let told = api
+                .tell_task(tonic::Request::new(pb::TellTaskRequest {
+                    task_id: id,
+                    instruction: act.text,
+                    author: "console".into(),
+                }))
+                .await
+                .map_err(refused)?
+                .into_inner();
+            return Ok(Json(json!({"instruction_id": told.instruction_id})));
+        }
+        other => {
+            return Err(error(
+                StatusCode::NOT_FOUND,
+                format!("no action `{other}`: cancel, pause, resume or tell"),
+            ));
+        }
+    };
+    Ok(Json(json!({
+        "task": task.as_ref().map_or(Value::Null, json::task)
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerBody {
+    /// Read as a chat answer is (`2`, `是`, `key: value` lines).
+    #[serde(default)]
+    answer: String,
+    /// A structured answer: a choice, a list of them, true or false, or a form's object.
+    #[serde(default)]
+    value: Option<Value>,
+}
+
+/// `POST /api/questions/{id}/answer`.
+async fn answer(
+    State(console): State<Console>,
+    Path(id): Path<String>,
+    Json(body): Json<AnswerBody>,
+) -> Answered {
+    let answered = console
+        .api
+        .answer_question(tonic::Request::new(pb::AnswerQuestionRequest {
+            question_id: id,
+            answer: body.answer,
+            answer_json: body.value.map(|v| v.to_string()).unwrap_or_default(),
+            ..Default::default()
+        }))
+        .await
+        .map_err(refused)?
+        .into_inner();
+    Ok(Json(json!({
+        "task": answered.task.as_ref().map_or(Value::Null, json::task),
+        "question": answered.question.as_ref().map_or(Value::Null, json::question),
+    })))
+}
+
+/// `POST /api/questions/{id}/remind`: the owner is reminded in the chat now.
+async fn remind(State(console): State<Console>, Path(id): Path<String>) -> Answered {
+    let id: QuestionId = id
+        .parse()
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("question id: {e}")))?;
+    let question = console
+        .shared
+        .store
+        .remind_now(id)
+        .await
+        .map_err(|e| refused(crate::api::status_of(e)))?;
+    Ok(Json(json!({
+        "question": json::question(&crate::convert::question(&question))
+    })))
+}
+
+/// `GET /api/events`: task events as server-sent events, each with the token that goes on after
+/// it as its id; a client that reconnects with `Last-Event-ID` misses nothing, and one whose
+/// token is too old is told `410 Gone` (it lists again and watches from now).
+async fn events(
+    State(console): State<Console>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Failure> {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let slot = console
+        .shared
+        .watchers
+        .slot()
+        .map_err(|e| error(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+    let events = crate::events::watch_many(
+        &console.shared,
+        crate::events::Filter::default(),
+        resume,
+        slot,
+    )
+    .await
+    .map_err(|e| match e {
+        crate::events::WatchError::Gone => error(StatusCode::GONE, e.to_string()),
+        crate::events::WatchError::BadToken => error(StatusCode::BAD_REQUEST, e.to_string()),
+        crate::events::WatchError::Unavailable(_) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+    })?;
+    let stream = tokio_stream::wrappers::ReceiverStream::new(events).map(|item| {
+        Ok(match item {
+            Ok(response) => Event::default()
+                .event("task")
+                .id(response.resume_token)
+                .data(
+                    response
+                        .event
+                        .as_ref()
+                        .map_or(Value::Null, json::event)
+                        .to_string(),
+                ),
+            Err(status) => Event::default()
+                .event("lost")
+                .data(json!({"error": status.message()}).to_string()),
+        })
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// The address the console is served on, for banners: `None` without one.
+pub fn url(addr: Option<SocketAddr>) -> Option<String> {
+    addr.map(|addr| format!("http://{}/", crate::console::local(addr)))
+}
+
+/// `addr` as a browser on this host reaches it: an unspecified address becomes loopback.
+pub fn local(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::from(([127, 0, 0, 1], addr.port()))
+    } else {
+        addr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_names_count_as_loopback_hosts() {
+        let host = |h: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_str(h).expect("header"));
+            loopback_host(&headers)
+        };
+        for good in [
+            "127.0.0.1:8081",
+            "localhost:8081",
+            "LOCALHOST",
+            "[::1]:8081",
+            "127.0.0.2",
+        ] {
+            assert!(host(good), "{good}");
+        }
+        for bad in [
+            "evil.example:8081",
+            "10.0.0.1:8081",
+            "localhost.evil.example",
+            "[::2]:1",
+        ] {
+            assert!(!host(bad), "{bad}");
+        }
+        assert!(!loopback_host(&HeaderMap::new()));
+    }
+}

@@ -1,0 +1,111 @@
+// Drives hark's web console in Debian's chromium, as a person would: signs in, sees a question
+// arrive live, answers it, sees the task complete, and does the playground's round trip.
+// Run by tests/tests/console.rs, which starts hark and checks the outcome again over gRPC.
+//
+// Environment: CONSOLE_URL (http://127.0.0.1:port/), CONSOLE_TOKEN, SHOTS (a directory for the
+// screenshots), CHROMIUM (default /usr/bin/chromium). Prints one JSON line of what it saw.
+
+import { chromium } from "playwright-core";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const url = process.env.CONSOLE_URL;
+const token = process.env.CONSOLE_TOKEN;
+const shots = process.env.SHOTS;
+const WAIT = 30_000;
+mkdirSync(shots, { recursive: true });
+
+const profile = mkdtempSync(join(tmpdir(), "hark-chromium-"));
+// A new, empty profile (Chromium's --user-data-dir) for each run.
+const browser = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  locale: "en-GB",
+  args: [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  ],
+});
+const seen = {};
+let step = 0;
+const shot = async (page, name) => page.screenshot({ path: join(shots, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
+
+const page = browser.pages()[0] || await browser.newPage();
+try {
+  page.on("pageerror", (e) => { seen.page_errors = [...(seen.page_errors || []), String(e)]; });
+  // English, whatever chat.language says: the assertions read English words.
+  await page.addInitScript(() => localStorage.setItem("hark.lang", "en"));
+
+  // Sign in: a wrong token is refused, the right one lets in.
+  await page.goto(url);
+  await page.locator("input[name=token]").waitFor({ timeout: WAIT });
+  await shot(page, "sign-in");
+  await page.fill("input[name=token]", "not-the-token");
+  await page.click("button:has-text('Sign in')");
+  await page.locator("text=That token is not one of control.api_tokens").waitFor({ timeout: WAIT });
+  seen.wrong_token_refused = true;
+  await page.fill("input[name=token]", token);
+  await page.click("button:has-text('Sign in')");
+  await page.locator("h1:has-text('Inbox')").waitFor({ timeout: WAIT });
+  await page.locator("#live.on").waitFor({ timeout: WAIT });
+  await shot(page, "inbox-empty");
+
+  // A task is created from outside the page; its question appears without a reload.
+  const created = await fetch(new URL("/api/tasks", url), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ owner: "web:ada", goal: "choose a colour" }),
+  }).then((r) => r.json());
+  const taskId = created.task.id;
+  seen.task_id = taskId;
+  const card = page.locator(`[data-question][data-task="${taskId}"]`);
+  await card.waitFor({ timeout: WAIT });
+  seen.question_text = (await card.locator(".qtext").textContent()).trim();
+  seen.badge = (await page.locator("nav .badge").textContent()).trim();
+  await shot(page, "inbox-question");
+
+  // Answered in the browser, by its choice button; the card leaves when the task moves on.
+  await card.locator("button.choice:has-text('green')").click();
+  await card.waitFor({ state: "detached", timeout: WAIT });
+
+  // The task list shows it completed (live), and its page shows the output and the timeline.
+  await page.click("nav a:has-text('Tasks')");
+  const row = page.locator(`tr[data-task="${taskId}"]`);
+  await row.locator(".state.completed").waitFor({ timeout: WAIT });
+  await shot(page, "tasks");
+  await row.locator("a").click();
+  const detail = page.locator(`section.task[data-task="${taskId}"][data-state="completed"]`);
+  await detail.waitFor({ timeout: WAIT });
+  seen.output = (await detail.locator(".output").first().textContent()).trim();
+  seen.answered_line = (await detail.locator(".timeline li.answer").first().textContent()).trim();
+  seen.rounds = await detail.locator(".timeline li.round").count();
+  await shot(page, "task");
+
+  // The playground: a task started as a chat user, its question quoted and answered.
+  await page.click("nav a:has-text('Playground')");
+  await page.locator(".chat[data-listening]").waitFor({ timeout: WAIT });
+  await page.fill("input[name=goal]", "greet me [script:pg]");
+  await page.click("button:has-text('Start')");
+  const question = page.locator(".bubble.hark", { hasText: "What is your name?" });
+  await question.waitFor({ timeout: WAIT });
+  await shot(page, "playground-question");
+  await question.locator("button:has-text('Quote')").click();
+  await page.locator(".quoting:not([hidden])").waitFor({ timeout: WAIT });
+  await page.fill("input[name=say]", "Ada");
+  await page.click("form:has(input[name=say]) button");
+  const result = page.locator(".bubble.hark", { hasText: "Hello Ada" });
+  await result.waitFor({ timeout: WAIT });
+  seen.playground_result = (await result.textContent()).trim();
+  seen.playground_user = (await page.locator(".playground b.mono").textContent()).trim();
+  await shot(page, "playground-result");
+  console.log(JSON.stringify(seen));
+} catch (e) {
+  console.error(String(e && e.stack || e));
+  await shot(page, "failure").catch(() => {});
+  console.log(JSON.stringify(seen));
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+  rmSync(profile, { recursive: true, force: true });
+}

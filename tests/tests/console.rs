@@ -1,0 +1,162 @@
+//! The web console in a real browser: Debian's chromium driven by playwright-core (installed by
+//! `.ci/run` with `npm ci --prefix tests/console`), against hark in processes with the scripted
+//! model. The browser signs in, sees a question arrive live, answers it by its choice, sees the
+//! task complete with its timeline, and plays a chat user in the playground, through the
+//! gateway's HTTP adapter. Screenshots are kept in `target/test-artifacts/console/`.
+
+use std::{path::PathBuf, process::Stdio};
+
+use hark_e2e::{Env, free_port};
+use hark_proto::v1 as pb;
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "console-token-7f3a";
+
+fn authed<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {TOKEN}").parse().expect("metadata"),
+    );
+    request
+}
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[tokio::test]
+async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
+    let driver = manifest_dir().join("console/node_modules/playwright-core");
+    assert!(
+        driver.exists(),
+        "{} is missing: run `npm ci --prefix tests/console` (as .ci/run does)",
+        driver.display()
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "{chromium} is missing: install Debian's chromium (as .ci/run does)"
+    );
+
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            json!({"question": "Pick a colour", "choices": ["red", "green", "blue"]}),
+        ),
+        Step::say("You chose {answer}"),
+    ]))
+    .await
+    .expect("scripted LLM");
+    llm.set_script(
+        "pg",
+        Script::new(vec![
+            Step::ask("What is your name?"),
+            Step::say("Hello {answer}"),
+        ]),
+    );
+    let console_port = free_port();
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    env.set("HARK_CONTROL__API_TOKENS", TOKEN);
+    env.set(
+        "HARK_CONTROL__HTTP_LISTEN",
+        &format!("127.0.0.1:{console_port}"),
+    );
+    env.set("HARK_GATEWAY__HTTP__PLATFORMS", "web");
+    env.set("HARK_GATEWAY__HTTP__BOTS", "web:playground");
+    let mut control = env.spawn(&["control"], &[]);
+    let mut client = env.client().await;
+    let mut gateway = env.spawn(&["gateway"], &[]);
+    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+
+    let shots = manifest_dir().join("../target/test-artifacts/console");
+    let _ = std::fs::remove_dir_all(&shots);
+    let driven = tokio::process::Command::new("node")
+        .arg(manifest_dir().join("console/drive.mjs"))
+        .env("CONSOLE_URL", format!("http://127.0.0.1:{console_port}/"))
+        .env("CONSOLE_TOKEN", TOKEN)
+        .env("SHOTS", &shots)
+        .env("CHROMIUM", &chromium)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&driven.stdout);
+    let stderr = String::from_utf8_lossy(&driven.stderr);
+    assert!(
+        driven.status.success(),
+        "the browser did not get through (screenshots in {}):\n{stderr}\n{stdout}\n{}\n{}",
+        shots.display(),
+        control.output(),
+        gateway.output(),
+    );
+    let seen: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .expect("the driver's JSON line");
+
+    assert_eq!(seen["wrong_token_refused"], true);
+    assert_eq!(seen["question_text"], "Pick a colour");
+    assert_eq!(seen["badge"], "1");
+    assert!(
+        seen["output"].as_str().is_some_and(|o| o.contains("green")),
+        "{seen}"
+    );
+    assert!(
+        seen["answered_line"]
+            .as_str()
+            .is_some_and(|l| l.contains("Answered by api") && l.contains("green")),
+        "{seen}"
+    );
+    assert!(seen["rounds"].as_u64().is_some_and(|r| r >= 2), "{seen}");
+    assert!(
+        seen["playground_result"]
+            .as_str()
+            .is_some_and(|r| r.contains("Hello Ada")),
+        "{seen}"
+    );
+    assert!(seen["page_errors"].is_null(), "{seen}");
+
+    // What the browser saw is what the API says.
+    let task = client
+        .get_task(authed(pb::GetTaskRequest {
+            task_id: seen["task_id"].as_str().expect("task id").into(),
+        }))
+        .await
+        .expect("get task")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(task.state, pb::TaskState::Completed as i32);
+    assert!(task.result.contains("green"), "{}", task.result);
+    let user = seen["playground_user"].as_str().expect("playground user");
+    let played = client
+        .list_tasks(authed(pb::ListTasksRequest {
+            owner: user.into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("list tasks")
+        .into_inner()
+        .tasks;
+    assert_eq!(played.len(), 1, "{user}: {played:?}");
+    assert_eq!(played[0].state, pb::TaskState::Completed as i32);
+    assert!(
+        played[0].result.contains("Hello Ada"),
+        "{}",
+        played[0].result
+    );
+    let shots_taken = std::fs::read_dir(&shots).map_or(0, |d| d.count());
+    assert!(
+        shots_taken >= 7,
+        "{shots_taken} screenshots in {}",
+        shots.display()
+    );
+
+    worker.stop().await;
+    gateway.stop().await;
+    control.stop().await;
+    drop(llm);
+    env.cleanup().await;
+}

@@ -279,6 +279,59 @@ fn every_compose_command_and_environment_key_exists_in_hark() {
 }
 
 #[test]
+fn the_deps_profile_runs_only_the_servers_on_loopback_and_the_example_env_runs_the_demo_model() {
+    let compose = &load("docker-compose.yml")[0];
+    let services = compose["services"].as_hash().expect("services");
+    let mut deps = Vec::new();
+    for (name, service) in services {
+        let service = merged(service);
+        let profiles = strings(&service["profiles"]);
+        let name = name.as_str().expect("service name").to_owned();
+        assert!(
+            !profiles.is_empty(),
+            "{name} has no profile, so `--profile deps` would start it too"
+        );
+        if profiles.iter().any(|p| p == "deps") {
+            for port in strings(&service["ports"]) {
+                assert!(port.starts_with("127.0.0.1:"), "{name} publishes {port}");
+            }
+            deps.push((name, strings(&service["ports"])));
+        }
+    }
+    let defaults = Config::default();
+    let port_of = |url: &str| {
+        url.rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let want = [
+        format!("127.0.0.1:{0}:{0}", port_of(defaults.nats.url.expose())),
+        format!("127.0.0.1:{0}:{0}", port_of(defaults.database.url.expose())),
+    ];
+    let published: Vec<String> = deps.iter().flat_map(|(_, p)| p.clone()).collect();
+    assert_eq!(deps.len(), 2, "{deps:?}");
+    for port in want {
+        assert!(published.contains(&port), "{port} in {published:?}");
+    }
+    let vars = env_example();
+    assert_eq!(
+        vars.get("LLM_BASE_URL").map(String::as_str),
+        Some(""),
+        "the demo model"
+    );
+    for token in ["ONEBOT_ACCESS_TOKEN", "HARK_API_TOKEN", "METRICS_TOKEN"] {
+        assert!(
+            vars.get(token).is_some_and(|v| !v.is_empty()),
+            "{token} is set"
+        );
+    }
+}
+
+#[test]
 fn the_example_config_file_loads() {
     let text = std::fs::read_to_string(root().join("deploy/hark.example.toml")).expect("example");
     let config = Config::from_parts(Some(&text), "deploy/hark.example.toml", &BTreeMap::new())

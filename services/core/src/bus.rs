@@ -49,6 +49,11 @@ pub enum Error {
         url: String,
         source: async_nats::ConnectError,
     },
+    #[error(
+        "NATS answers at nats.url, but JetStream is off there: start nats-server with -js (and -sd \
+         <dir> to keep its streams), or point nats.url (HARK_NATS__URL) at one that has it"
+    )]
+    NoJetStream,
     #[error("cannot create or update JetStream stream {stream}: {source}")]
     Stream {
         stream: String,
@@ -367,6 +372,12 @@ pub fn durable(
     }
 }
 
+/// Whether a JetStream request failed because the server runs without JetStream.
+fn jetstream_off(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("jetstream unavailable") || error.contains("jetstream not enabled")
+}
+
 /// Creates or updates every stream and the consumers shared by task-control and workers.
 /// Safe to call from every replica at every start.
 pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error> {
@@ -385,10 +396,11 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
                 })?;
             }
             Err(e) => {
-                return Err(Error::Stream {
-                    stream,
-                    source: e.into(),
-                });
+                let source: async_nats::Error = e.into();
+                if jetstream_off(&source.to_string()) {
+                    return Err(Error::NoJetStream);
+                }
+                return Err(Error::Stream { stream, source });
             }
         }
     }

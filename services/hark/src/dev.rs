@@ -1,12 +1,52 @@
 //! `hark dev`: the whole of hark in one process, for trying it out and for small installations.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Context as _;
 use hark_core::config::Config;
 use hark_worker::worker::Worker;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    mut config: Config,
+    workers: u32,
+    data_dir: PathBuf,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     anyhow::ensure!(workers >= 1, "--workers must be at least 1");
+    std::fs::create_dir_all(&data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {} (--data-dir, HARK_DATA_DIR)",
+            data_dir.display()
+        )
+    })?;
+    prepare(&mut config, &data_dir);
+    let mut private = crate::servers::ensure(&config, &data_dir).await?;
+    let ran = serve(config, workers, &data_dir, &private.started, shutdown).await;
+    private.stop().await;
+    ran
+}
+
+/// What hark dev sets that a config left empty: the playground's HTTP adapter bot, and the
+/// gateway's spool under the data directory.
+fn prepare(config: &mut Config, data_dir: &Path) {
+    let http = &mut config.gateway.http;
+    if http.platforms.is_empty() && http.bots.is_empty() && http.webhook_url.is_empty() {
+        http.platforms = vec!["web".into()];
+        http.bots = vec!["web:playground".into()];
+    }
+    if config.gateway.spool_dir.is_empty() {
+        config.gateway.spool_dir = data_dir.join("spool").display().to_string();
+    }
+}
+
+async fn serve(
+    config: Config,
+    workers: u32,
+    data_dir: &Path,
+    started: &[String],
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let Some(control) = hark_control::app::App::build_waiting(config.clone(), &shutdown)
         .await
         .context("task-control did not start")?
@@ -29,7 +69,6 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
     let metrics =
         crate::listen::metrics(&config, built.first().map(Worker::health), shutdown.clone())
             .await?;
-    let onebot = format!("ws://{}/onebot/v11/ws", gateway.addr());
     let llm = match &demo {
         Some(demo) => format!(
             "the built-in DEMO model at {} (set llm.base_url for a real one)",
@@ -45,20 +84,55 @@ pub async fn run(config: Config, workers: u32, shutdown: CancellationToken) -> a
             }
         ),
     };
-    eprintln!(
-        "\nhark dev is up\n  OneBot reverse WebSocket: {onebot}{}\n  HTTP adapter:             http://{}/api/v1/messages\n  gRPC API:                 http://{}\n  metrics:                  http://{}/metrics\n  LLM:                      {llm}\n  workers:                  {workers}\n  database:                 {}\n  NATS:                     {} (namespace {})\nStop with Ctrl-C; a second Ctrl-C exits at once.\n",
-        if config.gateway.onebot.access_token.is_empty() {
-            " (no access token)"
-        } else {
-            " (access token required)"
-        },
-        gateway.addr(),
-        control.grpc_addr(),
-        metrics.unwrap_or(gateway.addr()),
+    let console = match hark_control::console::url(control.console_addr()) {
+        Some(url) if config.control.api_tokens.iter().any(|t| !t.is_empty()) => {
+            format!("{url} (sign in with one of control.api_tokens)")
+        }
+        Some(url) => url,
+        None => "off (control.http_listen is empty)".into(),
+    };
+    let gateway_addr = hark_control::console::local(gateway.addr());
+    let onebot_token = if config.gateway.onebot.access_token.is_empty() {
+        "no access token; set gateway.onebot.access_token (HARK_GATEWAY__ONEBOT__ACCESS_TOKEN) \
+         and the same token in the bot"
+    } else {
+        "the bot sends gateway.onebot.access_token as its token"
+    };
+    let http_adapter = if !config.gateway.http.platforms.is_empty() {
+        format!(
+            "http://{gateway_addr}/api/v1/messages (platforms {})",
+            config.gateway.http.platforms.join(", ")
+        )
+    } else {
+        "off (gateway.http.platforms is empty)".into()
+    };
+    let mut banner = format!(
+        "\nhark dev is up\n  \
+         web console:              {console}\n  \
+         gRPC API:                 http://{}\n  \
+         OneBot reverse WebSocket: ws://{gateway_addr}/onebot/v11/ws ({onebot_token})\n  \
+         HTTP adapter:             {http_adapter}\n  \
+         LLM:                      {llm}\n  \
+         workers:                  {workers}\n  \
+         database:                 {}\n  \
+         NATS:                     {} (namespace {})\n  \
+         data:                     {}\n",
+        hark_control::console::local(control.grpc_addr()),
         hark_core::secret::redact_url(config.database.url.expose()),
         hark_core::secret::redact_url(config.nats.url.expose()),
         config.nats.namespace,
+        data_dir.display(),
     );
+    if let Some(metrics) = metrics {
+        banner.push_str(&format!(
+            "  metrics:                  http://{metrics}/metrics\n"
+        ));
+    }
+    for server in started {
+        banner.push_str(&format!("  started:                  {server}\n"));
+    }
+    banner.push_str("Stop with Ctrl-C; a second Ctrl-C exits at once.\n");
+    eprintln!("{banner}");
 
     let tracker = TaskTracker::new();
     let failed = CancellationToken::new();

@@ -6,6 +6,7 @@ mod bench;
 mod dev;
 mod health;
 mod listen;
+mod servers;
 mod task;
 
 use anyhow::Context as _;
@@ -60,11 +61,22 @@ enum Command {
         /// How many workers to run.
         #[arg(long, default_value_t = 2)]
         workers: u32,
+        /// Where private Postgres and NATS keep their data, when hark dev starts them because
+        /// nothing answers at database.url or nats.url, and where the gateway spools
+        /// [default: $XDG_DATA_HOME/hark or ~/.local/share/hark]
+        #[arg(long, env = "HARK_DATA_DIR", value_name = "DIR")]
+        data_dir: Option<PathBuf>,
     },
     /// Talk to a running hark over its gRPC API.
     Task(task::TaskArgs),
     /// Measure resume latency and mass suspend/resume against a running hark (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
+    /// Print a completion script for a shell, e.g. `hark completions bash >
+    /// ~/.local/share/bash-completion/completions/hark`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Exit 0 when a role answers on this host (for container healthchecks).
     Health {
         /// Without one: the role the container runs (the `hark` command of PID 1).
@@ -84,19 +96,49 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            // `{:#}` prints the whole cause chain on one line, without a backtrace.
-            eprintln!("hark: {err:#}");
+            eprintln!("hark: {}", said_once(&err));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes on one line, each said once: a cause whose text what it caused
+/// already says is left out (most errors here quote their cause), and Postgres's errors without
+/// the line of Postgres's own source code.
+fn said_once(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = match cause.downcast_ref::<sqlx::Error>() {
+            Some(e) => hark_control::store::said(e),
+            None => cause.to_string(),
+        };
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Needs no config: it works before one exists.
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory as _;
+        clap_complete::generate(shell, &mut Cli::command(), "hark", &mut std::io::stdout());
+        return Ok(());
+    }
     let config = Config::load(cli.config.as_deref())?;
     // The task client prints for people; only warnings belong on its stderr.
     let quiet = matches!(
         cli.command,
-        Command::Task(_) | Command::Config { .. } | Command::Health { .. } | Command::Bench(_)
+        Command::Task(_)
+            | Command::Config { .. }
+            | Command::Health { .. }
+            | Command::Bench(_)
+            | Command::Completions { .. }
     );
     let role = match &cli.command {
         Command::Control => Some("control"),
@@ -109,7 +151,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let _telemetry = init_tracing(&config, quiet, role)?;
     match cli.command {
         Command::Migrate { wait } => migrate(&config, wait.map(|w| w.0)).await,
-        Command::Dev { workers } => dev::run(config, workers, shutdown_on_signal()).await,
+        Command::Dev { workers, data_dir } => {
+            let data_dir = data_dir.unwrap_or_else(servers::default_data_dir);
+            dev::run(config, workers, data_dir, shutdown_on_signal()).await
+        }
         Command::Task(args) => task::run(&config, args).await,
         Command::Health { role } => {
             let roles = match role {
@@ -122,6 +167,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(config, args).await,
+        Command::Completions { .. } => Ok(()),
         Command::Gateway => {
             let app = hark_gateway::app::App::build(&config).await?;
             tracing::info!(addr = %app.addr(), "gateway started");

@@ -67,6 +67,10 @@ enum TaskCommand {
         /// -100..100: when workers are scarce, higher priorities are claimed first.
         #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
         priority: i32,
+        /// Then follow the task until it ends: each question is shown and answered with a line
+        /// read from stdin (or in its chat); exits 1 when it fails or is cancelled.
+        #[arg(long, conflicts_with_all = ["start_in", "cron"])]
+        wait: bool,
         /// What the task should achieve (for a questionnaire, an optional title).
         #[arg(trailing_var_arg = true)]
         goal: Vec<String>,
@@ -181,6 +185,8 @@ type Client = TaskServiceClient<InterceptedService<Channel, Bearer>>;
 
 async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
     let api = match &args.api {
+        // `127.0.0.1:50051` means what `http://127.0.0.1:50051` says.
+        Some(api) if !api.contains("://") => format!("http://{api}"),
         Some(api) => api.clone(),
         None => {
             let mut addr = config.control.grpc_listen;
@@ -191,7 +197,9 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
         }
     };
     let channel = Endpoint::from_shared(api.clone())
-        .with_context(|| format!("`{api}` is not a URL for --api"))?
+        .with_context(|| {
+            format!("`{api}` is not an address for --api (HARK_API): give http://host:port")
+        })?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
@@ -357,6 +365,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             cron,
             timezone,
             priority,
+            wait,
             goal,
         } => {
             if goal.is_empty() && questionnaire.is_empty() {
@@ -445,6 +454,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     state_name(task.state),
                     clip(&task.goal, 80)
                 );
+            }
+            if wait {
+                follow(&mut api, &task.id, json_out).await?;
             }
         }
         TaskCommand::List {
@@ -709,6 +721,80 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Follows task `id` until it ends, answering each question it asks with a line of stdin (until
+/// stdin ends; then it only watches, and the answer may come from the chat or another client).
+async fn follow(api: &mut Client, id: &str, json_out: bool) -> anyhow::Result<()> {
+    let mut events = api
+        .watch_task(pb::WatchTaskRequest {
+            task_id: id.to_owned(),
+        })
+        .await
+        .map_err(explain)?
+        .into_inner();
+    // Lines of stdin, read on a thread of their own; `None` once it ends.
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            if tx.send(line.ok()).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(None);
+    });
+    let mut stdin_open = true;
+    let mut open: Option<pb::Question> = None;
+    let mut last: Option<pb::TaskEvent> = None;
+    loop {
+        tokio::select! {
+            event = events.message() => {
+                let Some(event) = event.map_err(explain)? else { break };
+                if json_out {
+                    println!("{}", event_json(&event));
+                } else {
+                    print_event(&event);
+                }
+                open = event.question.clone();
+                if let (Some(q), false) = (&open, json_out) {
+                    if !q.choices.is_empty() {
+                        for (n, choice) in q.choices.iter().enumerate() {
+                            println!("    {}. {choice}", n + 1);
+                        }
+                    }
+                    if stdin_open {
+                        println!("  your answer (a line; Ctrl-D to answer elsewhere):");
+                    }
+                }
+                last = Some(event);
+            }
+            line = lines.recv(), if stdin_open && open.is_some() => {
+                match line.flatten() {
+                    None => stdin_open = false,
+                    Some(line) if line.trim().is_empty() => {}
+                    Some(line) => {
+                        let question = open.take().map(|q| q.id).unwrap_or_default();
+                        let answered = api
+                            .answer_question(pb::AnswerQuestionRequest {
+                                question_id: question,
+                                answer: line.trim().to_owned(),
+                                ..Default::default()
+                            })
+                            .await;
+                        if let Err(status) = answered {
+                            // A misfit or a question closed meanwhile: say so and go on.
+                            eprintln!("hark: {}", status.message());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    match last.as_ref().map(|e| e.state) {
+        Some(s) if s == pb::TaskState::Completed as i32 => Ok(()),
+        Some(s) => anyhow::bail!("task {} ended {}", short(id), state_name(s)),
+        None => anyhow::bail!("task {} sent no event", short(id)),
+    }
 }
 
 fn event_json(event: &pb::TaskEvent) -> serde_json::Value {

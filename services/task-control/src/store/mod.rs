@@ -150,17 +150,31 @@ use hark_core::{
     error::Kind,
 };
 
+/// What a person reads of a database error: Postgres's own message, without the line of
+/// Postgres's source code sqlx adds to it.
+pub fn said(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(e) => format!("Postgres says: {}", e.message()),
+        other => format!("database error: {other}"),
+    }
+}
+
 /// Why a store operation did not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("database error: {0}")]
+    #[error("{}", said(.0))]
     Database(sqlx::Error),
     #[error("cannot migrate the database: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(
-        "cannot create database `{name}` (create it by hand, or give the user CREATEDB): {source}"
+        "cannot create database `{name}` (create it by hand, or give the user CREATEDB): {}",
+        said(source)
     )]
-    CreateDatabase { name: String, source: sqlx::Error },
+    CreateDatabase {
+        name: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error("`{0}` is not a usable database URL: {1}")]
     DatabaseUrl(String, String),
     #[error("no task {0}")]

@@ -1,0 +1,181 @@
+//! The `hark` command line as a person meets it: completions, `task new --wait` answered on stdin,
+//! and errors that name the config key when a server does not answer, each cause said once.
+
+use std::{process::Stdio, time::Duration};
+
+use hark_e2e::{Env, free_port, hark_binary};
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+use tokio::{io::AsyncWriteExt as _, process::Command};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs `hark <args>` with `vars`; returns (success, stdout, stderr).
+async fn hark(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
+    let output = tokio::time::timeout(
+        WAIT,
+        Command::new(hark_binary())
+            .args(args)
+            .env_remove("HARK_CONFIG")
+            .env("NO_COLOR", "1")
+            .envs(vars.iter().copied())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("hark finishes")
+    .expect("hark runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn completions_are_printed_for_each_shell() {
+    let (ok, script, _) = hark(&["completions", "bash"], &[]).await;
+    assert!(ok);
+    for word in ["_hark", "dev", "task", "completions"] {
+        assert!(script.contains(word), "{word} in {script}");
+    }
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let (ok, script, _) = hark(&["completions", shell], &[]).await;
+        assert!(ok && !script.is_empty(), "{shell}");
+    }
+    let (ok, _, said) = hark(&["completions", "tcsh"], &[]).await;
+    assert!(!ok);
+    assert!(said.contains("bash"), "{said}");
+}
+
+#[tokio::test]
+async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_said_once() {
+    let closed = free_port();
+    let database = format!("postgres://postgres@127.0.0.1:{closed}/hark");
+    let (ok, _, said) = hark(&["migrate"], &[("HARK_DATABASE__URL", &database)]).await;
+    assert!(!ok);
+    assert!(said.contains("database.url"), "{said}");
+    assert_eq!(said.matches("Connection refused").count(), 1, "{said}");
+
+    // Postgres's own message, without the line of its source code.
+    let stranger = format!("{}/hark", hark_e2e::postgres_url()).replace("postgres@", "nobody@");
+    let (ok, _, said) = hark(&["migrate"], &[("HARK_DATABASE__URL", &stranger)]).await;
+    assert!(!ok);
+    assert!(
+        said.contains("database.url") && said.contains("\"nobody\""),
+        "{said}"
+    );
+    assert!(!said.contains(" at line "), "{said}");
+
+    let nats = format!("nats://127.0.0.1:{closed}");
+    let (ok, _, said) = hark(
+        &["migrate"],
+        &[
+            ("HARK_NATS__URL", &nats),
+            (
+                "HARK_DATABASE__URL",
+                &format!("{}/postgres", hark_e2e::postgres_url()),
+            ),
+        ],
+    )
+    .await;
+    assert!(!ok);
+    assert!(said.contains("nats.url"), "{said}");
+    assert_eq!(said.matches("Connection refused").count(), 1, "{said}");
+
+    // A nats-server without JetStream: say to start it with -js.
+    let port = free_port();
+    let mut plain = Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server runs");
+    let url = format!("nats://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (ok, _, said) = hark(
+        &["migrate"],
+        &[
+            ("HARK_NATS__URL", &url),
+            (
+                "HARK_DATABASE__URL",
+                &format!("{}/postgres", hark_e2e::postgres_url()),
+            ),
+        ],
+    )
+    .await;
+    let _ = plain.kill().await;
+    assert!(!ok);
+    assert!(said.contains("-js") && said.contains("nats.url"), "{said}");
+}
+
+#[tokio::test]
+async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            serde_json::json!({"question": "Tea or coffee?", "choices": ["tea", "coffee"]}),
+        ),
+        Step::say("Here is your {answer}"),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    let mut control = env.spawn(&["control"], &[]);
+    env.client().await;
+    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+
+    // The address without its scheme is taken as http://.
+    let api = env.grpc_url().replace("http://", "");
+    let mut child = Command::new(hark_binary())
+        .args([
+            "task", "new", "--wait", "--api", &api, "--owner", "cli:ada", "a drink",
+        ])
+        .env_remove("HARK_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("hark runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(b"2\n")
+        .await
+        .expect("the answer is written");
+    drop(stdin);
+    let output = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("it ends when the task does")
+        .expect("output");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("created "), "{stdout}");
+    assert!(
+        stdout.contains("asks #") && stdout.contains("Tea or coffee?"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2. coffee"), "{stdout}");
+    assert!(
+        stdout.contains("completed")
+            && stdout.contains("Here is your")
+            && stdout.contains("coffee"),
+        "{stdout}"
+    );
+
+    worker.stop().await;
+    control.stop().await;
+    drop(llm);
+    env.cleanup().await;
+}

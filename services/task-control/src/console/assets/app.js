@@ -222,7 +222,8 @@ function onEvent(e) {
     Object.assign(known, { state: e.state, updated_at: e.at, result: e.result || known.result, error: e.error });
   } else if (passes(e)) {
     api("/tasks/" + e.task_id).then((got) => {
-      if (!app.tasks.some((x) => x.id === got.task.id)) app.tasks.unshift(got.task);
+      if (!inChat(got.task) || app.tasks.some((x) => x.id === got.task.id)) return;
+      app.tasks.unshift(got.task);
       if (route().view === "tasks") render();
     }).catch(() => {});
   }
@@ -235,8 +236,15 @@ function onEvent(e) {
 function passes(e) {
   const f = app.filter;
   if (f.state && !f.state.split(",").includes(e.state)) return false;
-  if (f.owner && e.owner !== f.owner) return false;
-  return !f.chat;
+  return !f.owner || e.owner === f.owner;
+}
+
+// Whether a task is in the chat the list is filtered by (`qq:group:777`, or a stream alone).
+function inChat(task) {
+  const want = app.filter.chat;
+  if (!want) return true;
+  if (!task.chat) return false;
+  return want === `${task.chat.platform}:${task.chat.stream}` || want === task.chat.stream;
 }
 
 async function loadQuestions() {

@@ -106,7 +106,7 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     assert!(
         seen["answered_line"]
             .as_str()
-            .is_some_and(|l| l.contains("Answered by api") && l.contains("green")),
+            .is_some_and(|l| l.contains("Answered by console") && l.contains("green")),
         "{seen}"
     );
     assert!(seen["rounds"].as_u64().is_some_and(|r| r >= 2), "{seen}");

@@ -35,6 +35,164 @@ impl Api {
         Self { shared }
     }
 
+    /// `AnswerQuestion`, recorded as answered by `caller` when the request names no answerer
+    /// (`api` over gRPC, `console` from the web console).
+    #[tracing::instrument(skip_all)]
+    pub async fn answer(
+        &self,
+        request: Request<pb::AnswerQuestionRequest>,
+        caller: &str,
+    ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
+        let request = request.into_inner();
+        let json = match request.answer_json.trim() {
+            "" => None,
+            raw => {
+                text::bounded(raw, text::MAX_TEXT_BYTES).map_err(|e| invalid("answer_json", e))?;
+                Some(
+                    serde_json::from_str::<serde_json::Value>(raw)
+                        .map_err(|e| invalid("answer_json", format!("is not JSON: {e}")))?,
+                )
+            }
+        };
+        let text = match &json {
+            Some(value) => match (request.answer.is_empty(), value) {
+                (false, _) => {
+                    return Err(invalid(
+                        "answer_json",
+                        "give answer or answer_json, not both",
+                    ));
+                }
+                (true, serde_json::Value::String(s)) => s.clone(),
+                (true, value) => value.to_string(),
+            },
+            None => text_field("answer", &request.answer)?,
+        };
+        let request_id = key_field("request_id", &request.request_id)?;
+        let store = &self.shared.store;
+        // Either a question by id, or whichever question the task has open. Neither is read
+        // here: the answer's own read finds it (an extra read only checks a named answerer).
+        let target = match (request.question_id.as_str(), request.task_id.as_str()) {
+            ("", "") => return Err(invalid("question_id", "give question_id or task_id")),
+            (id, "") => Target::Question(
+                id.parse::<QuestionId>()
+                    .map_err(|e| invalid("question_id", e))?,
+            ),
+            ("", task) => Target::OpenOf(match task_ref("task_id", task)? {
+                TaskRef::Full(id) => id,
+                prefix => {
+                    store
+                        .resolve_task(&prefix, None)
+                        .await
+                        .map_err(status_of)?
+                        .id
+                }
+            }),
+            _ => {
+                return Err(invalid(
+                    "question_id",
+                    "give question_id or task_id, not both",
+                ));
+            }
+        };
+        let answerer = match owner_field("answerer", &request.answerer)? {
+            None => caller.to_owned(),
+            Some(answerer) => {
+                let owner = match target {
+                    Target::Question(q) => store.get_question(q).await.map_err(status_of)?.owner,
+                    Target::OpenOf(t) => store.get_task(t).await.map_err(status_of)?.owner,
+                };
+                if answerer != owner {
+                    return Err(Status::permission_denied(format!(
+                        "{answerer} cannot answer a question of {owner}'s task"
+                    )));
+                }
+                answerer.to_string()
+            }
+        };
+        let wait = match pb::AnswerWait::try_from(request.wait) {
+            Ok(pb::AnswerWait::None) => None,
+            Ok(pb::AnswerWait::NextQuestionOrEnd) => Some(match request.wait_timeout_ms {
+                0 => DEFAULT_ANSWER_WAIT,
+                ms => Duration::from_millis(ms.into()).min(MAX_ANSWER_WAIT),
+            }),
+            Err(_) => return Err(invalid("wait", format!("{} is not a wait", request.wait))),
+        };
+        // Watched before the answer is applied when the task is known, so that nothing it does
+        // next can come before the watch; a question named by id is watched once its task is
+        // known, and its row is looked at then.
+        let early_watch = match (wait, target) {
+            (Some(_), Target::OpenOf(task)) => {
+                Some(self.shared.watchers.watch(task).map_err(too_many)?)
+            }
+            _ => None,
+        };
+        let answer = Answer {
+            answerer,
+            text,
+            json,
+            inbound_key: request_id.map(|id| format!("api:{id}")),
+        };
+        let applied = match target {
+            Target::Question(q) => store.answer(q, &answer).await,
+            Target::OpenOf(t) => store.answer_task(t, &answer).await,
+        };
+        let (task, question, asked) = match applied {
+            Ok(AnswerOutcome::Applied {
+                task,
+                question,
+                asked,
+            }) => (*task, *question, asked),
+            // The same request id applied before: what it did then.
+            Ok(AnswerOutcome::Duplicate { question }) => (
+                store.get_task(question.task_id).await.map_err(status_of)?,
+                *question,
+                None,
+            ),
+            Err(store::Error::NoOpenQuestion { task }) => {
+                let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
+                let task = store.get_task(id).await.map_err(status_of)?;
+                return Err(Status::failed_precondition(format!(
+                    "task {} has no open question (it is {})",
+                    task.id, task.state
+                )));
+            }
+            Err(e) => return Err(status_of(e)),
+        };
+        let mut response = pb::AnswerQuestionResponse {
+            task: Some(convert::task(&task, None)),
+            question: Some(convert::question(&question)),
+            ..Default::default()
+        };
+        if let Some(timeout) = wait {
+            // The answer's own statement may have asked the next question or ended the task (a
+            // questionnaire): then there is nothing to wait for, and nothing to read.
+            if let Some(asked) = asked {
+                response.event = Some(convert::event(&task, "ask", Some(*asked)));
+                return Ok(Response::new(response));
+            }
+            if task.state.is_terminal() || task.state == TaskState::Paused {
+                response.event = Some(convert::event(&task, "current", None));
+                return Ok(Response::new(response));
+            }
+            // A watch that began after the answer was applied starts from the row as it is now,
+            // so that nothing the task did in between is missed.
+            let (watch, after) = match early_watch {
+                Some(watch) => (watch, task.clone()),
+                None => {
+                    let watch = self.shared.watchers.watch(task.id).map_err(too_many)?;
+                    (watch, store.get_task(task.id).await.map_err(status_of)?)
+                }
+            };
+            let event =
+                crate::events::next_question_or_end(store, watch, &after, question.id, timeout)
+                    .await
+                    .map_err(status_of)?;
+            response.wait_timed_out = event.is_none();
+            response.event = event;
+        }
+        Ok(Response::new(response))
+    }
+
     /// The task a request names in `field`, by full id or unique prefix.
     async fn resolve(&self, field: &str, value: &str) -> Result<store::TaskRow, Status> {
         let reference = task_ref(field, value)?;
@@ -510,154 +668,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::AnswerQuestionRequest>,
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
-        let request = request.into_inner();
-        let json = match request.answer_json.trim() {
-            "" => None,
-            raw => {
-                text::bounded(raw, text::MAX_TEXT_BYTES).map_err(|e| invalid("answer_json", e))?;
-                Some(
-                    serde_json::from_str::<serde_json::Value>(raw)
-                        .map_err(|e| invalid("answer_json", format!("is not JSON: {e}")))?,
-                )
-            }
-        };
-        let text = match &json {
-            Some(value) => match (request.answer.is_empty(), value) {
-                (false, _) => {
-                    return Err(invalid(
-                        "answer_json",
-                        "give answer or answer_json, not both",
-                    ));
-                }
-                (true, serde_json::Value::String(s)) => s.clone(),
-                (true, value) => value.to_string(),
-            },
-            None => text_field("answer", &request.answer)?,
-        };
-        let request_id = key_field("request_id", &request.request_id)?;
-        let store = &self.shared.store;
-        // Either a question by id, or whichever question the task has open. Neither is read
-        // here: the answer's own read finds it (an extra read only checks a named answerer).
-        let target = match (request.question_id.as_str(), request.task_id.as_str()) {
-            ("", "") => return Err(invalid("question_id", "give question_id or task_id")),
-            (id, "") => Target::Question(
-                id.parse::<QuestionId>()
-                    .map_err(|e| invalid("question_id", e))?,
-            ),
-            ("", task) => Target::OpenOf(match task_ref("task_id", task)? {
-                TaskRef::Full(id) => id,
-                prefix => {
-                    store
-                        .resolve_task(&prefix, None)
-                        .await
-                        .map_err(status_of)?
-                        .id
-                }
-            }),
-            _ => {
-                return Err(invalid(
-                    "question_id",
-                    "give question_id or task_id, not both",
-                ));
-            }
-        };
-        let answerer = match owner_field("answerer", &request.answerer)? {
-            None => "api".to_owned(),
-            Some(answerer) => {
-                let owner = match target {
-                    Target::Question(q) => store.get_question(q).await.map_err(status_of)?.owner,
-                    Target::OpenOf(t) => store.get_task(t).await.map_err(status_of)?.owner,
-                };
-                if answerer != owner {
-                    return Err(Status::permission_denied(format!(
-                        "{answerer} cannot answer a question of {owner}'s task"
-                    )));
-                }
-                answerer.to_string()
-            }
-        };
-        let wait = match pb::AnswerWait::try_from(request.wait) {
-            Ok(pb::AnswerWait::None) => None,
-            Ok(pb::AnswerWait::NextQuestionOrEnd) => Some(match request.wait_timeout_ms {
-                0 => DEFAULT_ANSWER_WAIT,
-                ms => Duration::from_millis(ms.into()).min(MAX_ANSWER_WAIT),
-            }),
-            Err(_) => return Err(invalid("wait", format!("{} is not a wait", request.wait))),
-        };
-        // Watched before the answer is applied when the task is known, so that nothing it does
-        // next can come before the watch; a question named by id is watched once its task is
-        // known, and its row is looked at then.
-        let early_watch = match (wait, target) {
-            (Some(_), Target::OpenOf(task)) => {
-                Some(self.shared.watchers.watch(task).map_err(too_many)?)
-            }
-            _ => None,
-        };
-        let answer = Answer {
-            answerer,
-            text,
-            json,
-            inbound_key: request_id.map(|id| format!("api:{id}")),
-        };
-        let applied = match target {
-            Target::Question(q) => store.answer(q, &answer).await,
-            Target::OpenOf(t) => store.answer_task(t, &answer).await,
-        };
-        let (task, question, asked) = match applied {
-            Ok(AnswerOutcome::Applied {
-                task,
-                question,
-                asked,
-            }) => (*task, *question, asked),
-            // The same request id applied before: what it did then.
-            Ok(AnswerOutcome::Duplicate { question }) => (
-                store.get_task(question.task_id).await.map_err(status_of)?,
-                *question,
-                None,
-            ),
-            Err(store::Error::NoOpenQuestion { task }) => {
-                let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
-                let task = store.get_task(id).await.map_err(status_of)?;
-                return Err(Status::failed_precondition(format!(
-                    "task {} has no open question (it is {})",
-                    task.id, task.state
-                )));
-            }
-            Err(e) => return Err(status_of(e)),
-        };
-        let mut response = pb::AnswerQuestionResponse {
-            task: Some(convert::task(&task, None)),
-            question: Some(convert::question(&question)),
-            ..Default::default()
-        };
-        if let Some(timeout) = wait {
-            // The answer's own statement may have asked the next question or ended the task (a
-            // questionnaire): then there is nothing to wait for, and nothing to read.
-            if let Some(asked) = asked {
-                response.event = Some(convert::event(&task, "ask", Some(*asked)));
-                return Ok(Response::new(response));
-            }
-            if task.state.is_terminal() || task.state == TaskState::Paused {
-                response.event = Some(convert::event(&task, "current", None));
-                return Ok(Response::new(response));
-            }
-            // A watch that began after the answer was applied starts from the row as it is now,
-            // so that nothing the task did in between is missed.
-            let (watch, after) = match early_watch {
-                Some(watch) => (watch, task.clone()),
-                None => {
-                    let watch = self.shared.watchers.watch(task.id).map_err(too_many)?;
-                    (watch, store.get_task(task.id).await.map_err(status_of)?)
-                }
-            };
-            let event =
-                crate::events::next_question_or_end(store, watch, &after, question.id, timeout)
-                    .await
-                    .map_err(status_of)?;
-            response.wait_timed_out = event.is_none();
-            response.event = event;
-        }
-        Ok(Response::new(response))
+        self.answer(request, "api").await
     }
 
     #[tracing::instrument(skip_all)]

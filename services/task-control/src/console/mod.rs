@@ -480,12 +480,15 @@ async fn answer(
 ) -> Answered {
     let answered = console
         .api
-        .answer_question(tonic::Request::new(pb::AnswerQuestionRequest {
-            question_id: id,
-            answer: body.answer,
-            answer_json: body.value.map(|v| v.to_string()).unwrap_or_default(),
-            ..Default::default()
-        }))
+        .answer(
+            tonic::Request::new(pb::AnswerQuestionRequest {
+                question_id: id,
+                answer: body.answer,
+                answer_json: body.value.map(|v| v.to_string()).unwrap_or_default(),
+                ..Default::default()
+            }),
+            "console",
+        )
         .await
         .map_err(refused)?
         .into_inner();

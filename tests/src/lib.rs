@@ -78,10 +78,17 @@ pub fn hark_binary() -> PathBuf {
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    // Below the kernel's ephemeral range (32768–60999 on Linux), from which every outgoing
+    // connection of every test takes its local port: a port from there, free when picked, can
+    // be some connection's by the time a process binds it. Random, so that tests running at
+    // once rarely pick the same one, and checked free when picked.
+    loop {
+        let [a, b, ..] = *uuid::Uuid::new_v4().as_bytes();
+        let port = 20_000 + u16::from_le_bytes([a, b]) % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// One test's installation: its own database, namespace and ports.

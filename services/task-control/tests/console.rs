@@ -198,6 +198,19 @@ async fn without_tokens_only_loopback_names_and_json_writes_are_taken() {
         said["error"].as_str().is_some_and(|e| e.contains("state")),
         "{said}"
     );
+    let garbled = client
+        .post(format!("{base}/api/tasks"))
+        .header("content-type", "application/json")
+        .body(r#"{"owner": "qq:1", "goal": 3}"#)
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(garbled.status(), 400);
+    let said: Value = garbled.json().await.expect("json");
+    assert!(
+        said["error"].as_str().is_some_and(|e| e.contains("goal")),
+        "{said}"
+    );
     let unknown = client
         .post(format!("{base}/api/tasks/{}/explode", task.id))
         .json(&json!({}))

@@ -226,6 +226,54 @@ fn refused(status: Status) -> Failure {
 
 type Answered = Result<Json<Value>, Failure>;
 
+/// A JSON request body. Anything but `Content-Type: application/json` is refused (415): a page
+/// of another site can send other types without asking first. A body that does not read is a
+/// 400 that says what is wrong, in the console's own error shape.
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = Failure;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Failure> {
+        let json = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return Err(error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body as Content-Type: application/json",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(|e| {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                )
+            })?;
+        let mut reader = serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(&mut reader)
+            .map(Body)
+            .map_err(|e| {
+                let field = e.path().to_string();
+                let why = e.into_inner();
+                error(
+                    StatusCode::BAD_REQUEST,
+                    if field == "." {
+                        format!("the body: {why}")
+                    } else {
+                        format!("{field}: {why}")
+                    },
+                )
+            })
+    }
+}
+
 /// `GET /api/session`: whether a token is needed and whether the one sent is good, the
 /// language, the chat command word and the playground.
 async fn session(State(console): State<Console>, headers: HeaderMap) -> Json<Value> {
@@ -334,7 +382,7 @@ struct NewTask {
 }
 
 /// `POST /api/tasks`: a task without a chat; its questions are answered here or over the API.
-async fn create(State(console): State<Console>, Json(new): Json<NewTask>) -> Answered {
+async fn create(State(console): State<Console>, Body(new): Body<NewTask>) -> Answered {
     let created = console
         .api
         .create_task(tonic::Request::new(pb::CreateTaskRequest {
@@ -409,7 +457,7 @@ struct Act {
 async fn act(
     State(console): State<Console>,
     Path((id, action)): Path<(String, String)>,
-    Json(act): Json<Act>,
+    Body(act): Body<Act>,
 ) -> Answered {
     let api = &console.api;
     let task = match action.as_str() {
@@ -476,7 +524,7 @@ struct AnswerBody {
 async fn answer(
     State(console): State<Console>,
     Path(id): Path<String>,
-    Json(body): Json<AnswerBody>,
+    Body(body): Body<AnswerBody>,
 ) -> Answered {
     let answered = console
         .api

@@ -19,7 +19,7 @@ use hark_core::{config::Config, domain::StreamId, secret::Secret};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Console, Failure, error};
+use super::{Body, Console, Failure, error};
 
 /// Where the playground talks, or why it cannot.
 #[derive(Debug)]
@@ -147,7 +147,7 @@ pub struct Say {
 }
 
 /// `POST /api/playground/messages`: `text` from `user`, as the chat would carry it.
-pub async fn say(State(console): State<Console>, Json(say): Json<Say>) -> super::Answered {
+pub async fn say(State(console): State<Console>, Body(say): Body<Say>) -> super::Answered {
     let target = console.playground.target()?;
     let stream = chat_of(&say.user)?;
     let message_id = uuid::Uuid::now_v7().to_string();

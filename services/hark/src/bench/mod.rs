@@ -201,13 +201,31 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             "{}",
             serde_json::json!({"workload": "observe", "spans_exported": spans, "scrapes": scrapes})
         );
+        let mut rows = vec![(
+            "observe".into(),
+            "spans exported (sampler 1.0) · /metrics scrapes".into(),
+            format!("{spans} · {scrapes}"),
+        )];
+        // Where the time goes: every span seen often enough, the slowest first.
+        for times in observing.sink.times(50) {
+            println!(
+                "{}",
+                serde_json::json!({"workload": "observe", "span": times.name,
+                    "count": times.count, "p50_us": times.p50_us, "p90_us": times.p90_us})
+            );
+            rows.push((
+                "observe".into(),
+                format!("span `{}` (×{}), p50 / p90", times.name, times.count),
+                format!(
+                    "{:.3} / {:.3} ms",
+                    times.p50_us as f64 / 1000.0,
+                    times.p90_us as f64 / 1000.0
+                ),
+            ));
+        }
         reports.push(Report {
             json: serde_json::json!({"spans_exported": spans, "scrapes": scrapes}),
-            rows: vec![(
-                "observe".into(),
-                "spans exported (sampler 1.0) · /metrics scrapes".into(),
-                format!("{spans} · {scrapes}"),
-            )],
+            rows,
         });
     }
     println!("\n| workload | measure | value |\n|---|---|---|");

@@ -18,10 +18,48 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// Counts what it receives and keeps nothing.
+/// Counts what it receives, and keeps each span's duration by role and name (at most
+/// [`KEPT`] per name) to say where a resume's time goes.
 #[derive(Debug, Clone, Default)]
 pub struct Sink {
     pub spans: Arc<AtomicU64>,
+    durations: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u64>>>>,
+}
+
+/// Durations kept per span name.
+const KEPT: usize = 100_000;
+
+/// One span name's durations: how many, and their p50 and p90 in microseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanTimes {
+    pub name: String,
+    pub count: usize,
+    pub p50_us: u64,
+    pub p90_us: u64,
+}
+
+impl Sink {
+    /// Each span name seen at least `min` times, the slowest p50 first.
+    pub fn times(&self, min: usize) -> Vec<SpanTimes> {
+        let durations = self.durations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut times: Vec<SpanTimes> = durations
+            .iter()
+            .filter(|(_, d)| d.len() >= min)
+            .map(|(name, d)| {
+                let mut sorted = d.clone();
+                sorted.sort_unstable();
+                let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+                SpanTimes {
+                    name: name.clone(),
+                    count: sorted.len(),
+                    p50_us: at(0.5),
+                    p90_us: at(0.9),
+                }
+            })
+            .collect();
+        times.sort_by(|a, b| b.p50_us.cmp(&a.p50_us).then(a.name.cmp(&b.name)));
+        times
+    }
 }
 
 #[tonic::async_trait]
@@ -30,13 +68,37 @@ impl TraceService for Sink {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let spans: usize = request
-            .into_inner()
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
+        let request = request.into_inner();
+        let mut spans = 0;
+        let mut durations = self.durations.lock().unwrap_or_else(|p| p.into_inner());
+        for resource in &request.resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref())
+                .and_then(|v| match &v.value {
+                    Some(
+                        opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s),
+                    ) => Some(s.as_str()),
+                    _ => None,
+                })
+                .unwrap_or("?");
+            for span in resource.scope_spans.iter().flat_map(|s| &s.spans) {
+                spans += 1;
+                let took = span
+                    .end_time_unix_nano
+                    .saturating_sub(span.start_time_unix_nano)
+                    / 1_000;
+                let kept = durations
+                    .entry(format!("{service} · {}", span.name))
+                    .or_default();
+                if kept.len() < KEPT {
+                    kept.push(took);
+                }
+            }
+        }
         self.spans.fetch_add(spans as u64, Ordering::Relaxed);
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
@@ -141,5 +203,79 @@ impl Observe {
 
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::{
+        common::v1::{AnyValue, KeyValue, any_value::Value},
+        resource::v1::Resource,
+        trace::v1::{ResourceSpans, ScopeSpans, Span},
+    };
+
+    fn request(service: &str, spans: &[(&str, u64)]) -> ExportTraceServiceRequest {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![KeyValue {
+                        key: "service.name".into(),
+                        value: Some(AnyValue {
+                            value: Some(Value::StringValue(service.into())),
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans: spans
+                        .iter()
+                        .map(|(name, micros)| Span {
+                            name: (*name).into(),
+                            start_time_unix_nano: 1_000_000,
+                            end_time_unix_nano: 1_000_000 + micros * 1_000,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn spans_are_timed_by_role_and_name_the_slowest_first() {
+        let sink = Sink::default();
+        let answers: Vec<(&str, u64)> = (1..=10).map(|n| ("answer", n * 100)).collect();
+        sink.export(tonic::Request::new(request("hark-control", &answers)))
+            .await
+            .expect("exported");
+        sink.export(tonic::Request::new(request(
+            "hark-worker",
+            &[("llm", 5_000), ("llm", 7_000), ("rare", 1)],
+        )))
+        .await
+        .expect("exported");
+        assert_eq!(sink.spans.load(Ordering::Relaxed), 13);
+        let times = sink.times(2);
+        assert_eq!(
+            times,
+            vec![
+                SpanTimes {
+                    name: "hark-worker · llm".into(),
+                    count: 2,
+                    p50_us: 7_000,
+                    p90_us: 7_000,
+                },
+                SpanTimes {
+                    name: "hark-control · answer".into(),
+                    count: 10,
+                    p50_us: 600,
+                    p90_us: 900,
+                },
+            ]
+        );
     }
 }

@@ -76,16 +76,33 @@ pub fn hark_binary() -> PathBuf {
         .clone()
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, handed to no other test of this machine in the last hour.
 pub fn free_port() -> u16 {
     // Below the kernel's ephemeral range (32768–60999 on Linux), from which every outgoing
     // connection of every test takes its local port: a port from there, free when picked, can
-    // be some connection's by the time a process binds it. Random, so that tests running at
-    // once rarely pick the same one, and checked free when picked.
+    // be some connection's by the time a process binds it. Each port handed out is marked with
+    // a file only one test process can create, so that two tests running at once never pick
+    // the same one; a mark older than an hour is stale.
+    let marks = std::env::temp_dir().join("hark-e2e-ports");
+    let _ = std::fs::create_dir_all(&marks);
     loop {
         let [a, b, ..] = *uuid::Uuid::new_v4().as_bytes();
         let port = 20_000 + u16::from_le_bytes([a, b]) % 12_000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let mark = marks.join(port.to_string());
+        let stale = std::fs::metadata(&mark)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(3600));
+        if stale {
+            let _ = std::fs::remove_file(&mark);
+        }
+        let taken = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&mark)
+            .is_err();
+        if !taken && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }

@@ -72,6 +72,44 @@ pub struct TelemetryConfig {
     pub sampler_arg: String,
 }
 
+/// Whether a host name (without port or brackets) names this host: `localhost` or a loopback
+/// address.
+pub fn loopback_name(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A listen address that may be left empty (`None`), read from `key`.
+fn optional_listen(
+    key: &str,
+    value: &str,
+    example: &str,
+    empty: &str,
+) -> Result<Option<SocketAddr>, Error> {
+    let listen = value.trim();
+    if listen.is_empty() {
+        return Ok(None);
+    }
+    listen.parse().map(Some).map_err(|_| Error::Key {
+        key: key.into(),
+        message: format!(
+            "`{listen}` is not a listen address: expected host:port, e.g. {example}, or empty for \
+             {empty}"
+        ),
+    })
+}
+
+/// The address a client on this host dials for a listener on `addr`: a listener on every
+/// interface (`0.0.0.0`, `[::]`) is reached on 127.0.0.1.
+pub fn dial(mut addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip([127, 0, 0, 1].into());
+    }
+    addr
+}
+
 /// Prometheus metrics of the process's roles.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1030,12 +1068,8 @@ impl Config {
     /// Refuses a task-control whose API would be open to strangers: on an address beyond
     /// loopback it needs tokens, unless the operator opts out explicitly.
     pub fn check_control_exposure(&self) -> Result<(), Error> {
-        let control = &self.control;
-        let addr = control.grpc_listen;
-        if addr.ip().is_loopback()
-            || control.allow_unauthenticated
-            || control.api_tokens.iter().any(|t| !t.is_empty())
-        {
+        let addr = self.control.grpc_listen;
+        if self.api_guarded(addr) {
             return Ok(());
         }
         Err(Error::Key {
@@ -1049,25 +1083,27 @@ impl Config {
         })
     }
 
+    /// Whether task-control's API may listen on `addr`: on loopback, with `control.api_tokens`,
+    /// or with `control.allow_unauthenticated`.
+    fn api_guarded(&self, addr: SocketAddr) -> bool {
+        addr.ip().is_loopback()
+            || self.control.allow_unauthenticated
+            || self.control.api_tokens.iter().any(|t| !t.is_empty())
+    }
+
     /// The web console's address, `None` when there is none. Beyond loopback it takes the same
     /// guard as the gRPC API: `control.api_tokens`, or `control.allow_unauthenticated`.
     pub fn console_listen(&self) -> Result<Option<SocketAddr>, Error> {
-        let control = &self.control;
-        let listen = control.http_listen.trim();
-        if listen.is_empty() {
+        let Some(addr) = optional_listen(
+            "control.http_listen",
+            &self.control.http_listen,
+            "127.0.0.1:8081",
+            "no web console",
+        )?
+        else {
             return Ok(None);
-        }
-        let addr: SocketAddr = listen.parse().map_err(|_| Error::Key {
-            key: "control.http_listen".into(),
-            message: format!(
-                "`{listen}` is not a listen address: expected host:port, e.g. 127.0.0.1:8081, or \
-                 empty for no web console"
-            ),
-        })?;
-        if addr.ip().is_loopback()
-            || control.allow_unauthenticated
-            || control.api_tokens.iter().any(|t| !t.is_empty())
-        {
+        };
+        if self.api_guarded(addr) {
             return Ok(Some(addr));
         }
         Err(Error::Key {
@@ -1084,17 +1120,15 @@ impl Config {
     /// The metrics listener's address, `None` when there is none. Refuses an address beyond
     /// loopback without `metrics.token`.
     pub fn metrics_listen(&self) -> Result<Option<SocketAddr>, Error> {
-        let listen = self.metrics.listen.trim();
-        if listen.is_empty() {
+        let Some(addr) = optional_listen(
+            "metrics.listen",
+            &self.metrics.listen,
+            "127.0.0.1:9464",
+            "no metrics listener",
+        )?
+        else {
             return Ok(None);
-        }
-        let addr: SocketAddr = listen.parse().map_err(|_| Error::Key {
-            key: "metrics.listen".into(),
-            message: format!(
-                "`{listen}` is not a listen address: expected host:port, e.g. 127.0.0.1:9464, or \
-                 empty for no metrics listener"
-            ),
-        })?;
+        };
         if !addr.ip().is_loopback() && self.metrics.token.is_empty() {
             return Err(Error::Key {
                 key: "metrics.token".into(),

@@ -91,7 +91,7 @@ async fn serve(
         Some(url) => url,
         None => "off (control.http_listen is empty)".into(),
     };
-    let gateway_addr = hark_control::console::local(gateway.addr());
+    let gateway_addr = hark_core::config::dial(gateway.addr());
     let onebot_token = if config.gateway.onebot.access_token.is_empty() {
         "no access token; set gateway.onebot.access_token (HARK_GATEWAY__ONEBOT__ACCESS_TOKEN) \
          and the same token in the bot"
@@ -117,7 +117,7 @@ async fn serve(
          database:                 {}\n  \
          NATS:                     {} (namespace {})\n  \
          data:                     {}\n",
-        hark_control::console::local(control.grpc_addr()),
+        hark_core::config::dial(control.grpc_addr()),
         hark_core::secret::redact_url(config.database.url.expose()),
         hark_core::secret::redact_url(config.nats.url.expose()),
         config.nats.namespace,

@@ -16,13 +16,6 @@ pub enum Role {
     Worker,
 }
 
-fn local(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
-    if addr.ip().is_unspecified() {
-        addr.set_ip([127, 0, 0, 1].into());
-    }
-    addr
-}
-
 /// The role of the hark process running as PID 1 — the container's command — from its command
 /// line (`hark worker --id …` → worker); `dev` runs them all.
 pub fn of_container() -> anyhow::Result<Vec<Role>> {
@@ -73,7 +66,10 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
     let within = Duration::from_secs(5);
     match role {
         Role::Control => {
-            let url = format!("http://{}", local(config.control.grpc_listen));
+            let url = format!(
+                "http://{}",
+                hark_core::config::dial(config.control.grpc_listen)
+            );
             let channel = tonic::transport::Endpoint::from_shared(url.clone())?
                 .connect_timeout(within)
                 .connect()
@@ -92,9 +88,16 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
                 bail!("task-control is not serving (status {status})");
             }
         }
-        Role::Gateway => get_ok(local(config.gateway.listen), "the gateway", within).await?,
+        Role::Gateway => {
+            get_ok(
+                hark_core::config::dial(config.gateway.listen),
+                "the gateway",
+                within,
+            )
+            .await?
+        }
         Role::Worker => match config.metrics_listen()? {
-            Some(addr) => get_ok(local(addr), "the worker", within).await?,
+            Some(addr) => get_ok(hark_core::config::dial(addr), "the worker", within).await?,
             None => {
                 let client = tokio::time::timeout(
                     within,

@@ -4,14 +4,13 @@
 //! when `hark dev` does. When their programs are not installed, the error says what to install.
 
 use std::{
-    net::IpAddr,
     path::{Path, PathBuf},
     process::Stdio,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
-use hark_core::config::Config;
+use hark_core::config::{Config, loopback_name};
 use tokio::process::{Child, Command};
 
 /// The default data directory: `$XDG_DATA_HOME/hark`, or `~/.local/share/hark`.
@@ -46,11 +45,6 @@ fn host_port(url: &str, default_port: u16) -> Option<(String, u16)> {
     let parsed = reqwest::Url::parse(first).ok()?;
     let host = parsed.host_str()?.trim_matches(['[', ']']).to_owned();
     Some((host, parsed.port().unwrap_or(default_port)))
-}
-
-fn is_loopback(host: &str) -> bool {
-    host.eq_ignore_ascii_case("localhost")
-        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 async fn answers(host: &str, port: u16) -> bool {
@@ -129,7 +123,7 @@ async fn ensure_into(
         "database.url is not a URL like postgres://postgres@127.0.0.1:5432/hark".to_owned()
     })?;
     if !answers(&host, port).await {
-        if !is_loopback(&host) {
+        if !loopback_name(&host) {
             bail!(
                 "Postgres does not answer at database.url ({host}:{port}). Start it, or set \
                  database.url (HARK_DATABASE__URL) to one that answers"
@@ -144,7 +138,7 @@ async fn ensure_into(
     let (host, port) = host_port(config.nats.url.expose(), 4222)
         .context("nats.url is not a URL like nats://127.0.0.1:4222")?;
     if !answers(&host, port).await {
-        if !is_loopback(&host) {
+        if !loopback_name(&host) {
             bail!(
                 "NATS does not answer at nats.url ({host}:{port}). Start it with JetStream \
                  (`nats-server -js`), or set nats.url (HARK_NATS__URL) to one that answers"
@@ -373,7 +367,7 @@ mod tests {
             Some(("::1".into(), 4222))
         );
         assert_eq!(host_port("127.0.0.1:4222", 4222), None);
-        assert!(is_loopback("localhost") && is_loopback("::1") && is_loopback("127.0.0.1"));
-        assert!(!is_loopback("db.example"));
+        assert!(loopback_name("localhost") && loopback_name("::1") && loopback_name("127.0.0.1"));
+        assert!(!loopback_name("db.example"));
     }
 }

@@ -188,13 +188,10 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
         // `127.0.0.1:50051` means what `http://127.0.0.1:50051` says.
         Some(api) if !api.contains("://") => format!("http://{api}"),
         Some(api) => api.clone(),
-        None => {
-            let mut addr = config.control.grpc_listen;
-            if addr.ip().is_unspecified() {
-                addr.set_ip([127, 0, 0, 1].into());
-            }
-            format!("http://{addr}")
-        }
+        None => format!(
+            "http://{}",
+            hark_core::config::dial(config.control.grpc_listen)
+        ),
     };
     let channel = Endpoint::from_shared(api.clone())
         .with_context(|| {

@@ -187,11 +187,10 @@ pub fn postgres_pss() -> u64 {
 }
 
 pub async fn connect_api(config: &Config) -> anyhow::Result<TaskServiceClient<Channel>> {
-    let mut addr = config.control.grpc_listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip([127, 0, 0, 1].into());
-    }
-    let url = format!("http://{addr}");
+    let url = format!(
+        "http://{}",
+        hark_core::config::dial(config.control.grpc_listen)
+    );
     // While it starts, task-control answers health only: wait until it serves.
     for _ in 0..600 {
         if let Ok(channel) = tonic::transport::Endpoint::from_shared(url.clone())?

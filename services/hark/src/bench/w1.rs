@@ -32,10 +32,7 @@ struct Bot {
 
 impl Bot {
     async fn connect(bench: &Bench) -> anyhow::Result<Self> {
-        let mut addr = bench.config.gateway.listen;
-        if addr.ip().is_unspecified() {
-            addr.set_ip([127, 0, 0, 1].into());
-        }
+        let addr = hark_core::config::dial(bench.config.gateway.listen);
         let mut request = format!("ws://{addr}/onebot/v11/ws").into_client_request()?;
         request.headers_mut().insert("x-self-id", BOT.parse()?);
         let token = &bench.config.gateway.onebot.access_token;

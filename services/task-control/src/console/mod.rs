@@ -164,10 +164,7 @@ fn loopback_host(headers: &HeaderMap) -> bool {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
         None => host.rsplit_once(':').map_or(host, |(name, _)| name),
     };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    hark_core::config::loopback_name(name)
 }
 
 /// Whether `headers` carry one of the tokens (always, when there are none).
@@ -615,16 +612,7 @@ async fn events(
 
 /// The address the console is served on, for banners: `None` without one.
 pub fn url(addr: Option<SocketAddr>) -> Option<String> {
-    addr.map(|addr| format!("http://{}/", crate::console::local(addr)))
-}
-
-/// `addr` as a browser on this host reaches it: an unspecified address becomes loopback.
-pub fn local(addr: SocketAddr) -> SocketAddr {
-    if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    }
+    addr.map(|addr| format!("http://{}/", hark_core::config::dial(addr)))
 }
 
 #[cfg(test)]

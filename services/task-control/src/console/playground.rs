@@ -15,7 +15,7 @@ use axum::{
     response::sse::{Event, KeepAlive, Sse},
 };
 use futures_util::Stream;
-use hark_core::{config::Config, domain::StreamId, secret::Secret};
+use hark_core::{config::Config, secret::Secret};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -76,7 +76,7 @@ fn target(config: &Config) -> Result<Target, String> {
         .split_once(':')
         .ok_or_else(|| format!("gateway.http.bots: `{bot}` is not `platform:bot_id`"))?;
     let base = match config.control.playground_url.trim() {
-        "" => format!("http://{}", super::local(config.gateway.listen)),
+        "" => format!("http://{}", hark_core::config::dial(config.gateway.listen)),
         url => url.trim_end_matches('/').to_owned(),
     };
     hark_core::install_crypto();
@@ -117,23 +117,14 @@ impl Target {
 /// The chat of a playground user: a private chat with the bot.
 fn chat_of(user: &str) -> Result<String, Failure> {
     let user = user.trim();
-    let stream = format!("private:{user}");
-    if user.is_empty() || user.len() > 64 || stream.parse::<StreamId>().is_err() {
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if user.is_empty() || user.len() > 64 || !user.chars().all(plain) {
         return Err(error(
             StatusCode::BAD_REQUEST,
             "user: a user id of letters, digits, `-` or `_`, at most 64",
         ));
     }
-    if !user
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            "user: a user id of letters, digits, `-` or `_`, at most 64",
-        ));
-    }
-    Ok(stream)
+    Ok(format!("private:{user}"))
 }
 
 #[derive(Debug, Deserialize)]

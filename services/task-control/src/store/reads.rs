@@ -156,12 +156,12 @@ impl Store {
     }
 
     pub async fn rounds_of(&self, task: TaskId) -> Result<Vec<RoundRow>, Error> {
-        Ok(sqlx::query_as::<_, RoundRow>(
-            "SELECT round, messages FROM checkpoints WHERE task_id = $1 ORDER BY round",
-        )
-        .bind(task.as_uuid())
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(self
+            .rounds_at(task)
+            .await?
+            .into_iter()
+            .map(|(round, _)| round)
+            .collect())
     }
 
     /// The rounds of a task with when each was checkpointed, for its timeline.

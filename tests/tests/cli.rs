@@ -93,15 +93,21 @@ async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_
         .spawn()
         .expect("nats-server runs");
     let url = format!("nats://127.0.0.1:{port}");
-    for _ in 0..100 {
+    let mut up = false;
+    for _ in 0..400 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
+            up = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        up,
+        "the nats-server without JetStream did not start on {port}"
+    );
     let (ok, _, said) = hark(
         &["migrate"],
         &[

@@ -67,7 +67,13 @@ async fn hark_dev_starts_private_servers_where_none_answer_and_keeps_their_data(
 
     let mut api = env.client().await;
     let task = hark_e2e::new_task(&mut api, "api:me", "say hello").await;
+    let asking = tokio::time::Instant::now() + START;
     let question = loop {
+        assert!(
+            tokio::time::Instant::now() < asking,
+            "the demo model asked nothing:\n{}",
+            dev.output()
+        );
         let got = api
             .get_task(pb::GetTaskRequest {
                 task_id: task.id.clone(),

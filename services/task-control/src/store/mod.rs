@@ -420,37 +420,39 @@ pub struct Store {
     handoffs: Option<answers::Handoffs>,
 }
 
-/// A bounded memory of task → chat route. Routes never change, so it is never stale; when full
-/// it forgets the oldest entries.
-#[derive(Debug, Default)]
-pub(crate) struct RouteCache {
-    inner: std::sync::Mutex<Routes>,
+/// A bounded memory of recently seen values by key; when full it forgets the oldest entries.
+#[derive(Debug)]
+pub(crate) struct Recent<K, V> {
+    capacity: usize,
+    inner: std::sync::Mutex<(
+        std::collections::HashMap<K, V>,
+        std::collections::VecDeque<K>,
+    )>,
 }
 
-/// The routes, and the order they were learnt in.
-type Routes = (
-    std::collections::HashMap<hark_core::domain::TaskId, Option<ChatRoute>>,
-    std::collections::VecDeque<hark_core::domain::TaskId>,
-);
+impl<K: std::hash::Hash + Eq + Copy, V: Clone> Recent<K, V> {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            inner: Default::default(),
+        }
+    }
 
-impl RouteCache {
-    const CAPACITY: usize = 50_000;
-
-    pub(crate) fn get(&self, task: hark_core::domain::TaskId) -> Option<Option<ChatRoute>> {
+    pub(crate) fn get(&self, key: K) -> Option<V> {
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .0
-            .get(&task)
+            .get(&key)
             .cloned()
     }
 
-    pub(crate) fn remember(&self, task: hark_core::domain::TaskId, route: Option<ChatRoute>) {
+    pub(crate) fn remember(&self, key: K, value: V) {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *guard;
-        if map.insert(task, route).is_none() {
-            order.push_back(task);
-            while order.len() > Self::CAPACITY {
+        if map.insert(key, value).is_none() {
+            order.push_back(key);
+            while order.len() > self.capacity {
                 if let Some(old) = order.pop_front() {
                     map.remove(&old);
                 }
@@ -458,6 +460,9 @@ impl RouteCache {
         }
     }
 }
+
+/// The chats of recently seen tasks. Routes never change, so it is never stale.
+pub(crate) type RouteCache = Recent<hark_core::domain::TaskId, Option<ChatRoute>>;
 
 impl Store {
     pub fn new(
@@ -472,7 +477,7 @@ impl Store {
             names,
             outbox_ready: Default::default(),
             relay: None,
-            routes: Default::default(),
+            routes: std::sync::Arc::new(Recent::new(50_000)),
             claims: Default::default(),
             completions: Default::default(),
             creations: Default::default(),

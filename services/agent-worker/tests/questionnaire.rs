@@ -135,6 +135,16 @@ async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with
         ["w1", "task-control", "task-control", "task-control"]
     );
     assert!(bed.llm.requests().is_empty(), "no model was called");
+    // Each answer started from the question task-control had just asked, without reading it
+    // again, but for the one after the refused answer, which was read.
+    let metrics = bed.store.metrics();
+    assert_eq!(
+        (
+            metrics.answer_starts(hark_control::metrics::REMEMBERED),
+            metrics.answer_starts(hark_control::metrics::READ)
+        ),
+        (2, 1)
+    );
     bed.stop().await;
 }
 

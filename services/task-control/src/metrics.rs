@@ -26,11 +26,17 @@ pub struct Metrics {
     resume: Histogram,
     requests: Family<Histogram>,
     run_jobs: Family<Counter>,
+    answer_starts: Family<Counter>,
 }
 
 /// How a run job reached a worker: handed to a worker's poll, or published to the run queue.
 pub const HANDED_OVER: &str = "handed_over";
 pub const QUEUED: &str = "queued";
+
+/// Where an answer found the question and the task state it starts from: remembered from this
+/// process's own ask, or read from the database.
+pub const REMEMBERED: &str = "remembered";
+pub const READ: &str = "read";
 
 impl Metrics {
     /// Metrics whose platform label takes the values of `platforms` (the configured ones), `api`
@@ -63,12 +69,23 @@ impl Metrics {
                 metrics::LATENCY,
             ),
             run_jobs: Family::counters(Labels::new("path", [HANDED_OVER, QUEUED])),
+            answer_starts: Family::counters(Labels::new("source", [REMEMBERED, READ])),
         }
     }
 
     /// A run job reached a worker by `path` ([`HANDED_OVER`] or [`QUEUED`]).
     pub fn run_job(&self, path: &str) {
         self.run_jobs.of(path).inc();
+    }
+
+    /// An answer applied from what `source` ([`REMEMBERED`] or [`READ`]) gave it.
+    pub fn answer_start(&self, source: &str) {
+        self.answer_starts.of(source).inc();
+    }
+
+    /// How many answers were applied from what `source` gave them.
+    pub fn answer_starts(&self, source: &str) -> u64 {
+        self.answer_starts.of(source).get()
     }
 
     /// A move of a task on `platform` into `state` won, recorded as `event`.
@@ -155,6 +172,13 @@ impl Metrics {
             "hark_run_jobs_total",
             "Run jobs relayed: handed to a polling worker, or queued on the run queue.",
             &self.run_jobs,
+        );
+        out.counters(
+            "hark_answer_starts_total",
+            "Answers given by question id (the API, the console, a subtask's end), by where \
+             their question and its task's state came from: remembered from this process's ask, \
+             or read from the database.",
+            &self.answer_starts,
         );
     }
 }

@@ -61,6 +61,37 @@ pub struct AnswerTarget {
     form_last_round: Option<Json<serde_json::Value>>,
 }
 
+impl AnswerTarget {
+    /// A question just asked, as an answer starts from it while its task stays at the
+    /// generation the ask left it at: `task` is the task's row after the ask, `last_round` the
+    /// round the ask stored. Only for a question of a task without a chat that waits for no
+    /// subtask: nothing changes such a question but a move of its task (a chat's question is
+    /// also reminded and given its message's id), so the answer's compare-and-set on the
+    /// generation is all the check it needs. Whether the answer's inbound message was applied
+    /// before is left to that statement (it refuses one that was).
+    pub(super) fn asked(
+        question: &QuestionRow,
+        task: &TaskRow,
+        last_round: (i32, &serde_json::Value),
+    ) -> Option<Self> {
+        if task.chat().is_some() || question.stream.is_some() || question.waits_for.is_some() {
+            return None;
+        }
+        let form_last_round = task
+            .questionnaire
+            .as_ref()
+            .map(|_| Json(serde_json::json!({"round": last_round.0, "messages": last_round.1})));
+        Some(Self {
+            question: question.clone(),
+            task_state: task.state.as_str().to_owned(),
+            task_generation: task.generation,
+            applied: false,
+            task_questionnaire: task.questionnaire.clone(),
+            form_last_round,
+        })
+    }
+}
+
 /// An open question waiting for a subtask that has ended: (question, subtask, its state,
 /// result, error).
 type SubtaskEnded = (
@@ -146,6 +177,16 @@ impl Store {
         if question.is_none() && task.is_none() {
             return Err(Error::QuestionNotFound(String::new()));
         }
+        // A question this process asked starts the answer without a read. Only an applied
+        // answer counts: anything else (the task moved since, the message was applied before,
+        // the answer does not fit) is decided again from a read, as if nothing were remembered.
+        if let Some(remembered) = self.take_remembered(question, task) {
+            let outcome = self.answer_target(remembered, answer).await;
+            if let Ok(applied @ AnswerOutcome::Applied { .. }) = outcome {
+                self.metrics().answer_start(crate::metrics::REMEMBERED);
+                return Ok(applied);
+            }
+        }
         let found = self
             .decide(super::batch::AnswerLookup {
                 question,
@@ -161,7 +202,40 @@ impl Store {
                 },
             });
         };
-        self.answer_target(target, answer).await
+        let outcome = self.answer_target(target, answer).await;
+        if let Ok(AnswerOutcome::Applied { .. }) = &outcome {
+            self.metrics().answer_start(crate::metrics::READ);
+        }
+        outcome
+    }
+
+    /// Remembers a question just asked (see [`AnswerTarget::asked`]) as its task's open one.
+    pub(super) fn remember_asked(&self, target: Option<AnswerTarget>) {
+        if let Some(target) = target {
+            self.asked_of
+                .remember(target.question.id, target.question.task_id);
+            self.asked.remember(target.question.task_id, target);
+        }
+    }
+
+    /// The question remembered as `question`, or as the open question of `task`, forgotten as
+    /// it is taken: an answer starts from it once (the step the answer takes may remember the
+    /// task's next question).
+    fn take_remembered(
+        &self,
+        question: Option<QuestionId>,
+        task: Option<TaskId>,
+    ) -> Option<AnswerTarget> {
+        let task = match question {
+            Some(question) => self.asked_of.get(question)?,
+            None => task?,
+        };
+        let target = self
+            .asked
+            .get(task)
+            .filter(|target| question.is_none_or(|q| target.question.id == q))?;
+        self.asked.forget(task);
+        Some(target)
     }
 
     /// Applies an answer to the question of `target`, starting from the task's state and
@@ -432,6 +506,7 @@ impl Store {
                     finished_at = NULL,
                     owed = false
                 WHERE id = $1 AND state = $9 AND generation = $2
+                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = $6)
                   AND priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
                                    WHERE h.state = ",
             sql_state!(pending),

@@ -778,6 +778,7 @@ impl Store {
                     finished_at = NULL
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
+                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
                 RETURNING ",
             task_columns!(),
             ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from

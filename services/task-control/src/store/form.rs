@@ -339,17 +339,23 @@ impl Store {
                             break;
                         }
                         FormAsked::Won(row, deadline) => {
-                            let asked = crate::convert::asked(
+                            let shape = next.shape();
+                            let asked = crate::convert::Asked {
+                                id,
+                                handle: &handle,
+                                text: &next.text,
+                                context: "",
+                                shape: &shape,
+                                deadline,
+                            };
+                            let call_id = progress::call_id(&next.key);
+                            let question = QuestionRow::asked(&row, asked, &call_id, number, None);
+                            self.remember_asked(super::answers::AnswerTarget::asked(
+                                &question,
                                 &row,
-                                crate::convert::Asked {
-                                    id,
-                                    handle: &handle,
-                                    text: &next.text,
-                                    context: "",
-                                    shape: &next.shape(),
-                                    deadline,
-                                },
-                            );
+                                (number, &messages),
+                            ));
+                            let asked = crate::convert::asked(&row, asked);
                             won = Some(Some((*row, Some(asked))));
                             break;
                         }
@@ -392,6 +398,7 @@ impl Store {
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
+                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
                 RETURNING ",
             task_columns!(),
             ", c.*
@@ -463,6 +470,7 @@ impl Store {
                     finished_at = now()
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
+                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
                 RETURNING ",
             task_columns!(),
             ", c.*

@@ -402,6 +402,11 @@ pub struct Store {
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
     /// The chats of recently seen tasks, which never change, to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
+    /// The questions this process asked lately of tasks without a chat, as an answer over the
+    /// API starts from them (see [`answers::AnswerTarget::asked`]).
+    asked: std::sync::Arc<Recent<hark_core::domain::TaskId, answers::AnswerTarget>>,
+    /// The tasks of the questions in `asked`.
+    asked_of: std::sync::Arc<Recent<hark_core::domain::QuestionId, hark_core::domain::TaskId>>,
     /// Creations, claims, asks, answers (and their lookups) and completions waiting to be decided
     /// together.
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
@@ -421,6 +426,8 @@ pub struct Store {
 }
 
 /// A bounded memory of recently seen values by key; when full it forgets the oldest entries.
+/// What it holds is either never stale (a task's chat route) or only a hint that a
+/// compare-and-set checks (the question an answer starts from).
 #[derive(Debug)]
 pub(crate) struct Recent<K, V> {
     capacity: usize,
@@ -447,6 +454,16 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Recent<K, V> {
             .cloned()
     }
 
+    /// Forgets `key`. (Its place in the order stays until it comes up, so a full memory may
+    /// forget a key remembered again since a little early.)
+    pub(crate) fn forget(&self, key: K) {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .remove(&key);
+    }
+
     pub(crate) fn remember(&self, key: K, value: V) {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *guard;
@@ -460,6 +477,10 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Recent<K, V> {
         }
     }
 }
+
+/// How many questions a replica remembers of its own asks (see [`answers::AnswerTarget::asked`]):
+/// enough for the answers that follow their questions closely, a few KiB each.
+const ASKED_REMEMBERED: usize = 256;
 
 /// The chats of recently seen tasks. Routes never change, so it is never stale.
 pub(crate) type RouteCache = Recent<hark_core::domain::TaskId, Option<ChatRoute>>;
@@ -478,6 +499,8 @@ impl Store {
             outbox_ready: Default::default(),
             relay: None,
             routes: std::sync::Arc::new(Recent::new(50_000)),
+            asked: std::sync::Arc::new(Recent::new(ASKED_REMEMBERED)),
+            asked_of: std::sync::Arc::new(Recent::new(ASKED_REMEMBERED)),
             claims: Default::default(),
             completions: Default::default(),
             creations: Default::default(),

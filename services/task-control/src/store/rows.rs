@@ -188,6 +188,41 @@ impl StoredShape {
 }
 
 impl QuestionRow {
+    /// The question `q` as the statement that asked it of `task` created it (`task` as that
+    /// statement left it).
+    pub fn asked(
+        task: &TaskRow,
+        q: crate::convert::Asked<'_>,
+        tool_call_id: &str,
+        round: i32,
+        waits_for: Option<TaskId>,
+    ) -> Self {
+        Self {
+            id: q.id,
+            task_id: task.id,
+            handle: q.handle.to_owned(),
+            text: q.text.to_owned(),
+            context: q.context.to_owned(),
+            tool_call_id: tool_call_id.to_owned(),
+            round,
+            owner: task.owner.clone(),
+            platform: task.platform.clone(),
+            bot_id: task.bot_id.clone(),
+            stream: task.stream.clone(),
+            outcome: QuestionOutcome::Open,
+            asked_at: task.updated_at,
+            deadline: q.deadline,
+            reminded_at: None,
+            closed_at: None,
+            answerer: None,
+            answer: None,
+            inbound_message_id: None,
+            chat_message_id: None,
+            choices: StoredShape::of(q.shape),
+            waits_for: waits_for.map(|t| t.as_uuid()),
+        }
+    }
+
     /// The question as the lifecycle sees it, when it is open.
     pub fn open(&self) -> Option<hark_core::domain::decide::OpenQuestion> {
         self.outcome

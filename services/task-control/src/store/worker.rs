@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Handle, QuestionId, QuestionOutcome, TaskId, TaskState,
+    Handle, QuestionId, TaskId, TaskState,
     decide::{self, Command},
     shape::Shape,
 };
@@ -368,30 +368,26 @@ impl Store {
                 super::batch::Asked::HandleTaken => continue,
             };
             // The question as the statement created it.
-            return Ok(QuestionRow {
-                id: question_id,
-                task_id: lease.task,
-                handle,
-                text: input.question.clone(),
-                context: input.context.clone(),
-                tool_call_id: input.tool_call_id.clone(),
-                round: input.round,
-                owner: row.task.owner.clone(),
-                platform: row.task.platform.clone(),
-                bot_id: row.task.bot_id.clone(),
-                stream: row.task.stream.clone(),
-                outcome: QuestionOutcome::Open,
-                asked_at: row.task.updated_at,
-                deadline: row.asked_deadline,
-                reminded_at: None,
-                closed_at: None,
-                answerer: None,
-                answer: None,
-                inbound_message_id: None,
-                chat_message_id: None,
-                choices: super::rows::StoredShape::of(&input.shape),
-                waits_for: input.waits_for.map(|t| t.as_uuid()),
-            });
+            let question = QuestionRow::asked(
+                &row.task,
+                crate::convert::Asked {
+                    id: question_id,
+                    handle: &handle,
+                    text: &input.question,
+                    context: &input.context,
+                    shape: &input.shape,
+                    deadline: row.asked_deadline,
+                },
+                &input.tool_call_id,
+                input.round,
+                input.waits_for,
+            );
+            self.remember_asked(super::answers::AnswerTarget::asked(
+                &question,
+                &row.task,
+                (input.round, &input.messages),
+            ));
+            return Ok(question);
         }
         Err(Error::Busy("no free question handle after 8 tries".into()))
     }

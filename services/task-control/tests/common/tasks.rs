@@ -49,9 +49,15 @@ pub async fn new_task(store: &Store, chat: Option<ChatRoute>) -> TaskRow {
         .expect("task created")
 }
 
-/// Creates a task, claims it and makes it ask; returns the task and the question id.
+/// Creates a task in [`group_chat`], claims it and makes it ask; returns the task and the
+/// question id.
 pub async fn waiting_task(store: &Store) -> (TaskRow, QuestionId) {
-    let task = new_task(store, Some(group_chat())).await;
+    waiting_task_in(store, Some(group_chat())).await
+}
+
+/// [`waiting_task`] in `chat`, or, with `None`, without a chat (as over the API).
+pub async fn waiting_task_in(store: &Store, chat: Option<ChatRoute>) -> (TaskRow, QuestionId) {
+    let task = new_task(store, chat).await;
     let claimed = store
         .claim(task.id, task.generation, "w1", LEASE)
         .await

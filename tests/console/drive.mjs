@@ -34,8 +34,11 @@ const shot = async (page, name) => page.screenshot({ path: join(shots, `${String
 const page = browser.pages()[0] || await browser.newPage();
 try {
   page.on("pageerror", (e) => { seen.page_errors = [...(seen.page_errors || []), String(e)]; });
-  // English, whatever chat.language says: the assertions read English words.
-  await page.addInitScript(() => localStorage.setItem("hark.lang", "en"));
+  // English first, whatever chat.language says (the assertions read English words), until the
+  // page's own switch picks Chinese at the end.
+  await page.addInitScript(() => {
+    if (!localStorage.getItem("hark.lang")) localStorage.setItem("hark.lang", "en");
+  });
 
   // Sign in: a wrong token is refused, the right one lets in.
   await page.goto(url);
@@ -99,6 +102,17 @@ try {
   seen.playground_result = (await result.textContent()).trim();
   seen.playground_user = (await page.locator(".playground b.mono").textContent()).trim();
   await shot(page, "playground-result");
+
+  // In Chinese, as most of hark's users read it: the switch reloads the page and is kept.
+  await page.click("#lang");
+  await page.locator("nav a:has-text('任务')").waitFor({ timeout: WAIT });
+  seen.zh_lang = await page.evaluate(() => document.documentElement.lang);
+  seen.zh_nav = (await page.locator("header#top").textContent()).trim();
+  await page.click("nav a:has-text('任务')");
+  const zhState = page.locator(`tr[data-task="${taskId}"] .state.completed`);
+  await zhState.waitFor({ timeout: WAIT });
+  seen.zh_state = (await zhState.textContent()).trim();
+  await shot(page, "tasks-zh");
   console.log(JSON.stringify(seen));
 } catch (e) {
   console.error(String(e && e.stack || e));

@@ -117,6 +117,17 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
         "{seen}"
     );
     assert!(seen["page_errors"].is_null(), "{seen}");
+    // The page in Chinese.
+    assert_eq!(seen["zh_lang"], "zh-CN", "{seen}");
+    assert!(
+        seen["zh_nav"]
+            .as_str()
+            .is_some_and(|n| ["待回答", "任务", "试用", "退出"]
+                .iter()
+                .all(|w| n.contains(w))),
+        "{seen}"
+    );
+    assert_eq!(seen["zh_state"], "已完成", "{seen}");
 
     // What the browser saw is what the API says.
     let task = client
@@ -149,7 +160,7 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     );
     let shots_taken = std::fs::read_dir(&shots).map_or(0, |d| d.count());
     assert!(
-        shots_taken >= 7,
+        shots_taken >= 8,
         "{shots_taken} screenshots in {}",
         shots.display()
     );

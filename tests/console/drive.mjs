@@ -85,6 +85,24 @@ try {
   seen.rounds = await detail.locator(".timeline li.round").count();
   await shot(page, "task");
 
+  // A task's own page, open while it waits, answered there: the page follows it live, adding
+  // only the rounds that are new.
+  const second = await fetch(new URL("/api/tasks", url), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ owner: "web:ada", goal: "choose a colour again" }),
+  }).then((r) => r.json());
+  const secondId = second.task.id;
+  await page.evaluate((id) => { location.hash = "#/task/" + id; }, secondId);
+  const waitingPage = page.locator(`section.task[data-task="${secondId}"][data-state="waiting_input"]`);
+  await waitingPage.locator("button.choice:has-text('blue')").waitFor({ timeout: WAIT });
+  seen.live_rounds_waiting = await waitingPage.locator(".timeline li.round").count();
+  await waitingPage.locator("button.choice:has-text('blue')").click();
+  const donePage = page.locator(`section.task[data-task="${secondId}"][data-state="completed"]`);
+  await donePage.locator(".output").waitFor({ timeout: WAIT });
+  seen.live_output = (await donePage.locator(".output").first().textContent()).trim();
+  seen.live_rounds_done = await donePage.locator(".timeline li.round").count();
+
   // The playground: a task started as a chat user, its question quoted and answered.
   await page.click("nav a:has-text('Playground')");
   await page.locator(".chat[data-listening]").waitFor({ timeout: WAIT });

@@ -110,6 +110,15 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
         "{seen}"
     );
     assert!(seen["rounds"].as_u64().is_some_and(|r| r >= 2), "{seen}");
+    // The page open while its task waited and was answered there: each round once.
+    assert_eq!(seen["live_rounds_waiting"], 1, "{seen}");
+    assert_eq!(seen["live_rounds_done"], 2, "{seen}");
+    assert!(
+        seen["live_output"]
+            .as_str()
+            .is_some_and(|o| o.contains("blue")),
+        "{seen}"
+    );
     assert!(
         seen["playground_result"]
             .as_str()

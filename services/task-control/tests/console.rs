@@ -185,6 +185,44 @@ async fn without_tokens_only_loopback_names_and_json_writes_are_taken() {
         .await
         .expect("json");
     assert_eq!(still["task"]["state"], "waiting_input");
+    // A page that has the task's rounds asks only for those after its last one.
+    let rounds = still["rounds"].as_array().expect("rounds");
+    let last = rounds.last().expect("the ask's round")["round"]
+        .as_i64()
+        .expect("number");
+    let after = |round: String| {
+        client
+            .get(format!("{base}/api/tasks/{}?after_round={round}", task.id))
+            .send()
+    };
+    let newer: Value = after(last.to_string())
+        .await
+        .expect("task")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(newer["rounds"], json!([]), "{newer}");
+    assert_eq!(newer["task"]["state"], "waiting_input");
+    let from_before: Value = after((last - 1).to_string())
+        .await
+        .expect("task")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        from_before["rounds"],
+        json!([rounds.last()]),
+        "{from_before}"
+    );
+    let garbled = after("seven".into()).await.expect("task");
+    assert_eq!(garbled.status(), 400);
+    let said: Value = garbled.json().await.expect("json");
+    assert!(
+        said["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("after_round")),
+        "{said}"
+    );
 
     // Bad input says what is wrong and changes nothing.
     let bad = client

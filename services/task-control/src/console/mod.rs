@@ -395,9 +395,30 @@ async fn create(State(console): State<Console>, Body(new): Body<NewTask>) -> Ans
     })))
 }
 
+#[derive(Debug, Deserialize)]
+struct DetailQuery {
+    /// Only the rounds after this one: a page that has the others asks for what is new (a
+    /// round never changes once stored).
+    #[serde(default)]
+    after_round: String,
+}
+
 /// `GET /api/tasks/{id}`: the task and its timeline: rounds, questions, transitions and the
 /// instructions not yet read.
-async fn task(State(console): State<Console>, Path(id): Path<String>) -> Answered {
+async fn task(
+    State(console): State<Console>,
+    Path(id): Path<String>,
+    Query(q): Query<DetailQuery>,
+) -> Answered {
+    let after = match q.after_round.trim() {
+        "" => None,
+        n => Some(n.parse::<i32>().map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("after_round: {n:?} is not a round number; give the last round you have"),
+            )
+        })?),
+    };
     let got = console
         .api
         .get_task(tonic::Request::new(pb::GetTaskRequest {
@@ -413,7 +434,7 @@ async fn task(State(console): State<Console>, Path(id): Path<String>) -> Answere
         .map_err(|_| error(StatusCode::NOT_FOUND, format!("no task {id}")))?;
     let store = &console.shared.store;
     let failed = |e: crate::store::Error| refused(crate::api::status_of(e));
-    let rounds = store.rounds_at(id).await.map_err(failed)?;
+    let rounds = store.rounds_at(id, after).await.map_err(failed)?;
     let transitions = store.transitions_of(id).await.map_err(failed)?;
     let instructions = store.instructions_of(id).await.map_err(failed)?;
     let at = |t: time::OffsetDateTime| json!(t.unix_timestamp_nanos() / 1_000_000);

@@ -157,21 +157,29 @@ impl Store {
 
     pub async fn rounds_of(&self, task: TaskId) -> Result<Vec<RoundRow>, Error> {
         Ok(self
-            .rounds_at(task)
+            .rounds_at(task, None)
             .await?
             .into_iter()
             .map(|(round, _)| round)
             .collect())
     }
 
-    /// The rounds of a task with when each was checkpointed, for its timeline.
-    pub async fn rounds_at(&self, task: TaskId) -> Result<Vec<(RoundRow, OffsetDateTime)>, Error> {
-        let rows = sqlx::query_as::<_, (i32, sqlx::types::Json<serde_json::Value>, OffsetDateTime)>(
-            "SELECT round, messages, created_at FROM checkpoints WHERE task_id = $1 ORDER BY round",
-        )
-        .bind(task.as_uuid())
-        .fetch_all(&self.pool)
-        .await?;
+    /// The rounds of a task (those after round `after`, if given) with when each was
+    /// checkpointed, for its timeline. A round never changes once stored.
+    pub async fn rounds_at(
+        &self,
+        task: TaskId,
+        after: Option<i32>,
+    ) -> Result<Vec<(RoundRow, OffsetDateTime)>, Error> {
+        let rows =
+            sqlx::query_as::<_, (i32, sqlx::types::Json<serde_json::Value>, OffsetDateTime)>(
+                "SELECT round, messages, created_at FROM checkpoints
+             WHERE task_id = $1 AND ($2::int IS NULL OR round > $2) ORDER BY round",
+            )
+            .bind(task.as_uuid())
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|(round, messages, at)| (RoundRow { round, messages }, at))

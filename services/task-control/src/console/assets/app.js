@@ -260,11 +260,33 @@ async function loadTasks() {
   app.next = data.next_page_token;
 }
 
-async function loadDetail(id) {
+// The open task's page: one load at a time; events that arrive meanwhile make one more. A task
+// already shown asks only for the rounds after its last one (a round never changes).
+const detailLoad = { running: null, want: null };
+
+function loadDetail(id) {
+  detailLoad.want = id;
+  if (!detailLoad.running) {
+    detailLoad.running = (async () => {
+      while (detailLoad.want !== null) {
+        const next = detailLoad.want;
+        detailLoad.want = null;
+        app.detail = await fetchDetail(next);
+      }
+    })().finally(() => { detailLoad.running = null; });
+  }
+  return detailLoad.running;
+}
+
+async function fetchDetail(id) {
+  const old = app.detail && !app.detail.error && app.detail.task.id === id ? app.detail : null;
+  const last = old && old.rounds.length ? old.rounds[old.rounds.length - 1].round : null;
   try {
-    app.detail = await api("/tasks/" + encodeURIComponent(id));
+    const got = await api("/tasks/" + encodeURIComponent(id) + (last === null ? "" : "?after_round=" + last));
+    if (last !== null) got.rounds = old.rounds.concat(got.rounds);
+    return got;
   } catch (e) {
-    app.detail = { error: e.message, task: { id } };
+    return { error: e.message, task: { id } };
   }
 }
 

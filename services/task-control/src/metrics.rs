@@ -175,8 +175,8 @@ impl Metrics {
         );
         out.counters(
             "hark_answer_starts_total",
-            "Answers given by question id (the API, the console, a subtask's end), by where \
-             their question and its task's state came from: remembered from this process's ask, \
+            "Answers given by question or task id (the API, the console, a subtask's end), by \
+             where their question and its task's state came from: remembered from this process's ask, \
              or read from the database.",
             &self.answer_starts,
         );

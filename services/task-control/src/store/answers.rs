@@ -74,7 +74,8 @@ impl AnswerTarget {
         task: &TaskRow,
         last_round: (i32, &serde_json::Value),
     ) -> Option<Self> {
-        if task.chat().is_some() || question.stream.is_some() || question.waits_for.is_some() {
+        // A question's chat is its task's.
+        if question.stream.is_some() || question.waits_for.is_some() {
             return None;
         }
         let form_last_round = task

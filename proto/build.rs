@@ -21,6 +21,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("hark_descriptor.bin"),
         descriptors.encode_to_vec(),
     )?;
+    // What reflection serves to anyone: the public API and what it imports, never the
+    // worker ↔ task-control schema.
+    let public = protox::compile(["proto/hark/v1/service.proto"], ["proto"])?;
+    fs::write(
+        out_dir.join("hark_public_descriptor.bin"),
+        public.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .codec_path("crate::codec::HarkCodec")
         .build_client(true)

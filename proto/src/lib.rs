@@ -15,5 +15,10 @@ pub mod v1 {
 /// The encoded `FileDescriptorSet` of every hark `.proto` file.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("hark_descriptor");
 
+/// The descriptors of the public API (`hark.v1.TaskService` and the types it uses) alone: what
+/// gRPC reflection serves.
+pub const PUBLIC_FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("hark_public_descriptor");
+
 /// The version written into every bus message this build produces.
 pub const WIRE_VERSION: u32 = 1;

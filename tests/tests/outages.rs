@@ -359,6 +359,7 @@ async fn the_http_adapter_accepts_only_what_jetstream_has() {
     let mut nats = PrivateNats::start();
     let mut env = Env::on(nats.url(), hark_e2e::postgres_url()).await;
     env.set("HARK_GATEWAY__HTTP__PLATFORMS", "myapp");
+    env.set("HARK_GATEWAY__HTTP__BOTS", "myapp:main");
     let mut gateway = env.spawn(&["gateway"], &[]);
     gateway.wait_for_output("gateway started", WAIT).await;
     let url = format!("http://127.0.0.1:{}/api/v1/messages", env.gateway_port);

@@ -73,23 +73,67 @@ const RECORD_ROLE: &str = "hark";
 const CHOICES_EN: [&str; 3] = ["approve", "deny", "approve for the rest of this task"];
 const CHOICES_ZH: [&str; 3] = ["批准", "拒绝", "本任务内都批准"];
 
-/// How much of a call's arguments the question shows.
-const SUMMARY_BYTES: usize = 300;
+/// How many bytes of the arguments' values the question shows in all.
+const SUMMARY_BYTES: usize = 600;
+
+/// A call's arguments as an approval question shows them: every name, each value cut on its
+/// own to a fair share of [`SUMMARY_BYTES`] (short values first, so that a long `content`
+/// cannot push a `path` out of view), and the names of those cut.
+pub(crate) fn summary(arguments: &serde_json::Map<String, Value>) -> (String, Vec<String>) {
+    let mut values: Vec<(&String, String)> = arguments
+        .iter()
+        .map(|(name, value)| {
+            let text = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (name, text)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    order.sort_by_key(|&i| values[i].1.len());
+    let mut budget = SUMMARY_BYTES;
+    let mut cut = Vec::new();
+    for (done, &i) in order.iter().enumerate() {
+        let share = budget / (order.len() - done);
+        let (name, text) = &mut values[i];
+        if text.len() > share {
+            let keep = hark_core::domain::text::floor_char_boundary(text, share);
+            text.truncate(keep);
+            text.push('…');
+            cut.push((*name).clone());
+        }
+        budget = budget.saturating_sub(text.len());
+    }
+    let shown = values
+        .iter()
+        .map(|(name, text)| format!("{name}={}", hark_core::domain::ids::one_line(text)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    cut.sort();
+    (shown, cut)
+}
 
 /// The question asking the owner to approve `checked`, made under the model's call `call_id`.
 pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> PendingAsk {
-    let arguments = Value::Object(checked.arguments.clone()).to_string();
-    let summary = if checked.arguments.is_empty() {
-        String::new()
-    } else {
-        limits::cut(&arguments, SUMMARY_BYTES)
-    };
+    let (summary, cut) = summary(&checked.arguments);
     let tool = &checked.tool.name;
+    let cut = cut.join(", ");
     let (question, choices) = match language {
         Language::Zh if summary.is_empty() => (format!("要运行 `{tool}` 吗？"), CHOICES_ZH),
-        Language::Zh => (format!("要运行 `{tool}` 吗？参数：{summary}"), CHOICES_ZH),
+        Language::Zh if cut.is_empty() => {
+            (format!("要运行 `{tool}` 吗？参数：{summary}"), CHOICES_ZH)
+        }
+        Language::Zh => (
+            format!("要运行 `{tool}` 吗？参数：{summary}（已截断：{cut}）"),
+            CHOICES_ZH,
+        ),
         Language::En if summary.is_empty() => (format!("Run `{tool}`?"), CHOICES_EN),
-        Language::En => (format!("Run `{tool}` with {summary}?"), CHOICES_EN),
+        Language::En if cut.is_empty() => (format!("Run `{tool}` with {summary}?"), CHOICES_EN),
+        Language::En => (
+            format!("Run `{tool}` with {summary}? (cut short: {cut})"),
+            CHOICES_EN,
+        ),
     };
     PendingAsk {
         call_id: format!("{CALL_PREFIX}{call_id}"),
@@ -221,6 +265,31 @@ mod tests {
         assert!(call_in(&history, "r9_0").is_none());
         assert_eq!(granted(&history), HashSet::from(["fs__rm".to_owned()]));
         assert_eq!(history.iter().filter(|m| for_model(m)).count(), 2);
+    }
+
+    #[test]
+    fn an_approval_shows_every_argument_and_a_long_one_cannot_hide_a_short_one() {
+        let mut arguments = serde_json::Map::new();
+        arguments.insert("content".into(), json!("A".repeat(5000)));
+        arguments.insert("path".into(), json!("/etc/cron.d/evil"));
+        arguments.insert("mode".into(), json!(493));
+        let (shown, cut) = summary(&arguments);
+        assert!(shown.contains("path=/etc/cron.d/evil"), "{shown}");
+        assert!(shown.contains("mode=493"), "{shown}");
+        assert!(shown.contains("content=AAAA"), "{shown}");
+        assert!(shown.len() < SUMMARY_BYTES + 100, "{}", shown.len());
+        assert_eq!(cut, vec!["content".to_owned()]);
+        // Many long values share the budget; each is named.
+        let mut many = serde_json::Map::new();
+        for name in ["a", "b", "c", "d"] {
+            many.insert(name.into(), json!("x\ny".repeat(400)));
+        }
+        let (shown, cut) = summary(&many);
+        for name in ["a=", "b=", "c=", "d="] {
+            assert!(shown.contains(name), "{shown}");
+        }
+        assert!(!shown.contains('\n'), "{shown}");
+        assert_eq!(cut.len(), 4);
     }
 
     #[test]

@@ -32,9 +32,24 @@ impl Fetcher {
             return None;
         }
         hark_core::install_crypto();
-        let http = reqwest::Client::builder()
+        // The environment's proxies are never used: a proxy resolves names itself, past the
+        // resolver below. Only the configured one is, with each target checked first.
+        let mut http = reqwest::Client::builder().no_proxy();
+        if !config.proxy.trim().is_empty() {
+            match reqwest::Proxy::all(config.proxy.trim()) {
+                Ok(proxy) => http = http.proxy(proxy),
+                Err(e) => {
+                    tracing::error!(
+                        error = %e,
+                        "tools.fetch_url.proxy is not a proxy URL; fetch_url is off"
+                    );
+                    return None;
+                }
+            }
+        }
+        let http = http
             .dns_resolver(Arc::new(Resolver {
-                allow: config.allow.clone(),
+                allow_private: config.allow_private.clone(),
             }))
             .redirect(reqwest::redirect::Policy::none())
             .timeout(config.timeout.0)
@@ -63,6 +78,9 @@ impl Fetcher {
         let mut url = Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
         for _ in 0..=MAX_REDIRECTS {
             self.check(&url)?;
+            if !self.config.proxy.trim().is_empty() {
+                self.check_addresses(&url).await?;
+            }
             let mut response = self
                 .http
                 .get(url.clone())
@@ -140,10 +158,7 @@ impl Fetcher {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_ascii_lowercase();
-        if named(&self.config.allow, &host) {
-            return Ok(());
-        }
-        if !self.config.allow.iter().any(|p| p.trim() == "*") {
+        if !named(&self.config.allow, &host) && !self.config.allow.iter().any(|p| p.trim() == "*") {
             return Err(format!(
                 "{host} is not allowed (tools.fetch_url.allow); ask the operator, or do without it"
             ));
@@ -151,7 +166,30 @@ impl Fetcher {
         // A name is checked by the resolver when it is looked up; an address given as such, here.
         if let Ok(ip) = host.parse::<IpAddr>()
             && !public(&ip)
+            && !named(&self.config.allow_private, &host)
         {
+            return Err(not_public(&host));
+        }
+        Ok(())
+    }
+
+    /// Through a proxy, which resolves the name itself: the target's addresses, checked here.
+    async fn check_addresses(&self, url: &Url) -> Result<(), String> {
+        let host = url
+            .host_str()
+            .unwrap_or_default()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase();
+        if named(&self.config.allow_private, &host) {
+            return Ok(());
+        }
+        let port = url.port_or_known_default().unwrap_or(80);
+        let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| format!("cannot look up {host}: {e}"))?
+            .collect();
+        if addresses.is_empty() || addresses.iter().any(|a| !public(&a.ip())) {
             return Err(not_public(&host));
         }
         Ok(())
@@ -170,20 +208,22 @@ fn named(allow: &[String], host: &str) -> bool {
 }
 
 fn not_public(host: &str) -> String {
-    format!("{host} is not a public address; only hosts named in tools.fetch_url.allow may be")
+    format!(
+        "{host} is not a public address; only hosts named in tools.fetch_url.allow_private may be"
+    )
 }
 
-/// The client's resolver: a host not named in `allow` resolves only when every address it has is
-/// public.
+/// The client's resolver: a host not named in `allow_private` resolves only when every address
+/// it has is public.
 #[derive(Debug)]
 struct Resolver {
-    allow: Vec<String>,
+    allow_private: Vec<String>,
 }
 
 impl reqwest::dns::Resolve for Resolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let host = name.as_str().to_ascii_lowercase();
-        let trusted = named(&self.allow, &host);
+        let trusted = named(&self.allow_private, &host);
         Box::pin(async move {
             let addresses: Vec<SocketAddr> =
                 tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
@@ -195,29 +235,67 @@ impl reqwest::dns::Resolve for Resolver {
     }
 }
 
-/// Whether an address is on the public internet.
+/// Whether an address is on the public internet: in none of the blocks of IANA's IPv4 and
+/// IPv6 special-purpose address registries that are not globally reachable, nor multicast.
 fn public(ip: &IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            !(v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_documentation()
-                || v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1]))
-        }
-        IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || (first & 0xfe00) == 0xfc00
-                || (first & 0xffc0) == 0xfe80
-                || v6
-                    .to_ipv4_mapped()
-                    .is_some_and(|v4| !public(&IpAddr::V4(v4))))
-        }
+        IpAddr::V4(v4) => public_v4(u32::from(*v4)),
+        IpAddr::V6(v6) => public_v6(u128::from(*v6)),
     }
+}
+
+fn in_block(address: u128, bits: u32, prefix: u128, len: u32) -> bool {
+    len == 0 || (address >> (bits - len)) == (prefix >> (bits - len))
+}
+
+fn public_v4(a: u32) -> bool {
+    const BLOCKS: [(u32, u32); 17] = [
+        (0x0000_0000, 8),  // 0.0.0.0/8 "this network"
+        (0x0A00_0000, 8),  // 10.0.0.0/8 private
+        (0x6440_0000, 10), // 100.64.0.0/10 shared (carrier-grade NAT)
+        (0x7F00_0000, 8),  // 127.0.0.0/8 loopback
+        (0xA9FE_0000, 16), // 169.254.0.0/16 link-local
+        (0xAC10_0000, 12), // 172.16.0.0/12 private
+        (0xC000_0000, 24), // 192.0.0.0/24 IETF protocol assignments
+        (0xC000_0200, 24), // 192.0.2.0/24 documentation
+        (0xC01F_C400, 24), // 192.31.196.0/24 AS112
+        (0xC034_C100, 24), // 192.52.193.0/24 AMT
+        (0xC058_6300, 24), // 192.88.99.0/24 6to4 relay anycast
+        (0xC0A8_0000, 16), // 192.168.0.0/16 private
+        (0xC0AF_3000, 24), // 192.175.48.0/24 direct delegation AS112
+        (0xC612_0000, 15), // 198.18.0.0/15 benchmarking
+        (0xC633_6400, 24), // 198.51.100.0/24 documentation
+        (0xCB00_7100, 24), // 203.0.113.0/24 documentation
+        (0xE000_0000, 3),  // 224.0.0.0/4 multicast and 240.0.0.0/4 reserved (broadcast too)
+    ];
+    !BLOCKS
+        .iter()
+        .any(|&(prefix, len)| in_block(a.into(), 32, prefix.into(), len))
+}
+
+fn public_v6(a: u128) -> bool {
+    // An IPv4-mapped address is what its IPv4 address is.
+    if a >> 32 == 0xffff {
+        return public_v4(a as u32);
+    }
+    const BLOCKS: [(u128, u32); 13] = [
+        (0, 96),                      // ::/96 unspecified, loopback, IPv4-compatible
+        (0x0064_ff9b << 96, 96),      // 64:ff9b::/96 IPv4/IPv6 translation
+        (0x0064_ff9b_0001 << 80, 48), // 64:ff9b:1::/48 local translation
+        (0x0100 << 112, 64),          // 100::/64 discard-only
+        (0x2001 << 112, 23),          // 2001::/23 IETF protocol assignments
+        (0x2001_0db8 << 96, 32),      // 2001:db8::/32 documentation
+        (0x2002 << 112, 16),          // 2002::/16 6to4
+        (0x3fff << 112, 20),          // 3fff::/20 documentation
+        (0x5f00 << 112, 16),          // 5f00::/16 segment routing
+        (0xfc00 << 112, 7),           // fc00::/7 unique local
+        (0xfe80 << 112, 10),          // fe80::/10 link-local
+        (0xfec0 << 112, 10),          // fec0::/10 site-local (deprecated)
+        (0xff00 << 112, 8),           // ff00::/8 multicast
+    ];
+    !BLOCKS
+        .iter()
+        .any(|&(prefix, len)| in_block(a, 128, prefix, len))
 }
 
 /// A reqwest error's message with its innermost cause, without the URL it repeats.
@@ -251,14 +329,36 @@ mod tests {
             "192.168.0.1",
             "169.254.1.1",
             "100.64.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "198.18.0.1",
+            "198.19.255.255",
+            "240.0.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+            "192.0.0.8",
+            "::",
             "::1",
+            "::127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "2001:db8::1",
+            "2001::1",
             "fd00::1",
             "fe80::1",
+            "ff02::1",
             "::ffff:10.0.0.1",
+            "::ffff:127.0.0.1",
         ] {
             assert!(!public(&private.parse().expect("ip")), "{private}");
         }
-        for open in ["1.1.1.1", "2606:4700::1111"] {
+        for open in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "198.20.0.1",
+            "2606:4700::1111",
+            "2400:3200::1",
+        ] {
             assert!(public(&open.parse().expect("ip")), "{open}");
         }
     }
@@ -287,12 +387,55 @@ mod tests {
         // A name is looked up by the client's resolver, whose addresses it then connects to.
         let err = any.fetch("http://localhost:9/").await;
         assert!(err.starts_with("error: GET http://localhost:9/ failed: cannot connect: localhost is not a public address"), "{err}");
-        // Named, the same host resolves: the failure is then the closed port.
+        // Named in allow only, the same host still may not be reached: its address is private.
         let err = fetcher(&["localhost"]).fetch("http://localhost:9/").await;
+        assert!(err.contains("not a public address"), "{err}");
+        // Named in allow_private as well, it resolves: the failure is then the closed port.
+        let private = Fetcher::new(&FetchUrlConfig {
+            enabled: true,
+            allow: vec!["localhost".into()],
+            allow_private: vec!["localhost".into()],
+            ..Default::default()
+        })
+        .expect("on");
+        let err = private.fetch("http://localhost:9/").await;
         assert!(!err.contains("not a public address"), "{err}");
         assert!(
             Fetcher::new(&FetchUrlConfig::default()).is_none(),
             "off by default"
         );
+    }
+
+    #[tokio::test]
+    async fn through_a_proxy_the_targets_addresses_are_still_checked_first() {
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = proxy.local_addr().expect("addr");
+        let fetcher = Fetcher::new(&FetchUrlConfig {
+            enabled: true,
+            allow: vec!["*".into()],
+            proxy: format!("http://{addr}"),
+            ..Default::default()
+        })
+        .expect("on");
+        for target in [
+            "http://localhost:5432/",
+            "http://127.0.0.1/",
+            "http://[::1]/",
+        ] {
+            let err = fetcher.fetch(target).await;
+            assert!(err.contains("not a public address"), "{target}: {err}");
+        }
+        // The proxy was never asked: it would have resolved localhost itself.
+        let asked =
+            tokio::time::timeout(std::time::Duration::from_millis(50), proxy.accept()).await;
+        assert!(asked.is_err(), "the proxy was asked");
+        let bad = Fetcher::new(&FetchUrlConfig {
+            enabled: true,
+            proxy: "not a url".into(),
+            ..Default::default()
+        });
+        assert!(bad.is_none(), "a bad proxy turns the tool off");
     }
 }

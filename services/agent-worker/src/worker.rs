@@ -10,7 +10,8 @@ use hark_core::{
     bus::{self, Names},
     codec,
     config::Config,
-    error::{Classified as _, Kind, Settle},
+    consume::{self, DeadLetters, Failure},
+    error::{Classified as _, Kind},
 };
 use hark_proto::v1 as pb;
 use tokio::sync::Semaphore;
@@ -308,7 +309,7 @@ impl Worker {
                 tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
                     let metrics = this.runner.llm.metrics();
                     metrics.running.add(1);
-                    this.handle(message, shutdown).await;
+                    survive_panic(this.handle(message, shutdown)).await;
                     metrics.running.add(-1);
                     drop(permit);
                 }));
@@ -352,8 +353,12 @@ impl Worker {
                     tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
                         let metrics = this.runner.llm.metrics();
                         metrics.running.add(1);
-                        let outcome = this.run_claimed(handed.claim, stop).await;
-                        tracing::info!(task = handed.job.task_id, ?outcome, "run ended");
+                        let task = handed.job.task_id.clone();
+                        if let Some(outcome) =
+                            survive_panic(this.run_claimed(handed.claim, stop)).await
+                        {
+                            tracing::info!(task, ?outcome, "run ended");
+                        }
                         metrics.running.add(-1);
                         drop(permit);
                     }));
@@ -415,52 +420,46 @@ impl Worker {
     }
 
     async fn handle(&self, message: jetstream::Message, shutdown: CancellationToken) {
-        let job: pb::RunJob = match codec::decode(&message.payload) {
-            Ok(job) => job,
-            Err(e) => {
-                tracing::warn!(error = %e, "dropping an undecodable run job");
-                let _ = bus::settle(&message, Settle::Drop).await;
-                return;
-            }
-        };
-        tracing::debug!(
-            task = job.task_id,
-            generation = job.generation,
-            "run job received"
-        );
-        let claimed = match self
-            .runner
-            .control
-            .claim(&job, &self.runner.worker_id)
-            .await
-        {
-            Ok(claimed) => claimed,
-            Err(e) => {
-                // A job whose task moved on is done; one task-control could not decide now comes
-                // back later; one it can never take is dropped.
-                let settle = match e.kind() {
+        let dead = DeadLetters::new(self.js.clone(), self.names.clone());
+        let mut claimed = None;
+        // The job is settled once claimed: the task is ours under a lease now, and if this
+        // process dies the lease lapses and the task is recovered. A job whose task moved on is
+        // done; one task-control could not decide now comes back later; one it can never take
+        // (or whose claim panics, time after time) is set aside.
+        consume::handle(&message, "task_run", &dead, async {
+            let job: pb::RunJob = codec::decode(&message.payload)
+                .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable run job: {e}")))?;
+            tracing::debug!(
+                task = job.task_id,
+                generation = job.generation,
+                "run job received"
+            );
+            match self
+                .runner
+                .control
+                .claim(&job, &self.runner.worker_id)
+                .await
+            {
+                Ok(claim) => {
+                    claimed = Some((job, claim));
+                    Ok(())
+                }
+                Err(e) => match e.kind() {
                     Kind::Gone | Kind::NotFound | Kind::Conflict => {
                         tracing::debug!(task = job.task_id, error = %e, "run job no longer applies");
-                        Settle::Done
+                        Ok(())
                     }
                     kind => {
-                        let settle = kind.settle();
-                        tracing::warn!(task = job.task_id, error = %e, ?settle, "cannot claim");
-                        settle
+                        tracing::warn!(task = job.task_id, error = %e, "cannot claim");
+                        Err(Failure::new(kind, e.to_string()))
                     }
-                };
-                let _ = bus::settle(&message, settle).await;
-                return;
+                },
             }
-        };
+        })
+        .await;
+        let Some((job, claim)) = claimed else { return };
         tracing::debug!(task = job.task_id, "claimed");
-        // The task is ours under a lease now; if this process dies, the lease lapses and the
-        // task is recovered, so the job itself is done. The ack is not awaited: a lost one only
-        // brings the job back, and its claim is then refused as stale.
-        if let Err(e) = message.ack().await {
-            tracing::debug!(error = %e, "run job ack not sent");
-        }
-        let outcome = self.run_claimed(claimed, shutdown).await;
+        let outcome = self.run_claimed(claim, shutdown).await;
         tracing::info!(task = job.task_id, ?outcome, "run ended");
     }
 
@@ -615,5 +614,27 @@ impl Worker {
             }
         }
         outcome
+    }
+}
+
+/// Runs `run` to its end, or to a panic, which is logged instead of ending the worker's loop.
+/// A run that panicked holds its task under a lease that lapses; the task is then recovered
+/// by another attempt, at most `task.max_attempts` times in all.
+async fn survive_panic<T>(run: impl std::future::Future<Output = T>) -> Option<T> {
+    use futures_util::FutureExt as _;
+    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(done) => Some(done),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(
+                panic = what,
+                "a run panicked; its task is recovered when its lease lapses"
+            );
+            None
+        }
     }
 }

@@ -220,7 +220,7 @@ async fn an_approved_call_runs_after_the_owner_says_so_in_a_durable_question() {
     let (bed, id, question) = waiting_for_approval(|_| {}).await;
     assert_eq!(
         question.text,
-        r#"Run `everything__echo` with {"message":"delete it"}?"#
+        "Run `everything__echo` with message=delete it?"
     );
     assert_eq!(
         question.choices,

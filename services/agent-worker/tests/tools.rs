@@ -51,6 +51,8 @@ async fn fetch_url_reads_allowed_hosts_only_and_cuts_what_is_long() {
     let mut bed = Bed::start(llm, |c| {
         c.tools.fetch_url.enabled = true;
         c.tools.fetch_url.allow = vec!["127.0.0.1".into()];
+        // The test site is on loopback: named as a private host on purpose.
+        c.tools.fetch_url.allow_private = vec!["127.0.0.1".into()];
         c.tools.fetch_url.max_bytes = 1024;
     })
     .await;

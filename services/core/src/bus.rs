@@ -12,6 +12,7 @@
 //! | `CHAT_RECEIPT` | `<ns>.chat.receipt`             | work queue | `control`                           |
 //! | `TASK_RUN`   | `<ns>.task.run`                   | work queue | `workers` (all workers)             |
 //! | `TASK_EVENTS`| `<ns>.task.event.<task id>`       | limits, memory, 1 h | watchers (best effort)    |
+//! | `DEAD`       | `<ns>.dead.<source>`              | limits, 30 d | `hark health` reads it            |
 //!
 //! Core NATS (no stream): `<ns>.task.cancel.<task id>` and `<ns>.control.<op>` (request/reply in
 //! the queue group `<ns>.control`).
@@ -272,6 +273,20 @@ impl Names {
         format!("{}_TASK_EVENTS", self.stream_prefix)
     }
 
+    /// Messages set aside because they can never be handled ([`crate::consume`]).
+    pub fn dead_letter_stream(&self) -> String {
+        format!("{}_DEAD", self.stream_prefix)
+    }
+
+    /// The dead letters of one source (a consumer, or the gateway's spool).
+    pub fn dead_letter(&self, source: &str) -> String {
+        format!("{}.dead.{source}", self.ns)
+    }
+
+    pub fn dead_letters_all(&self) -> String {
+        format!("{}.dead.>", self.ns)
+    }
+
     // Durable consumers.
 
     /// Shared by all task-control replicas on `CHAT_IN` and `CHAT_RECEIPT`.
@@ -348,6 +363,18 @@ impl Names {
                     vec![self.task_events_all()],
                     RetentionPolicy::Limits,
                     Duration::from_secs(3600),
+                )
+            },
+            // Kept for a person to look at (`hark health`) and bounded, so that a flood of bad
+            // input cannot fill the server.
+            stream::Config {
+                max_messages: 100_000,
+                max_bytes: 512 * 1024 * 1024,
+                ..base(
+                    self.dead_letter_stream(),
+                    vec![self.dead_letters_all()],
+                    RetentionPolicy::Limits,
+                    30 * day,
                 )
             },
         ]

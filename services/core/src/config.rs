@@ -81,6 +81,15 @@ pub fn loopback_name(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Whether an HTTP `Host` header (`name`, `name:port`, `[v6]:port`) names this host's loopback.
+pub fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    loopback_name(name)
+}
+
 /// A listen address that may be left empty (`None`), read from `key`.
 fn optional_listen(
     key: &str,
@@ -351,8 +360,15 @@ impl Default for ToolsConfig {
 pub struct FetchUrlConfig {
     pub enabled: bool,
     /// The hosts it may fetch from: `example.com`, `*.example.com` (its subdomains), or `*`
-    /// (any host whose addresses are public: not loopback, private or link-local).
+    /// (any host whose addresses are public: in none of IANA's special-purpose registries).
     pub allow: Vec<String>,
+    /// Hosts of `allow` that may resolve to addresses that are not public (loopback, private,
+    /// link-local): an intranet service, named on purpose. Nothing else reaches them.
+    pub allow_private: Vec<String>,
+    /// The HTTP proxy to fetch through, e.g. `http://proxy:3128`; empty: none. The environment's
+    /// `HTTP_PROXY` and `HTTPS_PROXY` are never used, and with a proxy hark still checks each
+    /// target's addresses itself first, since the proxy would resolve names on its own.
+    pub proxy: String,
     /// The most bytes of a response read; the rest is cut with a note.
     pub max_bytes: u64,
     pub timeout: HumanDuration,
@@ -365,6 +381,8 @@ impl Default for FetchUrlConfig {
         Self {
             enabled: false,
             allow: Vec::new(),
+            allow_private: Vec::new(),
+            proxy: String::new(),
             max_bytes: 256 * 1024,
             timeout: HumanDuration::from_secs(15),
             min_role: Role::User,
@@ -1091,8 +1109,9 @@ impl Config {
             || self.control.api_tokens.iter().any(|t| !t.is_empty())
     }
 
-    /// The web console's address, `None` when there is none. Beyond loopback it takes the same
-    /// guard as the gRPC API: `control.api_tokens`, or `control.allow_unauthenticated`.
+    /// The web console's address, `None` when there is none. Beyond loopback it needs
+    /// `control.api_tokens`: `control.allow_unauthenticated` opens the gRPC API behind a proxy
+    /// that authenticates, never the console, whose pages a browser would serve to anyone.
     pub fn console_listen(&self) -> Result<Option<SocketAddr>, Error> {
         let Some(addr) = optional_listen(
             "control.http_listen",
@@ -1103,7 +1122,7 @@ impl Config {
         else {
             return Ok(None);
         };
-        if self.api_guarded(addr) {
+        if addr.ip().is_loopback() || self.control.api_tokens.iter().any(|t| !t.is_empty()) {
             return Ok(Some(addr));
         }
         Err(Error::Key {
@@ -1111,8 +1130,9 @@ impl Config {
             message: format!(
                 "control.http_listen = {addr} is reachable from other hosts, but \
                  control.api_tokens is empty, so anyone could answer and cancel tasks in the web \
-                 console. Set control.api_tokens (HARK_CONTROL__API_TOKENS), listen on 127.0.0.1, \
-                 or leave control.http_listen empty for no console"
+                 console (control.allow_unauthenticated does not open the console). Set \
+                 control.api_tokens (HARK_CONTROL__API_TOKENS), listen on 127.0.0.1, or leave \
+                 control.http_listen empty for no console"
             ),
         })
     }
@@ -1564,6 +1584,24 @@ mod tests {
         ] {
             assert!(fine.check_control_exposure().is_ok());
         }
+        // allow_unauthenticated opens the gRPC API behind a proxy, never the console.
+        let open = load(&[
+            ("HARK_CONTROL__HTTP_LISTEN", "0.0.0.0:8081"),
+            ("HARK_CONTROL__ALLOW_UNAUTHENTICATED", "true"),
+        ]);
+        let err = open.console_listen().expect_err("refused").to_string();
+        assert!(err.contains("control.api_tokens"), "{err}");
+        let signed = load(&[
+            ("HARK_CONTROL__HTTP_LISTEN", "0.0.0.0:8081"),
+            ("HARK_CONTROL__API_TOKENS", "a-long-enough-token"),
+        ]);
+        assert!(signed.console_listen().is_ok());
+        assert!(
+            loopback_host("127.0.0.1:8080")
+                && loopback_host("[::1]:1")
+                && loopback_host("localhost")
+        );
+        assert!(!loopback_host("attacker.example:8080") && !loopback_host("127.0.0.1.nip.io"));
     }
 
     #[test]

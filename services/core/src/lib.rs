@@ -6,6 +6,8 @@
 //! - [`bus`] owns every NATS subject, JetStream stream and consumer name, derived from one
 //!   namespace, and creates the streams and consumers.
 //! - [`codec`] encodes and decodes the protobuf payloads that travel on the bus.
+//! - [`consume`] takes messages off a JetStream consumer so that no single one can stop it: a
+//!   panic is caught, and a message that never succeeds is set aside in the dead-letter stream.
 //! - [`error`] is the one classification of failures that every service maps from.
 //! - [`startup`] waits for a dependency that does not answer yet, saying what it waits for.
 //! - [`metrics`] counts and times what each role does, for Prometheus, without locks.
@@ -16,6 +18,7 @@
 pub mod bus;
 pub mod codec;
 pub mod config;
+pub mod consume;
 pub mod domain;
 pub mod error;
 pub mod failpoint;

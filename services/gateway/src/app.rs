@@ -184,7 +184,18 @@ impl App {
 async fn ready(State(hub): State<Arc<Hub>>) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let connected = hub.nats.connection_state() == async_nats::connection::State::Connected;
-    if hub.ready.is_cancelled() && connected {
+    let stalled = hub.liveness.stalled_for(hark_core::consume::STALLED_AFTER);
+    if hub.ready.is_cancelled() && connected && !stalled.is_empty() {
+        let stalled: Vec<String> = stalled
+            .into_iter()
+            .map(|(name, why)| format!("{name}: {why}"))
+            .collect();
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "not consuming", "stalled": stalled, "spooled": hub.spool.pending()})),
+        )
+            .into_response()
+    } else if hub.ready.is_cancelled() && connected {
         Json(json!({"status": "ready"})).into_response()
     } else {
         (

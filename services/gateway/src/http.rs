@@ -23,7 +23,11 @@ use axum::{
 };
 use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
-use hark_core::{bus, domain::StreamId, secret::Secret};
+use hark_core::{
+    bus,
+    domain::{StreamId, ids},
+    secret::Secret,
+};
 use hark_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -103,7 +107,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let expected = &hub.settings.http_token;
     if expected.is_empty() {
-        return Ok(());
+        return loopback_only(headers);
     }
     if crate::bearer(headers).is_some_and(|given| expected.matches(given)) {
         Ok(())
@@ -118,9 +122,52 @@ fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
 /// The HTTP adapter as a [`Platform`]: it speaks for the platforms of `gateway.http.platforms`,
 /// and sends the messages of the bots of `gateway.http.bots` to the webhook or, without one, to
 /// the clients of the outbound stream.
+/// Without a token the adapter listens on loopback only; what still reaches it there is a web
+/// page the developer opened. Such a page can send no `Content-Type: application/json` across
+/// sites without a preflight the adapter never answers, and a DNS-rebound name arrives with its
+/// own `Host`: so a token-less adapter takes requests for loopback names only, and JSON only.
+fn loopback_only(headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if !hark_core::config::loopback_host(host) {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Host `{}` is not a loopback name: without gateway.http.token the HTTP adapter \
+                 answers only requests for 127.0.0.1, [::1] or localhost; set the token to serve \
+                 other names",
+                hark_core::domain::ids::shown(host)
+            ),
+        )));
+    }
+    Ok(())
+}
+
+/// A body of any other type than JSON is refused: see [`loopback_only`].
+fn json_only(headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|t| t.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if json {
+        Ok(())
+    } else {
+        Err(Box::new(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be sent as Content-Type: application/json",
+        )))
+    }
+}
+
 #[derive(Debug)]
 pub struct Adapter {
     platforms: Vec<String>,
+    /// The bots of `gateway.http.bots`: the only ones a message may be for, since no other's
+    /// replies would ever be delivered.
+    bots: Vec<(String, String)>,
     webhook: Option<Webhook>,
     /// Subscribers of the outbound stream, per bot.
     streams: Streams,
@@ -160,6 +207,7 @@ impl Adapter {
         });
         Self {
             platforms: settings.http_platforms.clone(),
+            bots: settings.http_bots.clone(),
             webhook,
             streams: Streams::default(),
         }
@@ -193,7 +241,21 @@ impl Platform for Adapter {
                 ),
             ));
         }
-        bus::token(&inbound.bot_id).map_err(|e| field("bot_id", e.to_string()))?;
+        ids::bot_id("bot_id", &inbound.bot_id).map_err(|e| field("bot_id", e.to_string()))?;
+        if !self
+            .bots
+            .iter()
+            .any(|(p, b)| *p == inbound.platform && *b == inbound.bot_id)
+        {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "bot_id: `{}:{}` is not one of gateway.http.bots, so its replies would never be \
+                     delivered; add it there",
+                    inbound.platform, inbound.bot_id
+                ),
+            ));
+        }
         inbound
             .stream
             .parse::<StreamId>()
@@ -201,11 +263,19 @@ impl Platform for Adapter {
         if inbound.sender.user_id.trim().is_empty() {
             return Err(field("sender.user_id", "must not be empty".into()));
         }
+        ids::chat_id("sender.user_id", &inbound.sender.user_id)
+            .map_err(|e| field("sender.user_id", e.to_string()))?;
         if inbound.message_id.trim().is_empty() {
             return Err(field(
                 "message_id",
                 "must not be empty: it is how duplicates are dropped".into(),
             ));
+        }
+        ids::chat_id("message_id", &inbound.message_id)
+            .map_err(|e| field("message_id", e.to_string()))?;
+        if !inbound.quoted_message_id.is_empty() {
+            ids::chat_id("quoted_message_id", &inbound.quoted_message_id)
+                .map_err(|e| field("quoted_message_id", e.to_string()))?;
         }
         let received = crate::onebot::event::now();
         Ok(Inbound::Message(Box::new(pb::ChatMessage {
@@ -270,7 +340,7 @@ pub async fn post_message(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(response) = check_token(&hub, &headers) {
+    if let Err(response) = check_token(&hub, &headers).and_then(|()| json_only(&headers)) {
         return *response;
     }
     let message = match hub.http.normalise(&body) {

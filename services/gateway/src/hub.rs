@@ -42,6 +42,11 @@ pub struct Hub {
     pub ready: CancellationToken,
     /// Stops everything at shutdown.
     pub shutdown: CancellationToken,
+    /// Where messages that can never be published or delivered are set aside.
+    pub dead: hark_core::consume::DeadLetters,
+    /// Whether the spool's publisher and each bot's outbound consumer work; `/readyz` reports
+    /// one that has not for a while.
+    pub liveness: hark_core::consume::Liveness,
 }
 
 /// What a [`Hub`] is made of.
@@ -63,9 +68,12 @@ impl Hub {
             .chain(parts.settings.http_platforms.iter().cloned());
         let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
         hark_core::metrics::Registry::global().register(metrics.clone());
+        let js = async_nats::jetstream::new(parts.nats.clone());
         let hub = Arc::new(Self {
             metrics,
-            js: async_nats::jetstream::new(parts.nats.clone()),
+            dead: hark_core::consume::DeadLetters::new(js.clone(), parts.names.clone()),
+            liveness: Default::default(),
+            js,
             nats: parts.nats,
             names: parts.names,
             http: Arc::new(crate::http::Adapter::new(&parts.settings)),
@@ -143,7 +151,9 @@ impl Hub {
         );
         hark_core::trace::scope_in(span, trace, async {
             let spooled = inbound::spooled(&self.names, message).map_err(|e| e.to_string())?;
-            inbound::send(&self.js, &spooled).await
+            inbound::send(&self.js, &spooled)
+                .await
+                .map_err(|e| e.to_string())
         })
         .await?;
         self.metrics.inbound.of(&platform).inc();

@@ -94,7 +94,8 @@ async fn ingest_one<P: Platform>(hub: &Arc<Hub>, platform: &P, mut message: pb::
 }
 
 /// Sends spooled messages to JetStream in order, trying again while NATS is away, until
-/// `shutdown`.
+/// `shutdown`. A message JetStream can never take (its id cannot be a header, or the server
+/// refuses it for what it is) is set aside in the dead-letter stream, and the rest flow on.
 pub async fn publish(
     hub: Arc<Hub>,
     mut queue: mpsc::UnboundedReceiver<Spooled>,
@@ -111,12 +112,17 @@ pub async fn publish(
         let mut pause = Duration::from_millis(100);
         let mut failing = false;
         loop {
-            match send(&hub.js, &message).await {
+            let sent = match send(&hub.js, &message).await {
+                Err(Unsent::Never(reason)) => set_aside(&hub, &message, &reason).await,
+                sent => sent,
+            };
+            match sent {
                 Ok(()) => {
                     hark_core::failpoint::hit("inbound.after_publish");
                     if let Err(e) = hub.spool.ack(message.seq) {
                         tracing::warn!(error = %e, "cannot note a sent message in the spool; it may be sent again");
                     }
+                    hub.liveness.consuming(SPOOL);
                     if failing {
                         tracing::info!(
                             waiting = hub.spool.pending(),
@@ -126,6 +132,8 @@ pub async fn publish(
                     break;
                 }
                 Err(e) => {
+                    hub.liveness
+                        .stalled(SPOOL, &format!("cannot publish spooled messages: {e}"));
                     if !failing {
                         tracing::warn!(
                             error = %e,
@@ -147,8 +155,47 @@ pub async fn publish(
     }
 }
 
+/// The name of the spool's publisher in the gateway's liveness and dead letters.
+pub const SPOOL: &str = "spool";
+
+/// Copies a spooled message JetStream will never take to the dead-letter stream; an error when
+/// that did not work either (then it is tried again, in order).
+async fn set_aside(hub: &Hub, message: &Spooled, reason: &str) -> Result<(), Unsent> {
+    let origin = hark_core::consume::Origin {
+        stream: "spool",
+        subject: &message.subject,
+        sequence: message.seq,
+        msg_id: &message.msg_id,
+    };
+    hub.dead
+        .keep(SPOOL, origin, message.payload.clone(), reason)
+        .await
+        .map_err(|e| Unsent::Later(e.to_string()))
+}
+
+/// Why a publish did not go through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsent {
+    /// NATS is away or slow: the same publish may work later.
+    Later(String),
+    /// JetStream can never take this message.
+    Never(String),
+}
+
+impl std::fmt::Display for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsent::Later(why) | Unsent::Never(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The most bytes of a deduplication id JetStream is handed; ids are checked far below this
+/// where they enter, so only a message spooled before those checks can reach it.
+const MAX_MSG_ID_BYTES: usize = 1024;
+
 /// One publish, acknowledged by JetStream.
-pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), String> {
+pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), Unsent> {
     use tracing::Instrument as _;
     let span = trace::send_span(&message.subject);
     trace::set_parent(
@@ -161,30 +208,53 @@ pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Res
     send_once(js, message).instrument(span).await
 }
 
-async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), String> {
+async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), Unsent> {
+    let never = |why: &str| Unsent::Never(why.to_owned());
+    if message.msg_id.len() > MAX_MSG_ID_BYTES {
+        return Err(never("its message id is longer than 1024 bytes"));
+    }
+    let msg_id: async_nats::HeaderValue = message
+        .msg_id
+        .parse()
+        .map_err(|_| never("its message id has a line break"))?;
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
+    headers.insert(bus::MSG_ID_HEADER, msg_id);
     // While traces are exported, the receiver continues from this send's span.
     let traceparent = if hark_core::telemetry::exporting() {
         trace::outgoing().or_else(|| message.trace.clone())
     } else {
         message.trace.clone()
     };
-    if let Some(trace) = &traceparent {
-        headers.insert(trace::HEADER, trace.as_str());
+    if let Some(parent) = traceparent
+        .as_deref()
+        .and_then(|t| t.parse::<async_nats::HeaderValue>().ok())
+    {
+        headers.insert(trace::HEADER, parent);
     }
     let published = tokio::time::timeout(PUBLISH_TIMEOUT, async {
         let ack = js
             .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
             .await
-            .map_err(|e| e.to_string())?;
-        ack.await.map_err(|e| e.to_string())
+            .map_err(|e| refused(e.to_string()))?;
+        ack.await.map_err(|e| refused(e.to_string()))
     })
     .await;
     match published {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(format!("no acknowledgement within {PUBLISH_TIMEOUT:?}")),
+        Err(_) => Err(Unsent::Later(format!(
+            "no acknowledgement within {PUBLISH_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Whether JetStream refused a publish for what it is (never to be taken), or for now.
+fn refused(error: String) -> Unsent {
+    let lower = error.to_ascii_lowercase();
+    if lower.contains("maximum payload") || lower.contains("header") && lower.contains("size") {
+        Unsent::Never(error)
+    } else {
+        Unsent::Later(error)
     }
 }
 

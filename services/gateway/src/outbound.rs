@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{AckKind, Message};
-use futures_util::StreamExt;
+use futures_util::{FutureExt as _, StreamExt};
 use hark_core::{bus, codec};
 use hark_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
@@ -57,14 +57,21 @@ pub async fn run<P: Platform>(
             }
         }
     };
+    let name = format!("chat_out {platform}:{bot_id}");
+    let _forget = Forget(&hub, &name);
     loop {
         let batch = tokio::select! {
             _ = closed.cancelled() => return,
             batch = consumer.fetch().max_messages(1).expires(Duration::from_secs(5)).messages() => batch,
         };
         let mut batch = match batch {
-            Ok(b) => b,
+            Ok(b) => {
+                hub.liveness.consuming(&name);
+                b
+            }
             Err(e) => {
+                hub.liveness
+                    .stalled(&name, &format!("cannot pull outbound messages: {e}"));
                 tracing::warn!(error = %e, "cannot pull outbound messages; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
@@ -75,10 +82,22 @@ pub async fn run<P: Platform>(
                 Ok(message) => {
                     let trace = hark_core::trace::from_headers(message.headers.as_ref());
                     let span = hark_core::trace::process_span(&message.subject);
-                    if !hark_core::trace::scope_in(span, trace, handle(&hub, &message, &*sender))
-                        .await
-                    {
-                        return;
+                    let handled = std::panic::AssertUnwindSafe(hark_core::trace::scope_in(
+                        span,
+                        trace,
+                        handle(&hub, &message, &*sender),
+                    ))
+                    .catch_unwind()
+                    .await;
+                    match handled {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(_) => {
+                            tracing::error!(
+                                "delivering an outbound message panicked; it is set aside"
+                            );
+                            set_aside(&hub, &message, "delivering it panicked").await;
+                        }
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "pull failed"),
@@ -87,13 +106,48 @@ pub async fn run<P: Platform>(
     }
 }
 
+/// Forgets a bot's outbound consumer in the gateway's liveness once its delivery ends.
+struct Forget<'a>(&'a Hub, &'a str);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.liveness.forget(self.1);
+    }
+}
+
+/// Keeps a message that can never be delivered in the dead-letter stream, then terminates it;
+/// one that cannot be kept yet comes back later.
+async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
+    let (stream, sequence) = message.info().map_or((String::new(), 0), |i| {
+        (i.stream.to_owned(), i.stream_sequence)
+    });
+    let msg_id = format!("{stream}:{sequence}");
+    let origin = hark_core::consume::Origin {
+        stream: &stream,
+        subject: message.subject.as_str(),
+        sequence,
+        msg_id: &msg_id,
+    };
+    let kept = hub
+        .dead
+        .keep("chat_out", origin, message.payload.clone(), reason)
+        .await;
+    let kind = match kept {
+        Ok(()) => AckKind::Term,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot set an outbound message aside; it comes back");
+            AckKind::Nak(Some(Duration::from_secs(5)))
+        }
+    };
+    let _ = message.ack_with(kind).await;
+}
+
 /// Delivers one message; returns false when the bot went offline.
 async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
     let outbound: pb::OutboundMessage = match codec::decode(&message.payload) {
         Ok(m) => m,
         Err(e) => {
-            tracing::error!(error = %e, "dropping an undecodable outbound message");
-            let _ = message.ack_with(AckKind::Term).await;
+            set_aside(hub, message, &format!("undecodable outbound message: {e}")).await;
             return true;
         }
     };
@@ -144,7 +198,12 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
                 reason,
                 "giving up on an outbound message after {MAX_ATTEMPTS} attempts"
             );
-            let _ = message.ack_with(AckKind::Term).await;
+            set_aside(
+                hub,
+                message,
+                &format!("the platform refused it {attempt} times, last: {reason}"),
+            )
+            .await;
             true
         }
         Err(SendError::Retry(reason)) => {

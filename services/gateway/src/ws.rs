@@ -61,10 +61,10 @@ pub async fn upgrade(
         )
             .into_response();
     };
-    if hark_core::bus::token(&self_id).is_err() {
+    if let Err(e) = hark_core::domain::ids::bot_id("X-Self-ID", &self_id) {
         return (
             StatusCode::BAD_REQUEST,
-            "X-Self-ID must be the bot's account id",
+            format!("{e}: the bot's own account id"),
         )
             .into_response();
     }

@@ -372,3 +372,96 @@ async fn the_bearer_scheme_is_accepted_in_any_case() {
     assert_eq!(response.status().as_u16(), 401);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn without_a_token_only_json_for_a_loopback_host_is_taken() {
+    let gw = Gw::start(|c| c.gateway.http.token = "".into()).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/api/v1/messages", gw.base);
+    // What a web page can send across sites without a preflight: a text/plain form post.
+    let plain = client
+        .post(&url)
+        .header("content-type", "text/plain")
+        .body(message("p1").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(plain.status().as_u16(), 415);
+    // A DNS-rebound name reaches the loopback listener with its own Host.
+    let rebound = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("host", "attacker.example:8080")
+        .body(message("p2").to_string())
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(rebound.status().as_u16(), 403);
+    let body: Value = rebound.json().await.expect("json");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("gateway.http.token"),
+        "{body}"
+    );
+    let stream = client
+        .get(format!(
+            "{}/api/v1/stream?platform=myapp&bot_id=main",
+            gw.base
+        ))
+        .header("host", "attacker.example")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(stream.status().as_u16(), 403);
+    assert!(
+        gw.try_next_chat_in().await.is_none(),
+        "a refused post reached CHAT_IN"
+    );
+    // The developer's own client, as `hark dev`'s playground sends it.
+    let (status, body) = gw.post(&message("p3").to_string(), None).await;
+    assert_eq!(status, 202, "{body}");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn ids_that_cannot_be_headers_or_bots_that_are_not_configured_are_refused_and_the_next_message_goes_through()
+ {
+    let gw = Gw::start(|_| {}).await;
+    let with = |field: &str, value: Value| {
+        let mut m = message("ok-1");
+        m[field] = value;
+        m.to_string()
+    };
+    let cases = [
+        ("message_id", with("message_id", json!("a\nb"))),
+        ("message_id", with("message_id", json!("9".repeat(20_000)))),
+        ("message_id", with("message_id", json!("a\u{202E}b"))),
+        ("bot_id", with("bot_id", json!("other"))),
+        ("bot_id", with("bot_id", json!("a/b"))),
+        (
+            "quoted_message_id",
+            with("quoted_message_id", json!("q\r\n")),
+        ),
+    ];
+    for (field, body) in cases {
+        let (status, answer) = gw.post(&body, Some("app-secret")).await;
+        assert!(status == 400 || status == 403, "{field}: {status} {answer}");
+        assert!(
+            answer["error"].as_str().unwrap_or_default().contains(field),
+            "{field}: {answer}"
+        );
+    }
+    let mut sender = message("ok-2");
+    sender["sender"]["user_id"] = json!("u\u{200B}1");
+    let (status, _) = gw.post(&sender.to_string(), Some("app-secret")).await;
+    assert_eq!(status, 400);
+    let (status, body) = gw
+        .post(&message("ok-3").to_string(), Some("app-secret"))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let got: pb::ChatMessage = codec::decode(&gw.next_chat_in().await.payload).expect("decodes");
+    assert_eq!(got.message_id, "ok-3");
+    gw.stop().await;
+}

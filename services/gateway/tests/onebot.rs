@@ -777,3 +777,121 @@ async fn a_quote_reply_carries_the_quoted_messages_text_and_author_as_the_bot_te
     assert_eq!((m.text.as_str(), m.quoted_text.as_str()), ("red", ""));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn ids_a_header_cannot_carry_are_dropped_at_the_frame_and_the_bot_goes_on() {
+    let gw = Gw::start(|_| {}).await;
+    let mut ws = gw.connect("42", Some("tok")).await.expect("connects");
+    let with_id = |id: Value| {
+        json!({"self_id": 42, "post_type": "message", "message_type": "group",
+               "message_id": id, "group_id": 777, "user_id": 100, "message": "bad id"})
+        .to_string()
+    };
+    for id in [
+        json!("1\n2"),
+        json!("9".repeat(65_000)),
+        json!("1\u{202E}2"),
+    ] {
+        ws.send(Message::text(with_id(id))).await.expect("send");
+    }
+    let bad_group = json!({"self_id": 42, "post_type": "message", "message_type": "group",
+                           "message_id": 5, "group_id": "7 7", "user_id": 100, "message": "x"});
+    ws.send(Message::text(bad_group.to_string()))
+        .await
+        .expect("send");
+    ws.send(Message::text(group_event(json!("still here"), 12, 100)))
+        .await
+        .expect("send");
+    let m = gw
+        .next_inbound(Duration::from_secs(10))
+        .await
+        .expect("the normal message arrives");
+    assert_eq!(m.text, "still here");
+    assert!(
+        gw.next_inbound(Duration::from_millis(300)).await.is_none(),
+        "no bad frame was published"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_x_self_id_that_cannot_name_a_consumer_is_refused() {
+    let gw = Gw::start(|_| {}).await;
+    for bad in ["a/b", "4.2", &"1".repeat(65)] {
+        assert!(
+            gw.connect(bad, Some("tok")).await.is_err(),
+            "{bad:?} was accepted"
+        );
+    }
+    assert!(gw.connect("42", Some("tok")).await.is_ok());
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_spooled_message_jetstream_can_never_take_is_set_aside_and_the_rest_flow_on() {
+    let mut config = common::config();
+    config.gateway.onebot.access_token = "tok".into();
+    let names = Names::new(config.nats.namespace.parse().expect("ns"));
+    // Spooled by an earlier gateway, before ids were checked where they enter: an id with a
+    // line break (which no header can carry) and one too long for a header, then a good one.
+    {
+        let (spool, _) = hark_gateway::spool::Spool::open(
+            std::path::Path::new(&config.gateway.spool_dir),
+            1 << 20,
+        )
+        .expect("spool");
+        for (id, text) in [
+            ("qq:42:group:777:1\n2", "bad"),
+            (&*format!("qq:{}", "9".repeat(70_000)), "long"),
+            ("qq:42:group:777:3", "good"),
+        ] {
+            let message = pb::ChatMessage {
+                platform: "qq".into(),
+                bot_id: "42".into(),
+                stream: "group:777".into(),
+                text: text.into(),
+                message_id: "x".into(),
+                sender: Some(pb::Sender {
+                    user_id: "100".into(),
+                    nickname: String::new(),
+                }),
+                ..Default::default()
+            };
+            spool
+                .append(hark_gateway::spool::Spooled {
+                    seq: 0,
+                    subject: names.chat_in("qq").expect("subject"),
+                    msg_id: id.to_owned(),
+                    trace: None,
+                    payload: codec::encode(message),
+                })
+                .await
+                .expect("spooled");
+        }
+    }
+    let gw = Gw::start(|c| *c = config.clone()).await;
+    let m = gw
+        .next_inbound(Duration::from_secs(20))
+        .await
+        .expect("the good message arrives");
+    assert_eq!(m.text, "good");
+    let mut dead = gw
+        .js
+        .get_stream(names.dead_letter_stream())
+        .await
+        .expect("dead-letter stream");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while dead.info().await.expect("info").state.messages < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "not set aside");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = dead.get_raw_message(1).await.expect("dead letter");
+    let reason = first
+        .headers
+        .get(hark_core::consume::REASON_HEADER)
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default();
+    assert!(reason.contains("line break"), "{reason}");
+    assert_eq!(gw.running.hub.spool.pending(), 0, "the spool is empty");
+    gw.stop().await;
+}

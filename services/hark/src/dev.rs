@@ -20,24 +20,69 @@ pub async fn run(
             data_dir.display()
         )
     })?;
-    prepare(&mut config, &data_dir);
+    prepare(&mut config, &data_dir)?;
     let mut private = crate::servers::ensure(&config, &data_dir).await?;
     let ran = serve(config, workers, &data_dir, &private.started, shutdown).await;
     private.stop().await;
     ran
 }
 
-/// What hark dev sets that a config left empty: the playground's HTTP adapter bot, and the
-/// gateway's spool under the data directory.
-fn prepare(config: &mut Config, data_dir: &Path) {
+/// What hark dev sets that a config left empty: the playground's HTTP adapter bot with a token
+/// of its own, and the gateway's spool under the data directory.
+fn prepare(config: &mut Config, data_dir: &Path) -> anyhow::Result<()> {
     let http = &mut config.gateway.http;
     if http.platforms.is_empty() && http.bots.is_empty() && http.webhook_url.is_empty() {
         http.platforms = vec!["web".into()];
         http.bots = vec!["web:playground".into()];
     }
+    // A page the developer opens in a browser must not be able to speak for the adapter's
+    // users, so even on loopback the adapter takes a token: one made for this data directory.
+    if !http.platforms.is_empty() && http.token.is_empty() {
+        http.token = hark_core::secret::Secret::new(http_token(data_dir)?);
+    }
     if config.gateway.spool_dir.is_empty() {
         config.gateway.spool_dir = data_dir.join("spool").display().to_string();
     }
+    Ok(())
+}
+
+/// The file under the data directory holding the HTTP adapter's token that hark dev made.
+pub const HTTP_TOKEN_FILE: &str = "http-token";
+
+/// The HTTP adapter's token of `data_dir`, made (readable by its owner only) when there is none.
+fn http_token(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join(HTTP_TOKEN_FILE);
+    if let Ok(token) = std::fs::read_to_string(&path)
+        && token.trim().len() >= 32
+    {
+        return Ok(token.trim().to_owned());
+    }
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| {
+            format!(
+                "cannot write the HTTP adapter's token to {}",
+                path.display()
+            )
+        })?;
+    file.write_all(token.as_bytes()).with_context(|| {
+        format!(
+            "cannot write the HTTP adapter's token to {}",
+            path.display()
+        )
+    })?;
+    Ok(token)
 }
 
 async fn serve(
@@ -100,8 +145,10 @@ async fn serve(
     };
     let http_adapter = if !config.gateway.http.platforms.is_empty() {
         format!(
-            "http://{gateway_addr}/api/v1/messages (platforms {})",
-            config.gateway.http.platforms.join(", ")
+            "http://{gateway_addr}/api/v1/messages (platforms {}; Authorization: Bearer <the \
+             token in {}>)",
+            config.gateway.http.platforms.join(", "),
+            data_dir.join(HTTP_TOKEN_FILE).display()
         )
     } else {
         "off (gateway.http.platforms is empty)".into()

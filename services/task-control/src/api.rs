@@ -7,8 +7,8 @@ use futures_util::Stream;
 use hark_core::{
     bus,
     domain::{
-        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form,
-        schedule, shape::Shape, text,
+        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, duration,
+        form, schedule, shape::Shape, text,
     },
     error::{Classified as _, Kind},
     secret::Secret,
@@ -126,11 +126,13 @@ impl Api {
             }
             _ => None,
         };
+        // A request id is the answerer's own: another person's same id is another request.
+        let inbound_key = request_id.as_ref().map(|id| format!("api:{answerer}:{id}"));
         let answer = Answer {
             answerer,
             text,
             json,
-            inbound_key: request_id.map(|id| format!("api:{id}")),
+            inbound_key,
         };
         let applied = match target {
             Target::Question(q) => store.answer(q, &answer).await,
@@ -142,12 +144,26 @@ impl Api {
                 question,
                 asked,
             }) => (*task, *question, asked),
-            // The same request id applied before: what it did then.
-            Ok(AnswerOutcome::Duplicate { question }) => (
-                store.get_task(question.task_id).await.map_err(status_of)?,
-                *question,
-                None,
-            ),
+            // The same request id applied before: what it did then, if it asked the same.
+            Ok(AnswerOutcome::Duplicate { question }) => {
+                let same_target = match target {
+                    Target::Question(q) => question.id == q,
+                    Target::OpenOf(t) => question.task_id == t,
+                };
+                let same_text = answer.json.is_some()
+                    || question.answer.as_deref() == Some(answer.text.as_str());
+                if !(same_target && same_text) {
+                    return Err(reused(
+                        request_id.as_deref().unwrap_or_default(),
+                        "another answer",
+                    ));
+                }
+                (
+                    store.get_task(question.task_id).await.map_err(status_of)?,
+                    *question,
+                    None,
+                )
+            }
             Err(store::Error::NoOpenQuestion { task }) => {
                 let id: TaskId = task.parse().map_err(|e| invalid("task_id", e))?;
                 let task = store.get_task(id).await.map_err(status_of)?;
@@ -237,6 +253,15 @@ pub fn status(kind: Kind, message: String) -> Status {
 }
 
 /// A store error as a gRPC status.
+/// A request id used before for a request with other parameters.
+fn reused(id: &str, what: &str) -> Status {
+    Status::already_exists(format!(
+        "request_id `{}` was used before for {what}; a retry must repeat its request exactly, \
+         and a new request needs a new request_id",
+        hark_core::domain::ids::shown(id)
+    ))
+}
+
 pub fn status_of(error: store::Error) -> Status {
     status(error.kind(), error.to_string())
 }
@@ -433,12 +458,16 @@ impl TaskService for Api {
             .unwrap_or(self.shared.config.task.on_timeout);
         let ask_timeout = match request.ask_timeout_s {
             0 => self.shared.config.task.ask_timeout.0,
-            s => Duration::from_secs(s.into()),
+            s => duration::at_most(Duration::from_secs(s.into()), duration::MAX_QUESTION_WAIT)
+                .map_err(|e| invalid("ask_timeout_s", e))?,
         };
         let priority = i16::try_from(request.priority)
             .ok()
             .filter(|p| (-100..=100).contains(p))
             .ok_or_else(|| invalid("priority", "must be between -100 and 100"))?;
+        // A request id is its owner's own: another owner's same id is another request.
+        let request_id = key_field("request_id", &request.request_id)?;
+        let request_key = request_id.as_ref().map(|id| format!("api:{owner}:{id}"));
         if request.start_at.is_some() || !request.cron.is_empty() {
             if questionnaire.is_some() {
                 return Err(invalid(
@@ -474,6 +503,15 @@ impl TaskService for Api {
                 (None, Some(at)) if at > now => at,
                 (None, _) => return Err(invalid("start_at", "it is in the past")),
             };
+            if first_run - now > duration::MAX_AHEAD {
+                return Err(invalid(
+                    "start_at",
+                    format!(
+                        "its first run is more than {} ahead",
+                        hark_core::domain::HumanDuration(duration::MAX_AHEAD)
+                    ),
+                ));
+            }
             let made = self
                 .shared
                 .store
@@ -487,8 +525,7 @@ impl TaskService for Api {
                     timezone,
                     first_run,
                     overlap: Overlap::Skip,
-                    request_id: key_field("request_id", &request.request_id)?
-                        .map(|id| format!("api:{id}")),
+                    request_id: request_key,
                     priority,
                 })
                 .await
@@ -498,6 +535,7 @@ impl TaskService for Api {
                 schedule: Some(convert::schedule(&made)),
             }));
         }
+        let asked = (goal.clone(), chat.as_ref().map(|c| c.stream.clone()));
         let task = self
             .shared
             .store
@@ -507,8 +545,7 @@ impl TaskService for Api {
                 chat,
                 ask_timeout,
                 on_timeout,
-                request_id: key_field("request_id", &request.request_id)?
-                    .map(|id| format!("api:{id}")),
+                request_id: request_key.clone(),
                 active_limit: self.shared.config.task.max_active_per_owner,
                 questionnaire,
                 schedule: None,
@@ -516,6 +553,12 @@ impl TaskService for Api {
             })
             .await
             .map_err(status_of)?;
+        // A task found by its request id answers only a retry of the request that made it.
+        if let Some(id) = &request_id
+            && (task.goal != asked.0 || task.stream != asked.1)
+        {
+            return Err(reused(id, &format!("another task ({})", task.id)));
+        }
         Ok(Response::new(pb::CreateTaskResponse {
             task: Some(convert::task(&task, None)),
             schedule: None,

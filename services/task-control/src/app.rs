@@ -4,14 +4,13 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use async_nats::jetstream::consumer::PullConsumer;
-use futures_util::StreamExt;
 use hark_core::{
     bus::{self, Names},
     codec,
     config::Config,
+    consume::{self, Failure},
     domain::QuestionId,
-    error::{Classified as _, Kind, Settle},
+    error::{Classified as _, Kind},
 };
 use hark_proto::v1 as pb;
 use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
@@ -136,14 +135,16 @@ impl App {
             shared: Shared {
                 store,
                 nats,
-                js,
-                names,
+                js: js.clone(),
+                names: names.clone(),
                 commands: Arc::new(chat::limit::CommandLimiter::new(
                     config.chat.commands_per_minute,
                 )),
                 watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
                 metrics: scraped,
                 parked,
+                dead: hark_core::consume::DeadLetters::new(js.clone(), names.clone()),
+                liveness: Default::default(),
                 config: Arc::new(config),
             },
             listener,
@@ -220,7 +221,7 @@ impl App {
             .await;
         tracker.spawn(watch_health(shared.clone(), health, shutdown.clone()));
         let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(hark_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(hark_proto::PUBLIC_FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| Error::Serve(format!("cannot build gRPC reflection: {e}")))?;
@@ -316,7 +317,8 @@ impl NotReady {
     }
 }
 
-/// Reports NOT_SERVING while NATS or Postgres does not answer, SERVING again once both do.
+/// Reports NOT_SERVING while NATS or Postgres does not answer, or one of this replica's
+/// consumers has not consumed for [`consume::STALLED_AFTER`]; SERVING again once all do.
 async fn watch_health(
     shared: Shared,
     health: tonic_health::server::HealthReporter,
@@ -334,9 +336,19 @@ async fn watch_health(
             .execute(shared.store.pool())
             .await
             .is_ok();
-        match (serving, nats_up && db_up) {
+        let stalled = shared.liveness.stalled_for(consume::STALLED_AFTER);
+        match (serving, nats_up && db_up && stalled.is_empty()) {
             (true, false) => {
-                tracing::warn!(nats_up, db_up, "not serving: a dependency does not answer");
+                let stalled: Vec<String> = stalled
+                    .iter()
+                    .map(|(name, why)| format!("{name}: {why}"))
+                    .collect();
+                tracing::warn!(
+                    nats_up,
+                    db_up,
+                    stalled = stalled.join("; "),
+                    "not serving: a dependency does not answer, or a consumer does not consume"
+                );
                 health.set_not_serving::<Service>().await;
                 serving = false;
             }
@@ -513,16 +525,9 @@ async fn sweep(shared: Shared, shutdown: CancellationToken) {
 /// How old an outbox row must be before the sweep takes it over from the relay.
 const SWEEP_AGE: Duration = Duration::from_secs(3);
 
-async fn consumer(shared: &Shared, stream: String) -> Result<PullConsumer, async_nats::Error> {
-    Ok(shared
-        .js
-        .get_consumer_from_stream(Names::CONTROL_CONSUMER, stream)
-        .await?)
-}
-
-/// Pulls inbound chat messages in order and handles them one by one. A message that cannot be
-/// decoded is terminated (it would never decode); one whose handling hit an unavailable store is
-/// delivered again later.
+/// Pulls inbound chat messages in order and handles them one by one, through
+/// [`hark_core::consume`]: a message that cannot be handled is set aside, and one whose handling
+/// hit an unavailable store is delivered again later.
 async fn consume_chat(shared: Shared, shutdown: CancellationToken) {
     run_consumer(shared, shutdown, true).await;
 }
@@ -532,93 +537,69 @@ async fn consume_receipts(shared: Shared, shutdown: CancellationToken) {
 }
 
 async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool) {
-    let stream = if chat_in {
-        shared.names.chat_in_stream()
+    let (stream, source) = if chat_in {
+        (shared.names.chat_in_stream(), "chat_in")
     } else {
-        shared.names.chat_receipt_stream()
+        (shared.names.chat_receipt_stream(), "chat_receipt")
     };
-    loop {
-        let consumer = match consumer(&shared, stream.clone()).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(stream, error = %e, "cannot open consumer; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                }
-            }
-        };
-        let mut messages = match consumer.messages().await {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(stream, error = %e, "cannot pull messages; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                next = messages.next() => next,
-            };
-            let message = match next {
-                Some(Ok(m)) => m,
-                Some(Err(e)) => {
-                    tracing::warn!(stream, error = %e, "pull failed");
-                    break;
-                }
-                None => break,
-            };
+    let handler = |message: async_nats::jetstream::Message| {
+        let shared = shared.clone();
+        async move {
             let trace = hark_core::trace::from_headers(message.headers.as_ref());
             let span = hark_core::trace::process_span(&message.subject);
-            let outcome = hark_core::trace::scope_in(span, trace, async {
+            hark_core::trace::scope_in(span, trace, async {
                 if chat_in {
                     handle_chat(&shared, &message.payload).await
                 } else {
                     handle_receipt(&shared, &message.payload).await
                 }
             })
-            .await;
-            let ack = bus::settle(&message, Settle::of(outcome)).await;
-            if let Err(e) = ack {
-                tracing::warn!(stream, error = %e, "cannot acknowledge a message");
-            }
+            .await
         }
-    }
+    };
+    consume::run(
+        &shared.js,
+        consume::Consumer {
+            stream: &stream,
+            durable: Names::CONTROL_CONSUMER,
+            source,
+        },
+        &shared.dead,
+        &shared.liveness,
+        &shutdown,
+        handler,
+    )
+    .await;
 }
 
 /// Handles one inbound chat message. A message that cannot be decoded is invalid for good; a
 /// failure to handle it is settled by its kind (retried only while the store is unavailable).
-async fn handle_chat(shared: &Shared, payload: &[u8]) -> Result<(), Kind> {
-    let message: pb::ChatMessage = codec::decode(payload).map_err(|e| {
-        tracing::warn!(error = %e, "dropping an undecodable chat message");
-        Kind::Invalid
-    })?;
+async fn handle_chat(shared: &Shared, payload: &[u8]) -> Result<(), Failure> {
+    let message: pb::ChatMessage = codec::decode(payload)
+        .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable chat message: {e}")))?;
     chat::handle(shared, message).await.map_err(|e| {
         let kind = e.kind();
         if kind.is_retryable() {
             tracing::warn!(error = %e, "chat message will be retried");
-        } else {
-            tracing::error!(error = %e, "dropping a chat message that cannot be handled");
         }
-        kind
+        Failure::new(kind, e.to_string())
     })
 }
 
-async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Kind> {
-    let receipt: pb::DeliveryReceipt = codec::decode(payload).map_err(|e| {
-        tracing::warn!(error = %e, "dropping an undecodable delivery receipt");
-        Kind::Invalid
-    })?;
+async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Failure> {
+    let receipt: pb::DeliveryReceipt = codec::decode(payload)
+        .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable delivery receipt: {e}")))?;
     if receipt.question_id.is_empty() || receipt.platform_message_id.is_empty() {
         return Ok(());
     }
     let question = receipt.question_id.parse::<QuestionId>().map_err(|_| {
-        tracing::warn!(
-            id = receipt.question_id,
-            "delivery receipt names no valid question"
-        );
-        Kind::Invalid
+        Failure::new(
+            Kind::Invalid,
+            format!(
+                "delivery receipt names no valid question: {}",
+                hark_core::domain::ids::shown(&receipt.question_id)
+            ),
+        )
     })?;
     shared
         .store
@@ -627,6 +608,6 @@ async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Kind> {
         .map(|_| ())
         .map_err(|e| {
             tracing::warn!(error = %e, "delivery receipt not recorded");
-            e.kind()
+            Failure::new(e.kind(), e.to_string())
         })
 }

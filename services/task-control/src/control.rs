@@ -397,7 +397,11 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             tool_call_id: request.tool_call_id,
             question: strip_nul(request.question),
             context: strip_nul(request.context),
-            timeout: (request.timeout_s > 0).then(|| Duration::from_secs(request.timeout_s.into())),
+            // A model's timeout past the limit is taken as the limit: the agent asked for "long".
+            timeout: (request.timeout_s > 0).then(|| {
+                Duration::from_secs(request.timeout_s.into())
+                    .min(hark_core::domain::duration::MAX_QUESTION_WAIT)
+            }),
             shape,
         };
         shared

@@ -29,6 +29,10 @@ pub struct Shared {
     pub metrics: Arc<crate::metrics::Scraped>,
     /// Workers polling this replica, to whom the relay hands run jobs directly.
     pub parked: Arc<crate::handoff::Parked>,
+    /// Where messages that can never be handled are set aside.
+    pub dead: hark_core::consume::DeadLetters,
+    /// Whether this replica's consumers consume; its gRPC health reports one that does not.
+    pub liveness: hark_core::consume::Liveness,
 }
 
 impl Shared {

@@ -883,3 +883,126 @@ async fn a_schedule_is_made_listed_and_cancelled_over_grpc() {
     assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_id_belongs_to_its_owner_and_a_reuse_with_other_parameters_is_refused() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let with_key = |owner: &str, goal: &str| pb::CreateTaskRequest {
+        request_id: "k-1".into(),
+        ..create(owner, goal)
+    };
+    let alice = api
+        .create_task(with_key("api:alice", "alice's plan"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    // Another owner's same key is another request: it never returns alice's task.
+    let bob = api
+        .create_task(with_key("api:bob", "bob's plan"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_ne!(bob.id, alice.id);
+    assert_eq!(bob.goal, "bob's plan");
+    // A retry gets the same task back; the same key for another goal is refused, naming it.
+    let retried = api
+        .create_task(with_key("api:alice", "alice's plan"))
+        .await
+        .expect("a retry")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(retried.id, alice.id);
+    let refused = api
+        .create_task(with_key("api:alice", "something else"))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused:?}");
+    assert!(refused.message().contains("k-1"), "{}", refused.message());
+
+    // Answers: alice's key does not answer for bob, nor hand bob alice's answer.
+    tc.claim_and_ask("Alice's question?", 0).await;
+    tc.claim_and_ask("Bob's question?", 0).await;
+    let answer = |task: &str, answerer: &str, text: &str| pb::AnswerQuestionRequest {
+        task_id: task.into(),
+        answer: text.into(),
+        answerer: answerer.into(),
+        request_id: "a-1".into(),
+        ..Default::default()
+    };
+    let first = api
+        .answer_question(answer(&alice.id, "api:alice", "for alice"))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(first.question.expect("question").answer, "for alice");
+    let second = api
+        .answer_question(answer(&bob.id, "api:bob", "for bob"))
+        .await
+        .expect("bob's own answer is applied")
+        .into_inner();
+    let bobs = second.question.expect("question");
+    assert_eq!(bobs.answer, "for bob");
+    assert_eq!(second.task.expect("task").id, bob.id);
+    // Alice's key again, for another answer: refused, not silently dropped.
+    let refused = api
+        .answer_question(answer(&alice.id, "api:alice", "changed my mind"))
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused:?}");
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn reflection_serves_the_public_api_and_not_the_workers_schema() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let tc = TestControl::start().await;
+    let channel = tonic::transport::Endpoint::from_shared(tc.grpc.clone())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    let mut reflection = ServerReflectionClient::new(channel);
+    let ask = |symbol: &str| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(symbol.into())),
+    };
+    let mut found = Vec::new();
+    for symbol in [
+        "hark.v1.TaskService",
+        "hark.v1.Lease",
+        "hark.v1.ClaimRequest",
+    ] {
+        let mut answers = reflection
+            .server_reflection_info(tokio_stream::iter(vec![ask(symbol)]))
+            .await
+            .expect("reflection answers")
+            .into_inner();
+        let described = match answers.next().await {
+            Some(Ok(answer)) => matches!(
+                answer.message_response,
+                Some(MessageResponse::FileDescriptorResponse(_))
+            ),
+            Some(Err(status)) => {
+                assert_eq!(status.code(), Code::NotFound, "{symbol}: {status:?}");
+                false
+            }
+            None => false,
+        };
+        found.push(described);
+    }
+    assert_eq!(
+        found,
+        vec![true, false, false],
+        "only the public API is described"
+    );
+    tc.stop().await;
+}

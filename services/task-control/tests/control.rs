@@ -976,3 +976,27 @@ async fn ask_with(
     tweak(&mut request);
     tc.request(ControlOp::Ask, codec::encode(request)).await
 }
+
+#[tokio::test]
+async fn times_too_far_ahead_are_refused_in_the_chat_and_the_next_message_is_served() {
+    let tc = TestControl::start().await;
+    // Each of these once stopped all chat processing: `now + after` overflowed and panicked.
+    for (command, answer) in [
+        ("/task new --in 70000000h x", "longer than the limit"),
+        ("/task new --in 99999999999999d x", "longer than the limit"),
+        (
+            "/task new --in 9999999999999999999999d x",
+            "is not a duration",
+        ),
+        ("/task new --timeout 70000000h x", "longer than the limit"),
+        ("/task new --at 2999-12-31T23:59 x", "ahead"),
+        ("/task new --at 9999-12-31T23:59 x", "not scheduled"),
+    ] {
+        tc.say(GROUP, "1", command).await;
+        let refused = tc.next_out().await;
+        assert!(refused.text.contains(answer), "{command}: {}", refused.text);
+    }
+    tc.say(GROUP, "1", "/task list").await;
+    tc.out_containing("No tasks").await;
+    tc.stop().await;
+}

@@ -4,6 +4,25 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// How far ahead a task may be scheduled (`--in`, `--at`, `start_at`): ten years.
+pub const MAX_AHEAD: Duration = Duration::from_secs(10 * 365 * 86_400);
+/// The longest a question may wait for its answer (`--timeout`, `ask_timeout_s`, `timeout_s`):
+/// a year and a day.
+pub const MAX_QUESTION_WAIT: Duration = Duration::from_secs(366 * 86_400);
+
+/// `duration` when it is at most `max`; otherwise a sentence saying what the limit is.
+pub fn at_most(duration: Duration, max: Duration) -> Result<Duration, String> {
+    if duration <= max {
+        Ok(duration)
+    } else {
+        Err(format!(
+            "{} is longer than the limit of {}",
+            HumanDuration(duration),
+            HumanDuration(max)
+        ))
+    }
+}
+
 /// A [`Duration`] that parses from and prints as `1h30m`-style text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct HumanDuration(pub Duration);

@@ -27,6 +27,69 @@ pub enum IdError {
     Handle(String),
     #[error("`{0}` is not a role: expected `admin`, `user` or `guest`")]
     Role(String),
+    #[error(
+        "`{value}` is not a usable {field}: expected 1 to {max} bytes without spaces, control or \
+         format characters{extra}"
+    )]
+    ChatId {
+        field: &'static str,
+        value: String,
+        max: usize,
+        extra: &'static str,
+    },
+}
+
+/// The most bytes of an id a chat platform gives hark (a message, user, group or bot id).
+pub const MAX_CHAT_ID_BYTES: usize = 128;
+
+/// Whether `c` is a Unicode format character (general category Cf): invisible, and able to
+/// reorder how text around it is shown (U+202E), so never part of an id.
+pub fn is_format(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
+        | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
+        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F | 0x1BCA0..=0x1BCA3
+        | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
+}
+
+/// Whether `c` may be part of an id: it is visible and no separator.
+fn is_id_char(c: char) -> bool {
+    !(c.is_whitespace() || c.is_control() || is_format(c))
+}
+
+/// Checks an id a platform gave hark (`field` names it in the error): 1 to
+/// [`MAX_CHAT_ID_BYTES`] bytes of visible characters.
+pub fn chat_id<'a>(field: &'static str, value: &'a str) -> Result<&'a str, IdError> {
+    if !value.is_empty() && value.len() <= MAX_CHAT_ID_BYTES && value.chars().all(is_id_char) {
+        Ok(value)
+    } else {
+        Err(IdError::ChatId {
+            field,
+            value: shown(value),
+            max: MAX_CHAT_ID_BYTES,
+            extra: "",
+        })
+    }
+}
+
+/// Checks a bot's id, which names a subject and a consumer: 1 to 64 of a-z, A-Z, 0-9, `_`
+/// and `-`.
+pub fn bot_id<'a>(field: &'static str, value: &'a str) -> Result<&'a str, IdError> {
+    if !value.is_empty()
+        && value.len() <= 64
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        Ok(value)
+    } else {
+        Err(IdError::ChatId {
+            field,
+            value: shown(value),
+            max: 64,
+            extra: " (a bot's id takes only a-z, A-Z, 0-9, _ and -)",
+        })
+    }
 }
 
 /// The most characters of someone's input an error or a reply repeats.
@@ -44,6 +107,16 @@ pub fn shown(input: &str) -> String {
         out.push(if c.is_control() { ' ' } else { c });
     }
     out
+}
+
+/// `input` on one line: control characters (line breaks included) become spaces, and format
+/// characters that could reorder how it shows are dropped.
+pub fn one_line(input: &str) -> String {
+    input
+        .chars()
+        .filter(|c| !is_format(*c))
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 macro_rules! uuid_id {
@@ -199,9 +272,7 @@ impl FromStr for Owner {
         let (platform, user) = s.split_once(':').ok_or_else(err)?;
         let platform_ok =
             !platform.is_empty() && platform.len() <= 32 && platform.chars().all(is_platform_char);
-        let user_ok = !user.is_empty()
-            && user.len() <= 128
-            && !user.chars().any(|c| c.is_whitespace() || c.is_control());
+        let user_ok = !user.is_empty() && user.len() <= 128 && user.chars().all(is_id_char);
         if platform_ok && user_ok {
             Ok(Self(s.to_owned()))
         } else {
@@ -277,9 +348,7 @@ impl FromStr for StreamId {
         let (kind, target) = s.split_once(':').ok_or_else(err)?;
         let kind_ok =
             !kind.is_empty() && kind.len() <= 16 && kind.chars().all(|c| c.is_ascii_lowercase());
-        let target_ok = !target.is_empty()
-            && target.len() <= 128
-            && !target.chars().any(|c| c.is_whitespace() || c.is_control());
+        let target_ok = !target.is_empty() && target.len() <= 128 && target.chars().all(is_id_char);
         if kind_ok && target_ok {
             Ok(Self(s.to_owned()))
         } else {
@@ -397,6 +466,34 @@ mod tests {
         assert!("api:alice@example.org".parse::<Owner>().is_ok());
         for bad in ["", "qq", "qq:", ":10001", "QQ:1", "qq:1 2", "q q:1"] {
             assert!(bad.parse::<Owner>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn owners_and_streams_refuse_format_characters_that_spoof_how_they_show() {
+        for bad in [
+            "qq:1\u{202E}0001",
+            "qq:\u{200B}10001",
+            "qq:1\u{FEFF}",
+            "qq:1\u{E0041}",
+        ] {
+            assert!(bad.parse::<Owner>().is_err(), "{bad:?} parsed");
+        }
+        assert!("group:7\u{202E}7".parse::<StreamId>().is_err());
+        assert!("qq:用户一".parse::<Owner>().is_ok());
+    }
+
+    #[test]
+    fn chat_ids_are_bounded_visible_and_bot_ids_fit_a_subject() {
+        assert_eq!(chat_id("message_id", "-2147480000"), Ok("-2147480000"));
+        assert!(chat_id("message_id", "AbC=/+_x").is_ok());
+        for bad in ["", "1\n2", "1 2", "1\r", "a\u{202E}b", &"9".repeat(129)] {
+            let e = chat_id("message_id", bad).expect_err(bad);
+            assert!(e.to_string().contains("message_id"), "{e}");
+        }
+        assert!(bot_id("self_id", "10001").is_ok());
+        for bad in ["", "a/b", "a.b", "a*", "a>", "1 2", &"1".repeat(65)] {
+            assert!(bot_id("self_id", bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -42,6 +42,8 @@ pub enum Error {
     },
     #[error("unknown message_type `{0}`")]
     UnknownMessageType(String),
+    #[error(transparent)]
+    BadId(#[from] hark_core::domain::IdError),
 }
 
 /// An id given as a number or a string (negative ids included).
@@ -117,10 +119,13 @@ fn message(value: &Value, platform: &str) -> Result<Frame, Error> {
         kind: "message",
         field,
     };
+    use hark_core::domain::ids;
     let self_id = id(value.get("self_id")).ok_or_else(|| missing("self_id"))?;
+    ids::bot_id("self_id", &self_id)?;
     let user_id = id(value.get("user_id"))
         .or_else(|| id(value.pointer("/sender/user_id")))
         .ok_or_else(|| missing("user_id"))?;
+    ids::chat_id("user_id", &user_id)?;
     if user_id == self_id {
         return Ok(Frame::Own);
     }
@@ -128,19 +133,24 @@ fn message(value: &Value, platform: &str) -> Result<Frame, Error> {
         .as_str()
         .ok_or_else(|| missing("message_type"))?;
     let stream = match message_type {
-        "group" => format!(
-            "group:{}",
-            id(value.get("group_id")).ok_or_else(|| missing("group_id"))?
-        ),
+        "group" => {
+            let group = id(value.get("group_id")).ok_or_else(|| missing("group_id"))?;
+            format!("group:{}", ids::chat_id("group_id", &group)?)
+        }
         "private" => format!("private:{user_id}"),
         other => return Err(Error::UnknownMessageType(other.chars().take(40).collect())),
     };
     let message_id = id(value.get("message_id")).ok_or_else(|| missing("message_id"))?;
+    ids::chat_id("message_id", &message_id)?;
     let segments = match value.get("message") {
         Some(m) if !m.is_null() => cq::parse_message(m),
         _ => cq::parse_cq(value["raw_message"].as_str().unwrap_or_default()),
     };
-    let content = content(&segments, &self_id);
+    let mut content = content(&segments, &self_id);
+    // A quote of an id hark could not use is no quote: the message is still read.
+    if ids::chat_id("reply id", &content.quoted).is_err() {
+        content.quoted.clear();
+    }
     let nickname = ["card", "nickname"]
         .iter()
         .find_map(|k| {

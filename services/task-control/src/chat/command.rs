@@ -1,7 +1,7 @@
 //! Parsing chat commands. A message that starts with the command word (or an alias) is a command,
 //! never an answer, whoever sends it.
 
-use hark_core::domain::{HumanDuration, TaskRef, TaskState, TimeoutPolicy};
+use hark_core::domain::{HumanDuration, TaskRef, TaskState, TimeoutPolicy, duration};
 
 use crate::texts::Texts;
 
@@ -143,6 +143,8 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
                         .map_err(|e: hark_core::domain::duration::DurationError| {
                             t.bad_value("--in 的时长", &e.to_string())
                         })?;
+                duration::at_most(after.0, duration::MAX_AHEAD)
+                    .map_err(|e| t.bad_value("--in 的时长", &e))?;
                 when = Some(When::In(after));
                 rest = tail;
             }
@@ -167,6 +169,8 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
                 if parsed.is_zero() {
                     return Err(t.zero_timeout());
                 }
+                duration::at_most(parsed.0, duration::MAX_QUESTION_WAIT)
+                    .map_err(|e| t.bad_value("--timeout 的时长", &e))?;
                 timeout = Some(parsed);
                 rest = tail;
             }

@@ -157,14 +157,10 @@ async fn guard(State(console): State<Console>, request: Request, next: Next) -> 
 }
 
 fn loopback_host(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
-        return false;
-    };
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    hark_core::config::loopback_name(name)
+    headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(hark_core::config::loopback_host)
 }
 
 /// Whether `headers` carry one of the tokens (always, when there are none).

@@ -152,12 +152,7 @@ impl Fetcher {
                 url.scheme()
             ));
         }
-        let host = url
-            .host_str()
-            .ok_or_else(|| format!("{url} has no host"))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
+        let host = host_of(url)?;
         if !named(&self.config.allow, &host) && !self.config.allow.iter().any(|p| p.trim() == "*") {
             return Err(format!(
                 "{host} is not allowed (tools.fetch_url.allow); ask the operator, or do without it"
@@ -175,12 +170,7 @@ impl Fetcher {
 
     /// Through a proxy, which resolves the name itself: the target's addresses, checked here.
     async fn check_addresses(&self, url: &Url) -> Result<(), String> {
-        let host = url
-            .host_str()
-            .unwrap_or_default()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_ascii_lowercase();
+        let host = host_of(url)?;
         if named(&self.config.allow_private, &host) {
             return Ok(());
         }
@@ -194,6 +184,16 @@ impl Fetcher {
         }
         Ok(())
     }
+}
+
+/// The host of `url` as `allow` names it: lower case, an IPv6 address without its brackets.
+fn host_of(url: &Url) -> Result<String, String> {
+    Ok(url
+        .host_str()
+        .ok_or_else(|| format!("{url} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase())
 }
 
 /// Whether `host` is named in `allow`, itself or by its domain.

@@ -101,6 +101,8 @@ pub struct Worker {
     concurrency: usize,
     /// Whether one idle slot waits at task-control for a job handed over directly.
     poll: bool,
+    /// Where run jobs that can never be taken are set aside.
+    dead: DeadLetters,
     /// The runs in flight, by task id, so a cancel hint can stop the right one: its stop token
     /// and its "no longer ours" token.
     running: Arc<std::sync::Mutex<std::collections::HashMap<String, RunTokens>>>,
@@ -166,6 +168,7 @@ impl Worker {
         Ok(Self {
             runner,
             nats,
+            dead: DeadLetters::new(js.clone(), names.clone()),
             js,
             names,
             concurrency: config.worker.concurrency as usize,
@@ -309,7 +312,9 @@ impl Worker {
                 tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
                     let metrics = this.runner.llm.metrics();
                     metrics.running.add(1);
-                    survive_panic(this.handle(message, shutdown)).await;
+                    if let Err(panic) = consume::unwound(this.handle(message, shutdown)).await {
+                        ran_into(&panic);
+                    }
                     metrics.running.add(-1);
                     drop(permit);
                 }));
@@ -354,10 +359,9 @@ impl Worker {
                         let metrics = this.runner.llm.metrics();
                         metrics.running.add(1);
                         let task = handed.job.task_id.clone();
-                        if let Some(outcome) =
-                            survive_panic(this.run_claimed(handed.claim, stop)).await
-                        {
-                            tracing::info!(task, ?outcome, "run ended");
+                        match consume::unwound(this.run_claimed(handed.claim, stop)).await {
+                            Ok(outcome) => tracing::info!(task, ?outcome, "run ended"),
+                            Err(panic) => ran_into(&panic),
                         }
                         metrics.running.add(-1);
                         drop(permit);
@@ -420,13 +424,12 @@ impl Worker {
     }
 
     async fn handle(&self, message: jetstream::Message, shutdown: CancellationToken) {
-        let dead = DeadLetters::new(self.js.clone(), self.names.clone());
         let mut claimed = None;
         // The job is settled once claimed: the task is ours under a lease now, and if this
         // process dies the lease lapses and the task is recovered. A job whose task moved on is
         // done; one task-control could not decide now comes back later; one it can never take
         // (or whose claim panics, time after time) is set aside.
-        consume::handle(&message, "task_run", &dead, async {
+        consume::handle(&message, "task_run", &self.dead, async {
             let job: pb::RunJob = codec::decode(&message.payload)
                 .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable run job: {e}")))?;
             tracing::debug!(
@@ -617,24 +620,11 @@ impl Worker {
     }
 }
 
-/// Runs `run` to its end, or to a panic, which is logged instead of ending the worker's loop.
-/// A run that panicked holds its task under a lease that lapses; the task is then recovered
-/// by another attempt, at most `task.max_attempts` times in all.
-async fn survive_panic<T>(run: impl std::future::Future<Output = T>) -> Option<T> {
-    use futures_util::FutureExt as _;
-    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
-        Ok(done) => Some(done),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            tracing::error!(
-                panic = what,
-                "a run panicked; its task is recovered when its lease lapses"
-            );
-            None
-        }
-    }
+/// A run that panicked: logged, and the worker's loop goes on. Its task is held under a lease
+/// that lapses; it is then recovered by another attempt, at most `task.max_attempts` in all.
+fn ran_into(panic: &str) {
+    tracing::error!(
+        panic,
+        "a run panicked; its task is recovered when its lease lapses"
+    );
 }

@@ -27,7 +27,7 @@ use std::{
 
 use async_nats::{
     HeaderMap,
-    jetstream::{self, AckKind},
+    jetstream::{self, AckKind, context::PublishErrorKind},
 };
 use bytes::Bytes;
 use futures_util::FutureExt as _;
@@ -51,6 +51,10 @@ pub const STREAM_HEADER: &str = "Hark-Dead-Stream";
 pub const SUBJECT_HEADER: &str = "Hark-Dead-Subject";
 pub const SEQUENCE_HEADER: &str = "Hark-Dead-Sequence";
 pub const MSG_ID_HEADER: &str = "Hark-Dead-Msg-Id";
+/// On a dead letter whose payload was too large to keep whole: how many bytes it had.
+pub const CUT_HEADER: &str = "Hark-Dead-Cut-From";
+/// How much of a payload too large for the server a dead letter keeps.
+const CUT_TO: usize = 64 * 1024;
 
 /// Where dead letters come from: one consumer (or the gateway's spool) each.
 pub const SOURCES: [&str; 5] = ["chat_in", "chat_receipt", "task_run", "chat_out", "spool"];
@@ -120,13 +124,25 @@ impl DeadLetters {
             subject: subject.clone(),
             source: e,
         };
-        let ack = tokio::time::timeout(Duration::from_secs(5), async {
+        let publish = |headers: HeaderMap, payload: Bytes| async {
             let ack = self
                 .js
                 .publish_with_headers(subject.clone(), headers, payload)
-                .await
-                .map_err(|e| fail(e.into()))?;
-            ack.await.map_err(|e| fail(e.into()))
+                .await?;
+            ack.await
+        };
+        let ack = tokio::time::timeout(Duration::from_secs(5), async {
+            match publish(headers.clone(), payload.clone()).await {
+                // Too large for the server, as it may well have been when it was first sent: the
+                // letter keeps its start, and says how large it was.
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    let mut headers = headers;
+                    headers.insert(CUT_HEADER, payload.len().to_string().as_str());
+                    publish(headers, payload.slice(..payload.len().min(CUT_TO))).await
+                }
+                sent => sent,
+            }
+            .map_err(|e| fail(e.into()))
         })
         .await;
         match ack {
@@ -147,6 +163,54 @@ impl DeadLetters {
     }
 }
 
+impl DeadLetters {
+    /// Keeps a JetStream message that can never be handled, with where it came from, and
+    /// terminates it; one that cannot be kept yet is delivered again after `retry`.
+    pub async fn set_aside(
+        &self,
+        source: &str,
+        message: &jetstream::Message,
+        reason: &str,
+        retry: Duration,
+    ) -> Outcome {
+        let (stream, sequence) = message.info().map_or((String::new(), 0), |i| {
+            (i.stream.to_owned(), i.stream_sequence)
+        });
+        let msg_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(bus::MSG_ID_HEADER))
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_else(|| format!("{stream}:{sequence}"));
+        let origin = Origin {
+            stream: &stream,
+            subject: message.subject.as_str(),
+            sequence,
+            msg_id: &msg_id,
+        };
+        match self
+            .keep(source, origin, message.payload.clone(), reason)
+            .await
+        {
+            Ok(()) => {
+                ack(message, source, AckKind::Term).await;
+                Outcome::SetAside(reason.to_owned())
+            }
+            Err(e) => {
+                tracing::warn!(source, error = %e, "cannot set a message aside; it comes back");
+                ack(message, source, AckKind::Nak(Some(retry))).await;
+                Outcome::Retried
+            }
+        }
+    }
+}
+
+async fn ack(message: &jetstream::Message, source: &str, kind: AckKind) {
+    if let Err(e) = message.ack_with(kind).await {
+        tracing::warn!(source, error = %e, "cannot settle a message; it comes back");
+    }
+}
+
 /// Where a dead letter came from.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin<'a> {
@@ -158,17 +222,8 @@ pub struct Origin<'a> {
 
 /// A header value: one line, without the characters NATS headers cannot carry, cut short.
 fn header_text(text: &str) -> String {
-    let mut out: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if out.len() > REASON_BYTES {
-        let mut end = REASON_BYTES;
-        while !out.is_char_boundary(end) {
-            end -= 1;
-        }
-        out.truncate(end);
-    }
+    let mut out = crate::domain::ids::one_line(text);
+    out.truncate(crate::domain::text::floor_char_boundary(&out, REASON_BYTES));
     out
 }
 
@@ -184,10 +239,9 @@ where
     F: Future<Output = Result<(), Failure>>,
 {
     let delivered = message.info().map_or(1, |i| i.delivered);
-    let result = match AssertUnwindSafe(handler).catch_unwind().await {
+    let result = match unwound(handler).await {
         Ok(result) => result,
-        Err(panic) => {
-            let what = panic_text(&panic);
+        Err(what) => {
             metrics_panics().inc();
             if delivered < PANIC_TRIES {
                 tracing::error!(
@@ -215,53 +269,35 @@ async fn settle(
     delivered: i64,
     result: Result<(), Failure>,
 ) -> Outcome {
-    let ack = |kind| async move {
-        if let Err(e) = message.ack_with(kind).await {
-            tracing::warn!(source, error = %e, "cannot settle a message; it comes back");
-        }
-    };
     match result {
         Ok(()) => {
-            ack(AckKind::Ack).await;
+            ack(message, source, AckKind::Ack).await;
             Outcome::Done
         }
         Err(failure) if failure.kind.is_retryable() => {
-            ack(AckKind::Nak(Some(bus::retry_delay(delivered)))).await;
+            ack(
+                message,
+                source,
+                AckKind::Nak(Some(bus::retry_delay(delivered))),
+            )
+            .await;
             Outcome::Retried
         }
         Err(failure) => {
-            let (stream, sequence) = message.info().map_or((String::new(), 0), |i| {
-                (i.stream.to_owned(), i.stream_sequence)
-            });
-            let msg_id = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(bus::MSG_ID_HEADER))
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_else(|| format!("{stream}:{sequence}"));
-            let origin = Origin {
-                stream: &stream,
-                subject: message.subject.as_str(),
-                sequence,
-                msg_id: &msg_id,
-            };
             let reason = format!("{}: {}", failure.kind, failure.reason);
-            match dead
-                .keep(source, origin, message.payload.clone(), &reason)
+            dead.set_aside(source, message, &reason, bus::retry_delay(delivered))
                 .await
-            {
-                Ok(()) => {
-                    ack(AckKind::Term).await;
-                    Outcome::SetAside(reason)
-                }
-                Err(e) => {
-                    tracing::warn!(source, error = %e, "cannot set a message aside; it comes back");
-                    ack(AckKind::Nak(Some(bus::retry_delay(delivered)))).await;
-                    Outcome::Retried
-                }
-            }
         }
     }
+}
+
+/// Runs `work` to its end, or to a panic, whose message is then the error: for a loop that
+/// must go on whatever one of its steps does.
+pub async fn unwound<T>(work: impl Future<Output = T>) -> Result<T, String> {
+    AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .map_err(|panic| panic_text(&panic))
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
@@ -355,10 +391,11 @@ enum State {
 
 impl Liveness {
     pub fn consuming(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_owned(), State::Consuming);
+        let mut states = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Called for every message: the usual case allocates nothing.
+        if !matches!(states.get(name), Some(State::Consuming)) {
+            states.insert(name.to_owned(), State::Consuming);
+        }
     }
 
     /// Records that `name` cannot consume now, and why; the first time counts for how long.

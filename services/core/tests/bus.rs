@@ -3,9 +3,12 @@
 //! Each test uses its own namespace, so tests run in parallel on one server, and deletes its
 //! streams when done.
 
+mod common;
+
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
+use common::TestBus;
 use futures_util::StreamExt;
 use hark_core::{
     bus::{self, Names},
@@ -14,38 +17,12 @@ use hark_core::{
 };
 use hark_proto::v1 as pb;
 
-fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-struct TestBus {
-    js: jetstream::Context,
-    names: Names,
-}
-
 impl TestBus {
-    async fn start() -> Self {
-        let client = async_nats::connect(nats_url()).await.expect(
-            "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
-        );
-        let js = jetstream::new(client);
-        let ns = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        let names = Names::new(ns.parse().expect("namespace"));
-        bus::ensure(&js, &names).await.expect("streams are created");
-        Self { js, names }
-    }
-
     async fn workers(&self) -> PullConsumer {
         self.js
             .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())
             .await
             .expect("workers consumer exists")
-    }
-
-    async fn stop(self) {
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
     }
 }
 

@@ -2,10 +2,13 @@
 //! that panics or refuses a message leaves it in the dead-letter stream with its reason, and the
 //! next message is served.
 
+mod common;
+
 use std::time::Duration;
 
 use async_nats::jetstream;
 use bytes::Bytes;
+use common::TestBus;
 use hark_core::{
     bus::{self, Names},
     consume::{self, DeadLetters, Failure, Liveness},
@@ -14,27 +17,7 @@ use hark_core::{
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-struct TestBus {
-    js: jetstream::Context,
-    names: Names,
-}
-
 impl TestBus {
-    async fn start() -> Self {
-        let client = async_nats::connect(nats_url()).await.expect(
-            "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
-        );
-        let js = jetstream::new(client);
-        let ns = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        let names = Names::new(ns.parse().expect("namespace"));
-        bus::ensure(&js, &names).await.expect("streams are created");
-        Self { js, names }
-    }
-
     async fn send(&self, text: &'static str) {
         bus::publish(
             &self.js,
@@ -77,18 +60,13 @@ impl TestBus {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-
-    async fn stop(self) {
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
-    }
 }
 
-/// Runs the control consumer of `CHAT_IN` with a handler that panics on `panic`, refuses
+/// Runs the consumer `durable` of `CHAT_IN` with a handler that panics on `panic`, refuses
 /// `invalid` for good, and reports everything else it handled on the returned channel.
 fn serve(
     bus: &TestBus,
+    durable: &'static str,
     liveness: Liveness,
     shutdown: CancellationToken,
 ) -> (mpsc::UnboundedReceiver<String>, tokio::task::JoinHandle<()>) {
@@ -100,7 +78,7 @@ fn serve(
             &js,
             consume::Consumer {
                 stream: &names.chat_in_stream(),
-                durable: Names::CONTROL_CONSUMER,
+                durable,
                 source: "chat_in",
             },
             &dead,
@@ -138,7 +116,12 @@ async fn a_message_whose_handler_panics_is_set_aside_and_the_next_one_is_served(
     let bus = TestBus::start().await;
     let liveness = Liveness::default();
     let shutdown = CancellationToken::new();
-    let (mut handled, served) = serve(&bus, liveness.clone(), shutdown.clone());
+    let (mut handled, served) = serve(
+        &bus,
+        Names::CONTROL_CONSUMER,
+        liveness.clone(),
+        shutdown.clone(),
+    );
     bus.send("panic").await;
     bus.send("after").await;
     assert_eq!(next(&mut handled).await, "after");
@@ -167,7 +150,12 @@ async fn a_message_whose_handler_panics_is_set_aside_and_the_next_one_is_served(
 async fn a_message_refused_for_good_is_set_aside_at_once_with_its_reason() {
     let bus = TestBus::start().await;
     let shutdown = CancellationToken::new();
-    let (mut handled, served) = serve(&bus, Liveness::default(), shutdown.clone());
+    let (mut handled, served) = serve(
+        &bus,
+        Names::CONTROL_CONSUMER,
+        Liveness::default(),
+        shutdown.clone(),
+    );
     bus.send("invalid").await;
     bus.send("after").await;
     assert_eq!(next(&mut handled).await, "after");
@@ -190,28 +178,7 @@ async fn a_consumer_that_cannot_pull_is_reported_stalled() {
     let liveness = Liveness::default();
     let shutdown = CancellationToken::new();
     // No such consumer: it cannot be opened.
-    let (js, names, live, stop) = (
-        bus.js.clone(),
-        bus.names.clone(),
-        liveness.clone(),
-        shutdown.clone(),
-    );
-    let served = tokio::spawn(async move {
-        let dead = DeadLetters::new(js.clone(), names.clone());
-        consume::run(
-            &js,
-            consume::Consumer {
-                stream: &names.chat_in_stream(),
-                durable: "nobody",
-                source: "chat_in",
-            },
-            &dead,
-            &live,
-            &stop,
-            |_message: jetstream::Message| async { Ok(()) },
-        )
-        .await;
-    });
+    let (_handled, served) = serve(&bus, "nobody", liveness.clone(), shutdown.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let stalled = liveness.stalled_for(Duration::ZERO);

@@ -119,9 +119,6 @@ fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
 }
 
-/// The HTTP adapter as a [`Platform`]: it speaks for the platforms of `gateway.http.platforms`,
-/// and sends the messages of the bots of `gateway.http.bots` to the webhook or, without one, to
-/// the clients of the outbound stream.
 /// Without a token the adapter listens on loopback only; what still reaches it there is a web
 /// page the developer opened. Such a page can send no `Content-Type: application/json` across
 /// sites without a preflight the adapter never answers, and a DNS-rebound name arrives with its
@@ -162,6 +159,9 @@ fn json_only(headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
 }
 
+/// The HTTP adapter as a [`Platform`]: it speaks for the platforms of `gateway.http.platforms`,
+/// and sends the messages of the bots of `gateway.http.bots` to the webhook or, without one, to
+/// the clients of the outbound stream.
 #[derive(Debug)]
 pub struct Adapter {
     platforms: Vec<String>,

@@ -235,8 +235,8 @@ async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Re
         let ack = js
             .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
             .await
-            .map_err(|e| refused(e.to_string()))?;
-        ack.await.map_err(|e| refused(e.to_string()))
+            .map_err(refused)?;
+        ack.await.map_err(refused)
     })
     .await;
     match published {
@@ -248,13 +248,13 @@ async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Re
     }
 }
 
-/// Whether JetStream refused a publish for what it is (never to be taken), or for now.
-fn refused(error: String) -> Unsent {
-    let lower = error.to_ascii_lowercase();
-    if lower.contains("maximum payload") || lower.contains("header") && lower.contains("size") {
-        Unsent::Never(error)
-    } else {
-        Unsent::Later(error)
+/// Whether a publish was refused for what it is (larger than the server's `max_payload`, which
+/// it will always be), or for now.
+fn refused(error: async_nats::jetstream::context::PublishError) -> Unsent {
+    use async_nats::jetstream::context::PublishErrorKind;
+    match error.kind() {
+        PublishErrorKind::MaxPayloadExceeded => Unsent::Never(error.to_string()),
+        _ => Unsent::Later(error.to_string()),
     }
 }
 

@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{AckKind, Message};
-use futures_util::{FutureExt as _, StreamExt};
+use futures_util::StreamExt;
 use hark_core::{bus, codec};
 use hark_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
@@ -82,21 +82,18 @@ pub async fn run<P: Platform>(
                 Ok(message) => {
                     let trace = hark_core::trace::from_headers(message.headers.as_ref());
                     let span = hark_core::trace::process_span(&message.subject);
-                    let handled = std::panic::AssertUnwindSafe(hark_core::trace::scope_in(
+                    let handled = hark_core::consume::unwound(hark_core::trace::scope_in(
                         span,
                         trace,
                         handle(&hub, &message, &*sender),
                     ))
-                    .catch_unwind()
                     .await;
                     match handled {
                         Ok(true) => {}
                         Ok(false) => return,
-                        Err(_) => {
-                            tracing::error!(
-                                "delivering an outbound message panicked; it is set aside"
-                            );
-                            set_aside(&hub, &message, "delivering it panicked").await;
+                        Err(panic) => {
+                            set_aside(&hub, &message, &format!("delivering it panicked: {panic}"))
+                                .await;
                         }
                     }
                 }
@@ -118,28 +115,9 @@ impl Drop for Forget<'_> {
 /// Keeps a message that can never be delivered in the dead-letter stream, then terminates it;
 /// one that cannot be kept yet comes back later.
 async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
-    let (stream, sequence) = message.info().map_or((String::new(), 0), |i| {
-        (i.stream.to_owned(), i.stream_sequence)
-    });
-    let msg_id = format!("{stream}:{sequence}");
-    let origin = hark_core::consume::Origin {
-        stream: &stream,
-        subject: message.subject.as_str(),
-        sequence,
-        msg_id: &msg_id,
-    };
-    let kept = hub
-        .dead
-        .keep("chat_out", origin, message.payload.clone(), reason)
+    hub.dead
+        .set_aside("chat_out", message, reason, Duration::from_secs(5))
         .await;
-    let kind = match kept {
-        Ok(()) => AckKind::Term,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot set an outbound message aside; it comes back");
-            AckKind::Nak(Some(Duration::from_secs(5)))
-        }
-    };
-    let _ = message.ack_with(kind).await;
 }
 
 /// Delivers one message; returns false when the bot went offline.

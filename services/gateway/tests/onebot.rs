@@ -833,16 +833,19 @@ async fn a_spooled_message_jetstream_can_never_take_is_set_aside_and_the_rest_fl
     config.gateway.onebot.access_token = "tok".into();
     let names = Names::new(config.nats.namespace.parse().expect("ns"));
     // Spooled by an earlier gateway, before ids were checked where they enter: an id with a
-    // line break (which no header can carry) and one too long for a header, then a good one.
+    // line break (which no header can carry), one too long for a header, and a message larger
+    // than the server's max_payload (1 MiB by default); then a good one.
+    let huge = "字".repeat(400_000);
     {
         let (spool, _) = hark_gateway::spool::Spool::open(
             std::path::Path::new(&config.gateway.spool_dir),
-            1 << 20,
+            8 << 20,
         )
         .expect("spool");
         for (id, text) in [
             ("qq:42:group:777:1\n2", "bad"),
             (&*format!("qq:{}", "9".repeat(70_000)), "long"),
+            ("qq:42:group:777:2", huge.as_str()),
             ("qq:42:group:777:3", "good"),
         ] {
             let message = pb::ChatMessage {
@@ -881,17 +884,34 @@ async fn a_spooled_message_jetstream_can_never_take_is_set_aside_and_the_rest_fl
         .await
         .expect("dead-letter stream");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while dead.info().await.expect("info").state.messages < 2 {
+    while dead.info().await.expect("info").state.messages < 3 {
         assert!(tokio::time::Instant::now() < deadline, "not set aside");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let first = dead.get_raw_message(1).await.expect("dead letter");
-    let reason = first
+    let mut reasons = Vec::new();
+    for seq in 1..=3 {
+        let letter = dead.get_raw_message(seq).await.expect("dead letter");
+        reasons.push(
+            letter
+                .headers
+                .get(hark_core::consume::REASON_HEADER)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+        );
+    }
+    assert!(reasons[0].contains("line break"), "{reasons:?}");
+    assert!(reasons[1].contains("longer than 1024 bytes"), "{reasons:?}");
+    assert!(reasons[2].contains("max payload"), "{reasons:?}");
+    // Too large to keep whole, the letter keeps its start and says how large it was.
+    let cut = dead.get_raw_message(3).await.expect("dead letter");
+    let from: usize = cut
         .headers
-        .get(hark_core::consume::REASON_HEADER)
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_default();
-    assert!(reason.contains("line break"), "{reason}");
+        .get(hark_core::consume::CUT_HEADER)
+        .expect("marked as cut")
+        .as_str()
+        .parse()
+        .expect("a size");
+    assert!(from > 1 << 20 && cut.payload.len() < from, "{from}");
     assert_eq!(gw.running.hub.spool.pending(), 0, "the spool is empty");
     gw.stop().await;
 }

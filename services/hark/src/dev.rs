@@ -64,24 +64,19 @@ fn http_token(data_dir: &Path) -> anyhow::Result<String> {
     );
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    let mut file = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(&path)
+        .and_then(|mut file| file.write_all(token.as_bytes()))
         .with_context(|| {
             format!(
-                "cannot write the HTTP adapter's token to {}",
+                "cannot write the HTTP adapter's token to {} (--data-dir)",
                 path.display()
             )
         })?;
-    file.write_all(token.as_bytes()).with_context(|| {
-        format!(
-            "cannot write the HTTP adapter's token to {}",
-            path.display()
-        )
-    })?;
     Ok(token)
 }
 
@@ -144,11 +139,16 @@ async fn serve(
         "the bot sends gateway.onebot.access_token as its token"
     };
     let http_adapter = if !config.gateway.http.platforms.is_empty() {
+        let made = data_dir.join(HTTP_TOKEN_FILE);
+        let token = match std::fs::read_to_string(&made) {
+            Ok(t) if config.gateway.http.token.matches(t.trim()) => {
+                format!("the token in {}", made.display())
+            }
+            _ => "gateway.http.token".into(),
+        };
         format!(
-            "http://{gateway_addr}/api/v1/messages (platforms {}; Authorization: Bearer <the \
-             token in {}>)",
+            "http://{gateway_addr}/api/v1/messages (platforms {}; Authorization: Bearer <{token}>)",
             config.gateway.http.platforms.join(", "),
-            data_dir.join(HTTP_TOKEN_FILE).display()
         )
     } else {
         "off (gateway.http.platforms is empty)".into()
@@ -222,4 +222,41 @@ async fn serve(
     );
     tracing::info!("hark dev stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hark-dev-test-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("data dir");
+        dir
+    }
+
+    #[test]
+    fn hark_dev_gives_the_http_adapter_a_private_token_and_keeps_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = data_dir();
+        let mut config = Config::default();
+        prepare(&mut config, &dir).expect("prepared");
+        let token = config.gateway.http.token.expose().to_owned();
+        assert!(token.len() >= 32, "{token}");
+        let file = dir.join(HTTP_TOKEN_FILE);
+        let mode = std::fs::metadata(&file)
+            .expect("token file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "readable by its owner only: {mode:o}");
+        // The next start uses the same token, so clients keep working.
+        let mut again = Config::default();
+        prepare(&mut again, &dir).expect("prepared");
+        assert_eq!(again.gateway.http.token.expose(), token);
+        // A token the operator set is kept.
+        let mut set = Config::default();
+        set.gateway.http.token = "mine-and-long-enough".into();
+        prepare(&mut set, &dir).expect("prepared");
+        assert_eq!(set.gateway.http.token.expose(), "mine-and-long-enough");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -252,7 +252,6 @@ pub fn status(kind: Kind, message: String) -> Status {
     }
 }
 
-/// A store error as a gRPC status.
 /// A request id used before for a request with other parameters.
 fn reused(id: &str, what: &str) -> Status {
     Status::already_exists(format!(
@@ -262,6 +261,7 @@ fn reused(id: &str, what: &str) -> Status {
     ))
 }
 
+/// A store error as a gRPC status.
 pub fn status_of(error: store::Error) -> Status {
     status(error.kind(), error.to_string())
 }
@@ -503,15 +503,8 @@ impl TaskService for Api {
                 (None, Some(at)) if at > now => at,
                 (None, _) => return Err(invalid("start_at", "it is in the past")),
             };
-            if first_run - now > duration::MAX_AHEAD {
-                return Err(invalid(
-                    "start_at",
-                    format!(
-                        "its first run is more than {} ahead",
-                        hark_core::domain::HumanDuration(duration::MAX_AHEAD)
-                    ),
-                ));
-            }
+            let first_run = schedule::within_reach(first_run, now, &zone)
+                .map_err(|e| invalid("start_at", format!("its first run, {e}")))?;
             let made = self
                 .shared
                 .store

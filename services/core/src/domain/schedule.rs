@@ -222,6 +222,25 @@ pub fn at(text: &str, tz: &TimeZone) -> Result<OffsetDateTime, ScheduleError> {
     OffsetDateTime::from_unix_timestamp(zoned.timestamp().as_second()).map_err(|_| bad())
 }
 
+/// `at` as a first run, when it is no more than [`super::duration::MAX_AHEAD`] after `now`;
+/// otherwise a sentence saying so, with `at` in `tz`.
+pub fn within_reach(
+    at: OffsetDateTime,
+    now: OffsetDateTime,
+    tz: &TimeZone,
+) -> Result<OffsetDateTime, String> {
+    let max = super::duration::MAX_AHEAD;
+    if at - now > max {
+        Err(format!(
+            "{} is more than {} ahead",
+            shown(at, tz),
+            super::HumanDuration(max)
+        ))
+    } else {
+        Ok(at)
+    }
+}
+
 /// `at` as people in `tz` read it: `2026-12-24 09:00`.
 pub fn shown(at: OffsetDateTime, tz: &TimeZone) -> String {
     match jiff::Timestamp::from_second(at.unix_timestamp()) {

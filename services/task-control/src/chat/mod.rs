@@ -12,7 +12,7 @@ pub mod route;
 
 use hark_core::{
     bus::Names,
-    domain::{Handle, Owner, Role, StreamId, TaskRef, TaskState, duration, schedule, text},
+    domain::{Handle, Owner, Role, StreamId, TaskRef, TaskState, schedule, text},
 };
 use hark_proto::v1 as pb;
 
@@ -615,21 +615,15 @@ async fn schedule_task(
     let first = match when {
         command::When::In(after) => now
             .checked_add(after.0.try_into().unwrap_or(time::Duration::MAX))
-            .filter(|_| after.0 <= duration::MAX_AHEAD)
-            .ok_or_else(|| format!("{after} is too far ahead")),
+            .ok_or_else(|| format!("{after} is too far ahead"))
+            .and_then(|at| schedule::within_reach(at, now, &zone)),
         command::When::At(text) => schedule::at(&text, &zone)
             .map_err(|e| e.to_string())
             .and_then(|at| {
                 if at <= now {
                     Err(format!("{} is in the past", schedule::shown(at, &zone)))
-                } else if at - now > duration::MAX_AHEAD {
-                    Err(format!(
-                        "{} is more than {} ahead",
-                        schedule::shown(at, &zone),
-                        hark_core::domain::HumanDuration(duration::MAX_AHEAD)
-                    ))
                 } else {
-                    Ok(at)
+                    schedule::within_reach(at, now, &zone)
                 }
             }),
         command::When::Cron(text) => text

@@ -190,13 +190,21 @@ async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
         "HARK_GATEWAY__LISTEN",
         &format!("0.0.0.0:{}", env.gateway_port),
     );
-    env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "change-me");
+    env.set(
+        "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+        "3f9c2a7be41d08c6a5f3e9d27b1c40aa",
+    );
     env.set("HARK_PERMISSION__ADMINS", "qq:20001");
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_001, "change-me").await;
+    let mut bot = Bot::connect(
+        env.gateway_port,
+        3_889_001,
+        "3f9c2a7be41d08c6a5f3e9d27b1c40aa",
+    )
+    .await;
     bot.group_message(5001, 100, "/task new book a room").await;
     bot.expect("the question", WAIT, |s| s.text.contains("Which day?"))
         .await;

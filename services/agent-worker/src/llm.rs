@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use hark_core::secret::redact_url;
 use serde_json::{Map, Value, json};
 
 /// Why a completion failed after its retries.
@@ -244,8 +245,8 @@ impl Client {
             request = request.header(hark_core::trace::HEADER, trace);
         }
         let transport = |source| Error::Transport {
-            url: self.url.clone(),
-            source,
+            url: redact_url(&self.url),
+            source: reqwest::Error::without_url(source),
         };
         let response = match request.send().await {
             Ok(r) => r,
@@ -266,7 +267,7 @@ impl Client {
             let body: String = text.chars().take(500).collect();
             return (
                 Err(Error::Status {
-                    url: self.url.clone(),
+                    url: redact_url(&self.url),
                     status: status.as_u16(),
                     body,
                 }),
@@ -277,7 +278,7 @@ impl Client {
             Ok(v) => (Ok(v), None),
             Err(_) => (
                 Err(Error::Malformed {
-                    url: self.url.clone(),
+                    url: redact_url(&self.url),
                     body: text.chars().take(500).collect(),
                 }),
                 None,

@@ -212,6 +212,10 @@ pub struct GatewayConfig {
     /// The most bytes of messages the spool keeps while NATS is away; beyond it, messages are
     /// refused and the chat is told.
     pub spool_max_bytes: u64,
+    /// A bot that has not been connected for this long loses its place on the bus (its durable
+    /// consumer, removed by NATS); its waiting messages stay in the stream for it, and a new
+    /// place is made when it connects again.
+    pub forget_bot_after: HumanDuration,
     pub onebot: OneBotConfig,
     pub http: HttpAdapterConfig,
 }
@@ -225,6 +229,7 @@ impl Default for GatewayConfig {
             send_timeout: HumanDuration::from_secs(10),
             spool_dir: String::new(),
             spool_max_bytes: 64 << 20,
+            forget_bot_after: HumanDuration::from_secs(86_400),
             onebot: OneBotConfig::default(),
             http: HttpAdapterConfig::default(),
         }
@@ -254,6 +259,10 @@ pub struct OneBotConfig {
     /// When set, bots must present it as `Authorization: Bearer <token>` or `?access_token=`.
     /// Required when the gateway listens beyond loopback.
     pub access_token: Secret,
+    /// Bots with a token of their own, by account id (`[gateway.onebot.bots.123456]`,
+    /// `HARK_GATEWAY__ONEBOT__BOTS__123456__ACCESS_TOKEN`). Such a bot connects only with its own
+    /// token, and no other token connects as it; bots not listed use `access_token`.
+    pub bots: BTreeMap<String, OneBotBotConfig>,
     /// The platform name given to messages from OneBot bots.
     pub platform: String,
     /// Forward mode: WebSocket URLs of bots' own servers to connect to (NapCat's
@@ -265,10 +274,19 @@ pub struct OneBotConfig {
     pub idle_timeout: HumanDuration,
 }
 
+/// One bot's own settings, under `gateway.onebot.bots.<account id>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OneBotBotConfig {
+    /// The token this bot, and only this bot, connects with.
+    pub access_token: Secret,
+}
+
 impl Default for OneBotConfig {
     fn default() -> Self {
         Self {
             access_token: Secret::default(),
+            bots: BTreeMap::new(),
             platform: "qq".into(),
             forward: Vec::new(),
             idle_timeout: HumanDuration::from_secs(90),
@@ -716,6 +734,7 @@ impl Config {
             key: "<defaults>".into(),
             message: e.to_string(),
         })?;
+        let defaults = merged.clone();
         if let Some(text) = toml_text {
             let file: toml::Table = text.parse().map_err(|e: toml::de::Error| Error::Syntax {
                 path: name.to_owned(),
@@ -733,7 +752,7 @@ impl Config {
                 continue;
             }
             let path: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
-            apply_env(&mut merged, &path, value).map_err(|message| Error::Env {
+            apply_env(&mut merged, &defaults, &path, value).map_err(|message| Error::Env {
                 var: var.clone(),
                 message,
             })?;
@@ -853,6 +872,29 @@ impl Config {
                     format!("`{url}` is not a WebSocket URL: expected e.g. ws://127.0.0.1:3001"),
                 );
             }
+        }
+        for (id, bot) in &self.gateway.onebot.bots {
+            let key = format!(
+                "gateway.onebot.bots.{}.access_token",
+                crate::domain::ids::shown(id)
+            );
+            if let Err(e) = crate::domain::ids::bot_id("the bot's account id", id) {
+                return bad(
+                    &key,
+                    format!("{e}: name the bot by its account id (X-Self-ID)"),
+                );
+            }
+            if bot.access_token.is_empty() {
+                return bad(
+                    &key,
+                    "is empty: give the bot a token of its own, or remove its section to use \
+                     gateway.onebot.access_token"
+                        .into(),
+                );
+            }
+        }
+        if self.gateway.forget_bot_after.0 < std::time::Duration::from_secs(1) {
+            return bad("gateway.forget_bot_after", "must be at least 1s".into());
         }
         if self.gateway.rate_limit == 0 {
             return bad("gateway.rate_limit", "must be at least 1".into());
@@ -1059,7 +1101,9 @@ impl Config {
         if addr.ip().is_loopback() {
             return Ok(());
         }
-        if self.gateway.onebot.access_token.is_empty() {
+        // Bots with tokens of their own are the only ones that connect when there is no shared
+        // token.
+        if self.gateway.onebot.access_token.is_empty() && self.gateway.onebot.bots.is_empty() {
             return Err(Error::Key {
                 key: "gateway.onebot.access_token".into(),
                 message: format!(
@@ -1070,6 +1114,20 @@ impl Config {
                 ),
             });
         }
+        strong(
+            "gateway.onebot.access_token",
+            &self.gateway.onebot.access_token,
+            addr,
+        )?;
+        for (id, bot) in &self.gateway.onebot.bots {
+            strong(
+                &format!("gateway.onebot.bots.{id}.access_token"),
+                &bot.access_token,
+                addr,
+            )?;
+        }
+        strong("gateway.http.token", &self.gateway.http.token, addr)?;
+        strong("metrics.token", &self.metrics.token, addr)?;
         if !self.gateway.http.platforms.is_empty() && self.gateway.http.token.is_empty() {
             return Err(Error::Key {
                 key: "gateway.http.token".into(),
@@ -1087,6 +1145,11 @@ impl Config {
     /// loopback it needs tokens, unless the operator opts out explicitly.
     pub fn check_control_exposure(&self) -> Result<(), Error> {
         let addr = self.control.grpc_listen;
+        if !addr.ip().is_loopback() {
+            for token in &self.control.api_tokens {
+                strong("control.api_tokens", token, addr)?;
+            }
+        }
         if self.api_guarded(addr) {
             return Ok(());
         }
@@ -1122,7 +1185,13 @@ impl Config {
         else {
             return Ok(None);
         };
-        if addr.ip().is_loopback() || self.control.api_tokens.iter().any(|t| !t.is_empty()) {
+        if addr.ip().is_loopback() {
+            return Ok(Some(addr));
+        }
+        if self.control.api_tokens.iter().any(|t| !t.is_empty()) {
+            for token in &self.control.api_tokens {
+                strong("control.api_tokens", token, addr)?;
+            }
             return Ok(Some(addr));
         }
         Err(Error::Key {
@@ -1149,6 +1218,7 @@ impl Config {
         else {
             return Ok(None);
         };
+        strong("metrics.token", &self.metrics.token, addr)?;
         if !addr.ip().is_loopback() && self.metrics.token.is_empty() {
             return Err(Error::Key {
                 key: "metrics.token".into(),
@@ -1171,6 +1241,15 @@ impl Config {
         shown.llm.api_key = self.llm.api_key.redacted();
         shown.gateway.onebot.access_token = self.gateway.onebot.access_token.redacted();
         shown.gateway.http.token = self.gateway.http.token.redacted();
+        shown.gateway.http.webhook_url = redact_url(&self.gateway.http.webhook_url);
+        for (id, bot) in &mut shown.gateway.onebot.bots {
+            bot.access_token = self.gateway.onebot.bots[id].access_token.redacted();
+        }
+        for url in &mut shown.gateway.onebot.forward {
+            *url = redact_url(url);
+        }
+        shown.llm.base_url = redact_url(&self.llm.base_url);
+        shown.telemetry.endpoint = redact_url(&self.telemetry.endpoint);
         shown.metrics.token = self.metrics.token.redacted();
         for server in &mut shown.tools.mcp {
             for value in server.env.values_mut().chain(server.headers.values_mut()) {
@@ -1186,6 +1265,27 @@ impl Config {
             .collect();
         shown
     }
+}
+
+/// The fewest characters a token may have where strangers can reach it: 128 bits as base64 (a
+/// hex token needs 32).
+pub const MIN_TOKEN_CHARS: usize = 22;
+
+/// Refuses a token that guards `addr`, reachable from other hosts, and is too short to hold 128
+/// bits. An empty one is left to the caller (some are optional), and loopback takes any.
+fn strong(key: &str, token: &Secret, addr: SocketAddr) -> Result<(), Error> {
+    let chars = token.expose().chars().count();
+    if addr.ip().is_loopback() || token.is_empty() || chars >= MIN_TOKEN_CHARS {
+        return Ok(());
+    }
+    Err(Error::Key {
+        key: key.into(),
+        message: format!(
+            "it guards {addr}, which is reachable from other hosts, but it has {chars} characters, \
+             too few to resist guessing: give it at least {MIN_TOKEN_CHARS} random characters \
+             (e.g. the output of `openssl rand -hex 16`), or listen on 127.0.0.1"
+        ),
+    })
 }
 
 /// Listen addresses, with an error that shows what one looks like.
@@ -1223,12 +1323,28 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 /// Sets one overridden key, reading `value` as the type the key already has.
-fn apply_env(table: &mut toml::Table, path: &[String], value: &str) -> Result<(), String> {
+fn apply_env(
+    table: &mut toml::Table,
+    defaults: &toml::Table,
+    path: &[String],
+    value: &str,
+) -> Result<(), String> {
     let (last, parents) = path.split_last().ok_or("empty key")?;
     let mut cursor = table;
     let mut walked = Vec::new();
+    // Below a map (a table empty by default, such as `gateway.onebot.bots`), sections and keys
+    // are named by the user; the keys they hold are then checked when the config is read.
+    let mut default = Some(defaults);
+    let mut in_map = false;
     for part in parents {
         walked.push(part.as_str());
+        if in_map && !cursor.contains_key(part) {
+            cursor.insert(part.clone(), toml::Value::Table(toml::Table::new()));
+        }
+        default = default
+            .and_then(|d| d.get(part))
+            .and_then(toml::Value::as_table);
+        in_map = in_map || default.is_some_and(toml::Table::is_empty);
         cursor = match cursor.get_mut(part) {
             Some(toml::Value::Table(t)) => t,
             _ => return Err(format!("there is no config section `{}`", walked.join("."))),
@@ -1236,6 +1352,7 @@ fn apply_env(table: &mut toml::Table, path: &[String], value: &str) -> Result<()
     }
     let key = path.join(".");
     let parsed = match cursor.get(last) {
+        None if in_map => toml::Value::String(value.to_owned()),
         None => return Err(format!("there is no config key `{key}`")),
         Some(toml::Value::String(_)) => toml::Value::String(value.to_owned()),
         Some(toml::Value::Integer(_)) => value
@@ -1375,6 +1492,72 @@ mod tests {
                 "{text}: {shown}"
             );
         }
+    }
+
+    #[test]
+    fn a_bot_gets_a_token_of_its_own_from_the_file_or_the_environment_and_it_is_never_shown() {
+        let text = "[gateway.onebot.bots.111]\naccess_token = \"from-file\"";
+        let config = Config::from_parts(
+            Some(text),
+            "hark.toml",
+            &env(&[("HARK_GATEWAY__ONEBOT__BOTS__222__ACCESS_TOKEN", "from-env")]),
+        )
+        .expect("config loads");
+        let bots = &config.gateway.onebot.bots;
+        assert_eq!(bots["111"].access_token.expose(), "from-file");
+        assert_eq!(bots["222"].access_token.expose(), "from-env");
+        let shown = toml::to_string(&config.redacted()).expect("toml");
+        assert!(
+            !shown.contains("from-file") && !shown.contains("from-env"),
+            "{shown}"
+        );
+        // A misspelt key below a bot is still refused, naming it; so is a bot without a token.
+        let err = Config::from_parts(
+            None,
+            "f",
+            &env(&[("HARK_GATEWAY__ONEBOT__BOTS__222__ACESS_TOKEN", "x")]),
+        )
+        .expect_err("unknown key")
+        .to_string();
+        assert!(err.contains("acess_token"), "{err}");
+        let err = Config::from_parts(Some("[gateway.onebot.bots.333]"), "f", &env(&[]))
+            .expect_err("no token")
+            .to_string();
+        assert!(
+            err.contains("gateway.onebot.bots.333.access_token"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_url_that_carries_a_credential_is_redacted_when_the_config_is_shown() {
+        let config = Config::from_parts(
+            None,
+            "f",
+            &env(&[
+                ("HARK_NATS__URL", "nats://s3cr3t@127.0.0.1:4222"),
+                ("HARK_GATEWAY__HTTP__PLATFORMS", "myapp"),
+                ("HARK_GATEWAY__HTTP__BOTS", "myapp:1"),
+                (
+                    "HARK_GATEWAY__HTTP__WEBHOOK_URL",
+                    "https://h/in?token=s3cr3t",
+                ),
+                (
+                    "HARK_GATEWAY__ONEBOT__FORWARD",
+                    "ws://n:3001/?access_token=s3cr3t",
+                ),
+                ("HARK_LLM__BASE_URL", "https://u:s3cr3t@llm/v1"),
+                ("HARK_TELEMETRY__ENDPOINT", "http://u:s3cr3t@otel:4317"),
+                ("HARK_DATABASE__URL", "postgres://u:s3/cr?3t@db/hark"),
+            ]),
+        )
+        .expect("config loads");
+        let shown = toml::to_string(&config.redacted()).expect("toml");
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("cr?3t"),
+            "{shown}"
+        );
+        assert!(shown.contains("nats://***@127.0.0.1:4222"), "{shown}");
     }
 
     #[test]
@@ -1547,7 +1730,10 @@ mod tests {
         // OneBot has its token, but the HTTP adapter is on without one.
         let http = load(&[
             ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
-            ("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "t"),
+            (
+                "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+                "0123456789abcdef0123456789abcdef",
+            ),
             ("HARK_GATEWAY__HTTP__PLATFORMS", "myapp"),
         ]);
         let err = http
@@ -1557,7 +1743,10 @@ mod tests {
         assert!(err.contains("gateway.http.token"), "{err}");
         let closed = load(&[
             ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
-            ("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "t"),
+            (
+                "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+                "0123456789abcdef0123456789abcdef",
+            ),
         ]);
         assert!(
             closed.check_gateway_exposure().is_ok(),
@@ -1574,7 +1763,10 @@ mod tests {
         for fine in [
             load(&[
                 ("HARK_CONTROL__GRPC_LISTEN", "0.0.0.0:50051"),
-                ("HARK_CONTROL__API_TOKENS", "a,b"),
+                (
+                    "HARK_CONTROL__API_TOKENS",
+                    "0123456789abcdef0123456789abcdef,fedcba9876543210fedcba9876543210",
+                ),
             ]),
             load(&[
                 ("HARK_CONTROL__GRPC_LISTEN", "[::]:50051"),
@@ -1593,7 +1785,10 @@ mod tests {
         assert!(err.contains("control.api_tokens"), "{err}");
         let signed = load(&[
             ("HARK_CONTROL__HTTP_LISTEN", "0.0.0.0:8081"),
-            ("HARK_CONTROL__API_TOKENS", "a-long-enough-token"),
+            (
+                "HARK_CONTROL__API_TOKENS",
+                "0123456789abcdef0123456789abcdef",
+            ),
         ]);
         assert!(signed.console_listen().is_ok());
         assert!(
@@ -1672,9 +1867,46 @@ mod tests {
         assert!(err.contains("metrics.token"), "{err}");
         let guarded = load(&[
             ("HARK_METRICS__LISTEN", "0.0.0.0:9464"),
-            ("HARK_METRICS__TOKEN", "scrape-me"),
+            ("HARK_METRICS__TOKEN", "0123456789abcdef0123456789abcdef"),
         ]);
         assert!(guarded.metrics_listen().expect("fine").is_some());
+        // Beyond loopback, a token too short to resist guessing is refused, naming its key; on
+        // loopback any token goes.
+        for (key, var, check) in [
+            (
+                "gateway.onebot.access_token",
+                "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+                ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
+            ),
+            (
+                "control.api_tokens",
+                "HARK_CONTROL__API_TOKENS",
+                ("HARK_CONTROL__GRPC_LISTEN", "0.0.0.0:50051"),
+            ),
+            (
+                "metrics.token",
+                "HARK_METRICS__TOKEN",
+                ("HARK_METRICS__LISTEN", "0.0.0.0:9464"),
+            ),
+        ] {
+            let short = load(&[check, (var, "guessable")]);
+            let refused = [
+                short.check_gateway_exposure().err(),
+                short.check_control_exposure().err(),
+                short.metrics_listen().err(),
+            ];
+            let err = refused
+                .iter()
+                .flatten()
+                .map(ToString::to_string)
+                .next()
+                .unwrap_or_else(|| panic!("a 9-character {key} beyond loopback was taken"));
+            assert!(err.contains(key) && err.contains("at least 22"), "{err}");
+            let local = load(&[(var, "guessable")]);
+            assert!(
+                local.check_gateway_exposure().is_ok() && local.check_control_exposure().is_ok()
+            );
+        }
         let err = load(&[("HARK_METRICS__LISTEN", "9464")])
             .metrics_listen()
             .expect_err("a port alone")

@@ -173,8 +173,9 @@ where
         .map_err(|e| Error::Key {
             key: "telemetry.endpoint".into(),
             message: format!(
-                "cannot export traces to `{endpoint}`: {e}; give an OTLP/gRPC address such as \
-                 http://127.0.0.1:4317 (OTEL_EXPORTER_OTLP_ENDPOINT wins when set)"
+                "cannot export traces to `{}`: {e}; give an OTLP/gRPC address such as \
+                 http://127.0.0.1:4317 (OTEL_EXPORTER_OTLP_ENDPOINT wins when set)",
+                crate::secret::redact_url(&endpoint)
             ),
         })?;
     let resource = opentelemetry_sdk::Resource::builder()

@@ -43,8 +43,9 @@ pub struct App {
     listener: TcpListener,
     forward: Vec<String>,
     nats: hark_core::config::NatsConfig,
-    /// What `GET /metrics` asks for: `metrics.token`, else the OneBot access token.
-    metrics_token: hark_core::secret::Secret,
+    /// What `GET /metrics` asks for: `metrics.token`; `None`: it is refused (the gateway listens
+    /// beyond loopback and there is no `metrics.token`; a bot's token never reads metrics).
+    metrics_token: Option<hark_core::secret::Secret>,
     shutdown: CancellationToken,
 }
 
@@ -85,11 +86,8 @@ impl App {
             listener,
             forward: config.gateway.onebot.forward.clone(),
             nats: config.nats.clone(),
-            metrics_token: if config.metrics.token.is_empty() {
-                config.gateway.onebot.access_token.clone()
-            } else {
-                config.metrics.token.clone()
-            },
+            metrics_token: Some(config.metrics.token.clone())
+                .filter(|token| !token.is_empty() || addr.ip().is_loopback()),
             shutdown,
         })
     }
@@ -162,7 +160,14 @@ impl App {
         let router = router
             .layer(DefaultBodyLimit::max(limit))
             .with_state(hub.clone())
-            .merge(hark_core::metrics::router(metrics_token));
+            .merge(match metrics_token {
+                Some(token) => hark_core::metrics::router(token),
+                None => Router::new().route("/metrics", get(metrics_refused)),
+            })
+            .layer(axum::middleware::from_fn_with_state(
+                hark_core::secret::Failures::default(),
+                hark_core::secret::throttle,
+            ));
         tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
         // Chat frames are small and latency matters more than packet count.
@@ -171,12 +176,24 @@ impl App {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
         });
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
+        let served = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
         own.cancel();
         served.map_err(Error::Serve)
     }
+}
+
+/// `GET /metrics` on a gateway beyond loopback without `metrics.token`.
+async fn metrics_refused() -> (axum::http::StatusCode, &'static str) {
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        "the gateway's metrics need metrics.token (HARK_METRICS__TOKEN) when it listens beyond \
+         loopback; set it and give it to the scraper as Authorization: Bearer\n",
+    )
 }
 
 /// `GET /readyz`: 200 once NATS answers and the streams exist, 503 before and while NATS is away

@@ -17,15 +17,16 @@ use crate::{
 
 /// Keeps one forward connection up until shutdown.
 pub async fn keep_connected(hub: Arc<Hub>, url: String) {
+    let shown = hark_core::secret::redact_url(&url);
     let mut backoff = Duration::from_secs(1);
     loop {
         if hub.shutdown.is_cancelled() {
             return;
         }
-        match connect_once(&hub, &url).await {
+        match connect_once(&hub, &url, &shown).await {
             Ok(()) => backoff = Duration::from_secs(1),
             Err(e) => {
-                tracing::warn!(url, error = %e, ?backoff, "forward OneBot connection failed; reconnecting")
+                tracing::warn!(url = shown, error = %e, ?backoff, "forward OneBot connection failed; reconnecting")
             }
         }
         tokio::select! {
@@ -36,7 +37,7 @@ pub async fn keep_connected(hub: Arc<Hub>, url: String) {
     }
 }
 
-async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
+async fn connect_once(hub: &Arc<Hub>, url: &str, shown: &str) -> Result<(), String> {
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
     if !hub.settings.access_token.is_empty() {
         let value = format!("Bearer {}", hub.settings.access_token.expose())
@@ -74,7 +75,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str) -> Result<(), String> {
     .flatten()
     .ok_or("the bot did not say who it is (no event with self_id within 15s)")?;
     let (self_id, first_text) = first;
-    tracing::info!(url, bot = self_id, "forward OneBot connection up");
+    tracing::info!(url = shown, bot = self_id, "forward OneBot connection up");
 
     let platform = hub.settings.platform.clone();
     let (bot, outgoing) = conn::attach(hub, &platform, &self_id);

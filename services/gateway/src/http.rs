@@ -311,9 +311,10 @@ impl Platform for Adapter {
                 return self.streams.send(&message);
             };
             let url = &webhook.url;
+            let shown = hark_core::secret::redact_url(url);
             let client = webhook.client.as_ref().ok_or_else(|| {
                 SendError::Retry(format!(
-                    "no HTTP client for the webhook {url} (see the error at startup)"
+                    "no HTTP client for the webhook {shown} (see the error at startup)"
                 ))
             })?;
             let mut request = client.post(url).json(&OutboundJson::from(&message));
@@ -323,10 +324,12 @@ impl Platform for Adapter {
             let response = request
                 .send()
                 .await
-                .map_err(|e| SendError::Retry(format!("webhook {url}: {e}")))?;
+                .map_err(|e| SendError::Retry(format!("webhook {shown}: {}", e.without_url())))?;
             let status = response.status();
             if !status.is_success() {
-                return Err(SendError::Retry(format!("webhook {url} answered {status}")));
+                return Err(SendError::Retry(format!(
+                    "webhook {shown} answered {status}"
+                )));
             }
             let body: Value = response.json().await.unwrap_or(Value::Null);
             Ok(crate::platform::message_id(body.get("message_id")))

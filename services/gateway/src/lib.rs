@@ -32,10 +32,15 @@ use hark_core::secret::Secret;
 pub struct Settings {
     /// Platform name of OneBot bots' messages.
     pub platform: String,
+    /// The token bots not named in `bot_tokens` connect with (`gateway.onebot.access_token`).
     pub access_token: Secret,
+    /// Bots with a token of their own (`gateway.onebot.bots.<id>.access_token`).
+    pub bot_tokens: std::collections::BTreeMap<String, Secret>,
     pub max_frame_bytes: usize,
     pub rate_limit: u32,
     pub send_timeout: Duration,
+    /// How long a bot's durable consumer outlives its last connection (`gateway.forget_bot_after`).
+    pub forget_bot_after: Duration,
     /// A OneBot connection silent this long is closed; `None`: never.
     pub idle_timeout: Option<Duration>,
     /// The platforms the HTTP adapter accepts messages for; empty: the adapter is off.
@@ -50,9 +55,16 @@ impl Settings {
         Self {
             platform: config.onebot.platform.clone(),
             access_token: config.onebot.access_token.clone(),
+            bot_tokens: config
+                .onebot
+                .bots
+                .iter()
+                .map(|(id, bot)| (id.clone(), bot.access_token.clone()))
+                .collect(),
             max_frame_bytes: usize::try_from(config.max_frame_bytes).unwrap_or(usize::MAX),
             rate_limit: config.rate_limit,
             send_timeout: config.send_timeout.0,
+            forget_bot_after: config.forget_bot_after.0,
             idle_timeout: Some(config.onebot.idle_timeout.0).filter(|d| !d.is_zero()),
             http_platforms: config.http.platforms.clone(),
             http_token: config.http.token.clone(),
@@ -69,6 +81,17 @@ impl Settings {
 }
 
 impl Settings {
+    /// What a OneBot bot that names itself `self_id` must present: its own token when it has one,
+    /// else the shared one. `None`: it may not connect at all (bots have tokens of their own, and
+    /// it is not one of them, and there is no shared token).
+    pub fn token_of(&self, self_id: &str) -> Option<&Secret> {
+        match self.bot_tokens.get(self_id) {
+            Some(own) => Some(own),
+            None if self.access_token.is_empty() && !self.bot_tokens.is_empty() => None,
+            None => Some(&self.access_token),
+        }
+    }
+
     /// Whether the HTTP adapter is on.
     pub fn http_enabled(&self) -> bool {
         !self.http_platforms.is_empty()

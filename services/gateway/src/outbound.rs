@@ -30,14 +30,19 @@ pub async fn run<P: Platform>(
 ) {
     let consumer = loop {
         let config = (|| {
-            Ok::<_, bus::Error>(bus::durable(
-                &hub.names.gateway_consumer(&platform, &bot_id)?,
-                hub.names.chat_out(&platform, &bot_id)?,
-                // A bot has `gateway.send_timeout` to confirm; a message pulled by a gateway
-                // that died meanwhile goes to the next one soon after.
-                hub.settings.send_timeout + Duration::from_secs(5),
-                -1,
-            ))
+            Ok::<_, bus::Error>(async_nats::jetstream::consumer::pull::Config {
+                // A bot gone for good does not keep its consumer forever; what waits for it stays
+                // in the (work-queue) stream, and a new consumer delivers it.
+                inactive_threshold: hub.settings.forget_bot_after,
+                ..bus::durable(
+                    &hub.names.gateway_consumer(&platform, &bot_id)?,
+                    hub.names.chat_out(&platform, &bot_id)?,
+                    // A bot has `gateway.send_timeout` to confirm; a message pulled by a gateway
+                    // that died meanwhile goes to the next one soon after.
+                    hub.settings.send_timeout + Duration::from_secs(5),
+                    -1,
+                )
+            })
         })();
         let config = match config {
             Ok(c) => c,

@@ -46,14 +46,6 @@ pub async fn upgrade(
     Query(query): Query<HashMap<String, String>>,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if !authorized(&hub.settings.access_token, &headers, &query) {
-        tracing::warn!("refused a OneBot connection: wrong or missing access token");
-        return (
-            StatusCode::UNAUTHORIZED,
-            "wrong or missing access token: send Authorization: Bearer <gateway.onebot.access_token>",
-        )
-            .into_response();
-    }
     let Some(self_id) = header(&headers, "x-self-id").map(str::to_owned) else {
         return (
             StatusCode::BAD_REQUEST,
@@ -65,6 +57,24 @@ pub async fn upgrade(
         return (
             StatusCode::BAD_REQUEST,
             format!("{e}: the bot's own account id"),
+        )
+            .into_response();
+    }
+    // A bot with a token of its own connects only with it; no other token speaks as it.
+    let expected = hub.settings.token_of(&self_id);
+    if !expected.is_some_and(|token| authorized(token, &headers, &query)) {
+        let which = if hub.settings.bot_tokens.contains_key(&self_id) {
+            format!("gateway.onebot.bots.{self_id}.access_token")
+        } else {
+            "gateway.onebot.access_token".to_owned()
+        };
+        tracing::warn!(
+            bot = self_id,
+            "refused a OneBot connection: wrong or missing access token"
+        );
+        return (
+            StatusCode::UNAUTHORIZED,
+            format!("wrong or missing access token: send Authorization: Bearer <{which}>"),
         )
             .into_response();
     }

@@ -721,7 +721,7 @@ async fn a_gateway_reachable_from_other_hosts_does_not_start_without_its_tokens(
     config.gateway.listen = "0.0.0.0:0".parse().expect("addr");
     let err = App::build(&config).await.expect_err("refused").to_string();
     assert!(err.contains("gateway.onebot.access_token"), "{err}");
-    config.gateway.onebot.access_token = "tok".into();
+    config.gateway.onebot.access_token = "3f9c2a7be41d08c6a5f3e9d27b1c40aa".into();
     config.gateway.http.platforms = vec!["myapp".into()];
     let err = App::build(&config).await.expect_err("refused").to_string();
     assert!(err.contains("gateway.http.token"), "{err}");
@@ -913,5 +913,125 @@ async fn a_spooled_message_jetstream_can_never_take_is_set_aside_and_the_rest_fl
         .expect("a size");
     assert!(from > 1 << 20 && cut.payload.len() < from, "{from}");
     assert_eq!(gw.running.hub.spool.pending(), 0, "the spool is empty");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_bot_with_a_token_of_its_own_connects_only_with_it_and_no_other_token_speaks_as_it() {
+    let gw = Gw::start(|c| {
+        c.gateway.onebot.bots.insert(
+            "42".into(),
+            hark_core::config::OneBotBotConfig {
+                access_token: "own-42".into(),
+            },
+        );
+    })
+    .await;
+    // The shared token no longer connects as bot 42…
+    let err = gw
+        .connect("42", Some("tok"))
+        .await
+        .expect_err("shared token");
+    assert!(err.to_string().contains("401"), "{err}");
+    // …nor does another bot's own token, while 42's own does.
+    let _bot = gw
+        .connect("42", Some("own-42"))
+        .await
+        .expect("its own token");
+    assert!(listed(&gw, "42").await);
+    // Bots without a token of their own still connect with the shared one, and only with it.
+    let err = gw
+        .connect("7", Some("own-42"))
+        .await
+        .expect_err("42's token");
+    assert!(err.to_string().contains("401"), "{err}");
+    let _other = gw.connect("7", Some("tok")).await.expect("shared token");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_address_that_keeps_guessing_the_token_is_refused_for_a_while() {
+    let gw = Gw::start(|_| {}).await;
+    for _ in 0..hark_core::secret::Failures::ALLOWED {
+        let err = gw
+            .connect("42", Some("guess"))
+            .await
+            .expect_err("wrong token");
+        assert!(err.to_string().contains("401"), "{err}");
+    }
+    let err = gw.connect("42", Some("tok")).await.expect_err("throttled");
+    assert!(err.to_string().contains("429"), "{err}");
+    gw.stop().await;
+}
+
+/// `GET /metrics` on the gateway with `token` as the bearer token: its status.
+async fn metrics_status(addr: std::net::SocketAddr, token: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("metrics answers")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn the_gateways_metrics_never_take_a_bots_token() {
+    // Beyond loopback without metrics.token: refused, the bot's token too.
+    let bot_token = "3f9c2a7be41d08c6a5f3e9d27b1c40aa";
+    let open = Gw::start(|c| {
+        c.gateway.listen = "0.0.0.0:0".parse().expect("addr");
+        c.gateway.onebot.access_token = bot_token.into();
+    })
+    .await;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], open.addr.port()));
+    assert_eq!(metrics_status(addr, bot_token).await, 401);
+    open.stop().await;
+    // With metrics.token: only it.
+    let guarded = Gw::start(|c| c.metrics.token = "scrape".into()).await;
+    assert_eq!(metrics_status(guarded.addr, "tok").await, 401);
+    assert_eq!(metrics_status(guarded.addr, "scrape").await, 200);
+    guarded.stop().await;
+}
+
+#[tokio::test]
+async fn a_bot_gone_longer_than_forget_bot_after_loses_its_consumer_and_gets_its_messages_back() {
+    let gw = Gw::start(|c| c.gateway.forget_bot_after = "2s".parse().expect("duration")).await;
+    let consumer = gw.names.gateway_consumer("qq", "42").expect("name");
+    let exists = |js: jetstream::Context, stream: String, name: String| async move {
+        js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(name, stream)
+            .await
+            .is_ok()
+    };
+    let ws = gw.connect("42", Some("tok")).await.expect("connects");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !exists(gw.js.clone(), gw.names.chat_out_stream(), consumer.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no consumer for the bot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(ws);
+    gw.until_offline("42").await;
+    // A message for the bot while it is away, then the bot stays away past the bound.
+    gw.publish_out("42", "private:100", "while you were away", "", "")
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while exists(gw.js.clone(), gw.names.chat_out_stream(), consumer.clone()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the consumer of a bot gone past forget_bot_after was kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Back again: the message that waited is delivered.
+    let mut ws = gw.connect("42", Some("tok")).await.expect("reconnects");
+    let action = next_action(&mut ws).await;
+    assert_eq!(
+        action["params"]["message"][0]["data"]["text"], "while you were away",
+        "{action}"
+    );
     gw.stop().await;
 }

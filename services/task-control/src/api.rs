@@ -890,12 +890,15 @@ impl TaskService for Api {
 #[derive(Debug, Clone)]
 pub struct Auth {
     tokens: std::sync::Arc<Vec<Secret>>,
+    /// Failed calls per address: one that keeps failing is refused for a while.
+    failures: hark_core::secret::Failures,
 }
 
 impl Auth {
     pub fn new(tokens: Vec<Secret>) -> Self {
         Self {
             tokens: std::sync::Arc::new(tokens.into_iter().filter(|t| !t.is_empty()).collect()),
+            failures: Default::default(),
         }
     }
 }
@@ -905,6 +908,24 @@ impl tonic::service::Interceptor for Auth {
         if self.tokens.is_empty() {
             return Ok(request);
         }
+        let peer = request.remote_addr().map(|a| a.ip());
+        if let Some(seconds) = peer.and_then(|p| self.failures.refused(p)) {
+            return Err(Status::resource_exhausted(
+                hark_core::secret::Failures::message(seconds),
+            ));
+        }
+        let checked = self.check(&request);
+        if checked.is_err()
+            && let Some(peer) = peer
+        {
+            self.failures.failed(peer);
+        }
+        checked.map(|()| request)
+    }
+}
+
+impl Auth {
+    fn check(&self, request: &Request<()>) -> Result<(), Status> {
         let header = request.metadata().get("authorization").ok_or_else(|| {
             Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
         })?;
@@ -918,7 +939,7 @@ impl tonic::service::Interceptor for Auth {
                 Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
             })?;
         if self.tokens.iter().any(|t| t.matches(token)) {
-            Ok(request)
+            Ok(())
         } else {
             Err(Status::unauthenticated(
                 "the token is not one of control.api_tokens",

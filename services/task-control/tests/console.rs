@@ -322,6 +322,30 @@ async fn remind_now_reaches_the_chat_and_the_event_stream_goes_on_after_a_reconn
     );
     let shown: Value = reminded.json().await.expect("json");
     assert!(shown["question"]["reminded_at"].is_number(), "{shown}");
+    // Again at once: throttled, and nothing more goes to the chat. Without a JSON body: refused
+    // before anything is done.
+    let again = client
+        .post(format!("{base}/api/questions/{id}/remind"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("remind again");
+    assert_eq!(again.status(), 429);
+    let said: Value = again.json().await.expect("json");
+    assert!(
+        said["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("less than 60s ago")),
+        "{said}"
+    );
+    let bare = client
+        .post(format!("{base}/api/questions/{id}/remind"))
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .expect("remind as text");
+    assert_eq!(bare.status(), 415);
 
     let answered = client
         .post(format!("{base}/api/questions/{id}/answer"))

@@ -80,9 +80,12 @@ pub async fn serve(shared: Shared, listener: std::net::TcpListener, shutdown: Ca
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "web console listening");
     }
-    let served = axum::serve(listener, router(shared))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let served = axum::serve(
+        listener,
+        router(shared).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await;
     if let Err(e) = served {
         tracing::warn!(error = %e, "the web console stopped");
     }
@@ -121,6 +124,10 @@ fn router(shared: Shared) -> Router {
         .route("/assets/{name}", get(assets::file))
         .nest("/api", api)
         .layer(middleware::from_fn_with_state(console.clone(), guard))
+        .layer(middleware::from_fn_with_state(
+            hark_core::secret::Failures::default(),
+            hark_core::secret::throttle,
+        ))
         .with_state(console)
 }
 
@@ -560,8 +567,18 @@ async fn answer(
     })))
 }
 
-/// `POST /api/questions/{id}/remind`: the owner is reminded in the chat now.
-async fn remind(State(console): State<Console>, Path(id): Path<String>) -> Answered {
+/// The body of `remind`: nothing but `{}`, so that it too is JSON only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemindBody {}
+
+/// `POST /api/questions/{id}/remind` with `{}`: the owner is reminded in the chat now, at most
+/// once a minute.
+async fn remind(
+    State(console): State<Console>,
+    Path(id): Path<String>,
+    Body(RemindBody {}): Body<RemindBody>,
+) -> Answered {
     let id: QuestionId = id
         .parse()
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("question id: {e}")))?;

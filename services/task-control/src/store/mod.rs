@@ -191,6 +191,10 @@ pub enum Error {
     NoOpenQuestion { task: String },
     #[error("question #{handle} cannot be reminded of: {why}")]
     NotRemindable { handle: String, why: &'static str },
+    #[error(
+        "question #{handle} was reminded of less than {again_after}s ago; wait, then remind again"
+    )]
+    RemindedRecently { handle: String, again_after: u64 },
     #[error("question {id} is closed ({outcome})")]
     QuestionClosed {
         id: String,
@@ -271,7 +275,7 @@ impl hark_core::error::Classified for Error {
             Error::LeaseLost { .. } | Error::Cancelled { .. } | Error::StaleJob { .. } => {
                 Kind::Gone
             }
-            Error::TooManyActive { .. } => Kind::Exhausted,
+            Error::TooManyActive { .. } | Error::RemindedRecently { .. } => Kind::Exhausted,
             Error::Busy(_) => Kind::Unavailable,
             Error::Internal(_) => Kind::Internal,
         }

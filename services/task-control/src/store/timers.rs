@@ -14,6 +14,9 @@ use uuid::Uuid;
 use super::{Cas, ChatRoute, Error, OutboxMessage, QuestionRow, Store};
 use crate::render;
 
+/// How long after a reminder the owner may be reminded again on request.
+pub const REMIND_AGAIN_AFTER: Duration = Duration::from_secs(60);
+
 /// A question just marked reminded, with the database's clock.
 #[derive(Debug, sqlx::FromRow)]
 struct Reminded {
@@ -174,7 +177,8 @@ impl Store {
 
     /// Reminds the owner of the open question `id` now, deadline or not (the console's
     /// "remind"), and marks it reminded. Refused when the question is not open, its task does
-    /// not wait on it (paused, say), it has no chat to remind in, or its deadline passed.
+    /// not wait on it (paused, say), it has no chat to remind in, or its deadline passed; and
+    /// throttled: refused while a reminder went out less than [`REMIND_AGAIN_AFTER`] ago.
     pub async fn remind_now(&self, id: QuestionId) -> Result<QuestionRow, Error> {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
@@ -182,16 +186,27 @@ impl Store {
             "UPDATE questions q SET reminded_at = now()
              WHERE id = $1 AND outcome = 'open' AND stream IS NOT NULL
                AND (deadline IS NULL OR deadline > now())
+               AND (reminded_at IS NULL OR reminded_at <= now() - make_interval(secs => $3))
                AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $2)
              RETURNING now() AS db_now, ",
             question_columns!()
         ))
         .bind(id.as_uuid())
         .bind(TaskState::WaitingInput.as_str())
+        .bind(REMIND_AGAIN_AFTER.as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
         let Some(reminded) = reminded else {
             let question = self.get_question(id).await?;
+            if question.outcome == QuestionOutcome::Open
+                && let Some(at) = question.reminded_at
+                && OffsetDateTime::now_utc() - at < REMIND_AGAIN_AFTER
+            {
+                return Err(Error::RemindedRecently {
+                    handle: question.handle,
+                    again_after: REMIND_AGAIN_AFTER.as_secs(),
+                });
+            }
             return Err(Error::NotRemindable {
                 handle: question.handle,
                 why: if question.outcome != QuestionOutcome::Open {

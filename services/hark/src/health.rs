@@ -144,6 +144,74 @@ async fn get_ok(addr: std::net::SocketAddr, what: &str, within: Duration) -> any
     Ok(())
 }
 
+/// `hark health --dead-letters`: what was set aside because it could never be handled, newest
+/// first, at most `limit` of them, with the reason of each. Dead letters are not an outage:
+/// listing them exits 0.
+pub async fn dead_letters(config: &Config, limit: u64) -> anyhow::Result<String> {
+    use hark_core::consume;
+    let client = tokio::time::timeout(
+        Duration::from_secs(5),
+        hark_core::bus::connect_client(&config.nats, "hark health"),
+    )
+    .await
+    .context("NATS did not answer in time")??;
+    let names = Names::new(config.nats.namespace.parse()?);
+    let js = async_nats::jetstream::new(client);
+    let name = names.dead_letter_stream();
+    let Ok(mut stream) = js.get_stream(&name).await else {
+        return Ok(format!(
+            "no dead letters (the stream {name} does not exist yet)\n"
+        ));
+    };
+    let state = stream
+        .info()
+        .await
+        .context("cannot read the dead-letter stream")?
+        .state
+        .clone();
+    if state.messages == 0 {
+        return Ok(format!("no dead letters in {name}\n"));
+    }
+    let mut out = format!(
+        "{} dead letter{} in {name} (kept 30 days); newest first:\n",
+        state.messages,
+        if state.messages == 1 { "" } else { "s" }
+    );
+    let header = |m: &async_nats::jetstream::message::StreamMessage, key: &str| {
+        m.headers
+            .get(key)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default()
+    };
+    let mut shown = 0;
+    let mut seq = state.last_sequence;
+    while shown < limit && seq >= state.first_sequence && seq > 0 {
+        if let Ok(m) = stream.get_raw_message(seq).await {
+            let at = m
+                .time
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default();
+            let source = m.subject.rsplit('.').next().unwrap_or_default();
+            out.push_str(&format!(
+                "  #{seq} {at} {source}: {}\n    from {} #{} ({}), message id {}, {} bytes{}\n",
+                header(&m, consume::REASON_HEADER),
+                header(&m, consume::STREAM_HEADER),
+                header(&m, consume::SEQUENCE_HEADER),
+                header(&m, consume::SUBJECT_HEADER),
+                header(&m, consume::MSG_ID_HEADER),
+                m.payload.len(),
+                match header(&m, consume::CUT_HEADER) {
+                    cut if cut.is_empty() => String::new(),
+                    cut => format!(" (cut from {cut})"),
+                },
+            ));
+            shown += 1;
+        }
+        seq -= 1;
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

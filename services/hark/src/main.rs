@@ -82,6 +82,13 @@ enum Command {
         /// Without one: the role the container runs (the `hark` command of PID 1).
         #[arg(value_enum)]
         role: Option<health::Role>,
+        /// List the messages set aside because they could never be handled (the dead-letter
+        /// stream), newest first, with their reasons, instead of checking a role.
+        #[arg(long)]
+        dead_letters: bool,
+        /// How many dead letters to list.
+        #[arg(long, default_value_t = 20)]
+        limit: u64,
     },
 }
 
@@ -156,7 +163,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dev::run(config, workers, data_dir, shutdown_on_signal()).await
         }
         Command::Task(args) => task::run(&config, args).await,
-        Command::Health { role } => {
+        Command::Health {
+            dead_letters: true,
+            limit,
+            ..
+        } => {
+            print!("{}", health::dead_letters(&config, limit).await?);
+            Ok(())
+        }
+        Command::Health { role, .. } => {
             let roles = match role {
                 Some(role) => vec![role],
                 None => health::of_container()?,

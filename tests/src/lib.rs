@@ -214,6 +214,18 @@ impl Env {
 
     /// Like [`Env::spawn`], logging to `<name>.log` (appended to across restarts).
     pub fn spawn_named(&self, name: &str, args: &[&str], extra: &[(&str, &str)]) -> Process {
+        self.spawn_through(name, &[], args, extra)
+    }
+
+    /// Like [`Env::spawn_named`], through `wrapper` (`setpriv --reuid=…`, say): `wrapper…
+    /// hark args…`.
+    pub fn spawn_through(
+        &self,
+        name: &str,
+        wrapper: &[&str],
+        args: &[&str],
+        extra: &[(&str, &str)],
+    ) -> Process {
         // Each process logs to a file of its own; HARK_E2E_LOGS=inherit shows them inline.
         let log_dir = std::env::temp_dir().join("hark-e2e").join(&self.namespace);
         std::fs::create_dir_all(&log_dir).expect("log directory");
@@ -231,7 +243,14 @@ impl Env {
                 Stdio::from(file),
             )
         };
-        let mut command = Command::new(hark_binary());
+        let mut command = match wrapper.split_first() {
+            Some((program, before)) => {
+                let mut command = Command::new(program);
+                command.args(before).arg(hark_binary());
+                command
+            }
+            None => Command::new(hark_binary()),
+        };
         command
             .args(args)
             .env_remove("HARK_CONFIG")
@@ -420,6 +439,11 @@ pub struct Process {
 }
 
 impl Process {
+    /// Its process id, while it runs.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// What the process wrote to stdout and stderr so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -267,3 +267,58 @@ async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
     drop(llm);
     env.cleanup().await;
 }
+
+/// Runs `program args…` as the unprivileged user 65534, as a stdio MCP server of a worker running
+/// as that user would run.
+async fn as_nobody(program: &str, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", program])
+        .args(args)
+        .output()
+        .await
+        .expect("setpriv runs")
+}
+
+#[tokio::test]
+async fn another_process_of_the_workers_user_cannot_read_its_secrets() {
+    let env = Env::new().await;
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    // The check can fail: a process of that user that did nothing is read by another one.
+    let plain = tokio::process::Command::new("setpriv")
+        .args(&nobody[1..])
+        .args(["sleep", "30"])
+        .env("HARK_LLM__API_KEY", "sk-LlmKeyNeverShown")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sleep starts");
+    let plain_pid = plain.id().expect("pid");
+    let read = as_nobody("cat", &[&format!("/proc/{plain_pid}/environ")]).await;
+    assert!(
+        String::from_utf8_lossy(&read.stdout).contains("sk-LlmKeyNeverShown"),
+        "the same user reads a dumpable process's environment"
+    );
+    drop(plain);
+
+    let mut worker = env.spawn_through("worker", &nobody, &["worker", "--id", "w1"], &SECRETS);
+    worker.wait_for_output("connected", WAIT).await;
+    let pid = worker.id().expect("the worker runs");
+    for file in ["environ", "mem", "cmdline"] {
+        let read = as_nobody("cat", &[&format!("/proc/{pid}/{file}")]).await;
+        assert_no_secret(file, &String::from_utf8_lossy(&read.stdout));
+        if file == "environ" {
+            assert!(!read.status.success(), "the worker's environ was readable");
+            assert!(
+                String::from_utf8_lossy(&read.stderr).contains("Permission denied"),
+                "{}",
+                String::from_utf8_lossy(&read.stderr)
+            );
+        }
+    }
+    worker.stop().await;
+    env.cleanup().await;
+}

@@ -757,6 +757,7 @@ impl Config {
                 message,
             })?;
         }
+        read_files(&mut merged, Some(&defaults), &mut Vec::new())?;
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
                 Error::Key {
@@ -1323,6 +1324,86 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 /// Sets one overridden key, reading `value` as the type the key already has.
+/// The suffix of a key that names a file holding the key's value (`metrics.token_file`).
+const FILE_SUFFIX: &str = "_file";
+
+/// Replaces every `<key>_file = "<path>"` with `<key>` set to what the file holds (its trailing
+/// line break left out; for a list, one value a line), as Kubernetes mounts secrets: a secret
+/// read from a file is in no process's environment. `defaults` is the same table in the defaults,
+/// `None` below a map.
+fn read_files(
+    table: &mut toml::Table,
+    defaults: Option<&toml::Table>,
+    path: &mut Vec<String>,
+) -> Result<(), Error> {
+    let keys: Vec<String> = table.keys().cloned().collect();
+    for key in keys {
+        let default = defaults.and_then(|d| d.get(&key));
+        if let Some(toml::Value::Table(inner)) = table.get_mut(&key) {
+            // `llm.extra_body` is the model's JSON, whatever its keys are called.
+            if key == "extra_body" {
+                continue;
+            }
+            path.push(key.clone());
+            let inner_defaults = default
+                .and_then(toml::Value::as_table)
+                .filter(|d| !d.is_empty());
+            read_files(inner, inner_defaults, path)?;
+            path.pop();
+            continue;
+        }
+        let Some(target) = key.strip_suffix(FILE_SUFFIX) else {
+            continue;
+        };
+        let target_default = defaults.map(|d| d.get(target));
+        let is_list = match target_default {
+            // A key of a section: only one that takes text or a list of texts.
+            Some(Some(toml::Value::String(_))) => false,
+            Some(Some(toml::Value::Array(_))) => true,
+            Some(_) => continue,
+            // Below a map, where keys are the user's.
+            None => false,
+        };
+        let named = [path.as_slice(), std::slice::from_ref(&key)].concat().join(".");
+        let Some(toml::Value::String(file)) = table.get(&key).cloned() else {
+            return Err(Error::Key {
+                key: named,
+                message: "expected the path of a file, as text".into(),
+            });
+        };
+        if let Some(given) = table.get(target)
+            && target_default.flatten() != Some(given)
+        {
+            return Err(Error::Key {
+                key: named,
+                message: format!("`{target}` is set too: set either {target} or {key}, not both"),
+            });
+        }
+        let text = std::fs::read_to_string(&file).map_err(|e| Error::Key {
+            key: named.clone(),
+            message: format!(
+                "cannot read `{file}`: {e}; give the path of a file that holds the value (a \
+                 mounted Kubernetes Secret, say)"
+            ),
+        })?;
+        let text = text.trim_end_matches(['\n', '\r']);
+        let value = if is_list {
+            toml::Value::Array(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(|l| toml::Value::String(l.to_owned()))
+                    .collect(),
+            )
+        } else {
+            toml::Value::String(text.to_owned())
+        };
+        table.remove(&key);
+        table.insert(target.to_owned(), value);
+    }
+    Ok(())
+}
+
 fn apply_env(
     table: &mut toml::Table,
     defaults: &toml::Table,
@@ -1353,6 +1434,13 @@ fn apply_env(
     let key = path.join(".");
     let parsed = match cursor.get(last) {
         None if in_map => toml::Value::String(value.to_owned()),
+        // `<key>_file`: read in `read_files`.
+        None if last
+            .strip_suffix(FILE_SUFFIX)
+            .is_some_and(|key| cursor.contains_key(key)) =>
+        {
+            toml::Value::String(value.to_owned())
+        }
         None => return Err(format!("there is no config key `{key}`")),
         Some(toml::Value::String(_)) => toml::Value::String(value.to_owned()),
         Some(toml::Value::Integer(_)) => value
@@ -1527,6 +1615,75 @@ mod tests {
             err.contains("gateway.onebot.bots.333.access_token"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_secret_is_read_from_the_file_its_key_file_names() {
+        let dir = std::env::temp_dir().join(format!("hark-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write");
+            path.display().to_string()
+        };
+        let token = write("token", "from-a-file\n");
+        let tokens = write("tokens", "first\nsecond\n");
+        let bot = write("bot", "bot-own");
+        let text = format!(
+            "[metrics]\ntoken_file = \"{token}\"\n[gateway.onebot.bots.42]\naccess_token_file = \"{bot}\"\n"
+        );
+        let config = Config::from_parts(
+            Some(&text),
+            "hark.toml",
+            &env(&[
+                ("HARK_CONTROL__API_TOKENS_FILE", &tokens),
+                ("HARK_LLM__API_KEY_FILE", &token),
+            ]),
+        )
+        .expect("config loads");
+        assert_eq!(config.metrics.token.expose(), "from-a-file");
+        assert_eq!(config.llm.api_key.expose(), "from-a-file");
+        assert_eq!(
+            config
+                .control
+                .api_tokens
+                .iter()
+                .map(Secret::expose)
+                .collect::<Vec<_>>(),
+            ["first", "second"]
+        );
+        assert_eq!(
+            config.gateway.onebot.bots["42"].access_token.expose(),
+            "bot-own"
+        );
+        // A file that cannot be read names its key and what to do; both forms at once are refused.
+        let err = Config::from_parts(
+            None,
+            "f",
+            &env(&[("HARK_METRICS__TOKEN_FILE", "/nonexistent/hark-token")]),
+        )
+        .expect_err("no such file")
+        .to_string();
+        assert!(
+            err.contains("metrics.token_file") && err.contains("/nonexistent/hark-token"),
+            "{err}"
+        );
+        let err = Config::from_parts(
+            None,
+            "f",
+            &env(&[
+                ("HARK_METRICS__TOKEN_FILE", &token),
+                ("HARK_METRICS__TOKEN", "x"),
+            ]),
+        )
+        .expect_err("both")
+        .to_string();
+        assert!(err.contains("not both"), "{err}");
+        // A key that takes no text has no file form.
+        assert!(
+            Config::from_parts(None, "f", &env(&[("HARK_TASK__MAX_ROUNDS_FILE", &token)])).is_err()
+        );
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -150,6 +150,20 @@ fn credential_key(key: &str) -> bool {
     .any(|part| key.contains(part))
 }
 
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): other processes of the same user, a
+/// stdio MCP server this process started among them, can then neither read its
+/// `/proc/<pid>/environ` or memory nor attach a debugger to it, and it leaves no core dump with
+/// its secrets. Only a process with `CAP_SYS_PTRACE` (root, usually) still can. Elsewhere than
+/// Linux it does nothing.
+pub fn keep_from_other_processes() -> Result<(), String> {
+    #[cfg(target_os = "linux")]
+    {
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .map_err(|e| format!("cannot make the process non-dumpable (PR_SET_DUMPABLE): {e}"))?;
+    }
+    Ok(())
+}
+
 /// Failed sign-ins counted per address, so that a token cannot be guessed at speed: an address
 /// with [`Failures::ALLOWED`] failures within [`Failures::WINDOW`] is refused, token or not, until
 /// that window is over. Shared by every clone; bounded, forgetting the oldest windows first.

@@ -156,6 +156,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     // Flushes the last spans when the role stops.
     let _telemetry = init_tracing(&config, quiet, role)?;
+    // A role holds secrets and may start stdio MCP servers: they, and every other process of
+    // this user, cannot read its environment or memory.
+    if role.is_some()
+        && let Err(e) = hark_core::secret::keep_from_other_processes()
+    {
+        tracing::warn!("{e}; other processes of this user can read hark's secrets");
+    }
     match cli.command {
         Command::Migrate { wait } => migrate(&config, wait.map(|w| w.0)).await,
         Command::Dev { workers, data_dir } => {

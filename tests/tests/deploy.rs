@@ -598,7 +598,7 @@ fn container_config(docs: &[Yaml], container: &Yaml, context: &str) -> Config {
         let placeholder = if key == "HARK_DATABASE__URL" {
             "postgres://x@y/z"
         } else {
-            "secret-placeholder"
+            "placeholder-of-a-secret-value-32"
         };
         let value = e["value"].as_str().unwrap_or(placeholder).to_owned();
         env.insert(key, value);

@@ -305,9 +305,13 @@ pub struct ControlConfig {
     /// Serve the gRPC API without tokens on a non-loopback address, on purpose (behind a proxy
     /// that authenticates, say).
     pub allow_unauthenticated: bool,
-    /// `WatchTask` streams one task-control process serves at once; more are refused with
-    /// `RESOURCE_EXHAUSTED`.
+    /// Streams of task events (`WatchTask`, `WatchTasks`, an answer's wait, the console's events)
+    /// one task-control process serves at once; more are refused with `RESOURCE_EXHAUSTED`.
     pub max_watchers: u32,
+    /// Of those, the most one client connection holds.
+    pub max_watchers_per_connection: u32,
+    /// Of those, the most the callers of one of `control.api_tokens` hold together.
+    pub max_watchers_per_token: u32,
     /// Where task-control serves the web console, e.g. `127.0.0.1:8081`; empty: no console.
     /// Beyond loopback it asks for one of `control.api_tokens`, as the gRPC API does.
     pub http_listen: String,
@@ -323,6 +327,8 @@ impl Default for ControlConfig {
             api_tokens: Vec::new(),
             allow_unauthenticated: false,
             max_watchers: 10_000,
+            max_watchers_per_connection: 1_000,
+            max_watchers_per_token: 5_000,
             http_listen: "127.0.0.1:8081".into(),
             playground_url: String::new(),
         }
@@ -894,6 +900,13 @@ impl Config {
                 );
             }
         }
+        if self.control.max_watchers_per_connection == 0 || self.control.max_watchers_per_token == 0
+        {
+            return bad(
+                "control.max_watchers_per_connection",
+                "must be at least 1 (as must control.max_watchers_per_token)".into(),
+            );
+        }
         if self.gateway.forget_bot_after.0 < std::time::Duration::from_secs(1) {
             return bad("gateway.forget_bot_after", "must be at least 1s".into());
         }
@@ -1364,7 +1377,9 @@ fn read_files(
             // Below a map, where keys are the user's.
             None => false,
         };
-        let named = [path.as_slice(), std::slice::from_ref(&key)].concat().join(".");
+        let named = [path.as_slice(), std::slice::from_ref(&key)]
+            .concat()
+            .join(".");
         let Some(toml::Value::String(file)) = table.get(&key).cloned() else {
             return Err(Error::Key {
                 key: named,

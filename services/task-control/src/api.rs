@@ -43,6 +43,7 @@ impl Api {
         request: Request<pb::AnswerQuestionRequest>,
         caller: &str,
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
+        let holder = holder(&request);
         let request = request.into_inner();
         let json = match request.answer_json.trim() {
             "" => None,
@@ -122,7 +123,7 @@ impl Api {
         // known, and its row is looked at then.
         let early_watch = match (wait, target) {
             (Some(_), Target::OpenOf(task)) => {
-                Some(self.shared.watchers.watch(task).map_err(too_many)?)
+                Some(self.shared.watchers.watch(task, holder).map_err(too_many)?)
             }
             _ => None,
         };
@@ -195,7 +196,11 @@ impl Api {
             let (watch, after) = match early_watch {
                 Some(watch) => (watch, task.clone()),
                 None => {
-                    let watch = self.shared.watchers.watch(task.id).map_err(too_many)?;
+                    let watch = self
+                        .shared
+                        .watchers
+                        .watch(task.id, holder)
+                        .map_err(too_many)?;
                     (watch, store.get_task(task.id).await.map_err(status_of)?)
                 }
             };
@@ -372,6 +377,18 @@ const DEFAULT_ANSWER_WAIT: Duration = Duration::from_secs(30);
 
 /// The most tasks one `WatchTasks` names.
 const MAX_WATCHED_IDS: usize = 1000;
+
+/// Who a request's watchers belong to: its connection, and the token it signed in with.
+fn holder<T>(request: &Request<T>) -> crate::watchers::Holder {
+    crate::watchers::Holder {
+        connection: request.remote_addr(),
+        token: request.extensions().get::<SignedIn>().map(|s| s.0),
+    }
+}
+
+/// Which of `control.api_tokens` a request signed in with, by position.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedIn(pub usize);
 
 fn too_many(e: crate::watchers::TooMany) -> Status {
     status(Kind::Exhausted, e.to_string())
@@ -745,6 +762,7 @@ impl TaskService for Api {
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let reference = task_ref("task_id", &request.get_ref().task_id)?;
+        let holder = holder(&request);
         let watchers = &self.shared.watchers;
         let store = self.shared.store.clone();
         // One read of the task. A full id is watched before that read, so that no change falls
@@ -752,18 +770,18 @@ impl TaskService for Api {
         // its watch starts is caught by the periodic look at the row.
         let (mut watch, current) = match reference {
             TaskRef::Full(id) => {
-                let watch = watchers.watch(id).map_err(too_many)?;
+                let watch = watchers.watch(id, holder).map_err(too_many)?;
                 (watch, store.get_task(id).await.map_err(status_of)?)
             }
             prefix => {
                 let row = store.resolve_task(&prefix, None).await.map_err(status_of)?;
-                (watchers.watch(row.id).map_err(too_many)?, row)
+                (watchers.watch(row.id, holder).map_err(too_many)?, row)
             }
         };
         let first = crate::events::current(&store, &current)
             .await
             .map_err(status_of)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (tx, rx) = crate::events::channel(16);
         let stopping = watchers.stopping();
         tokio::spawn(async move {
             let mut last = current.generation as u64;
@@ -807,9 +825,7 @@ impl TaskService for Api {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(Box::pin(rx)))
     }
 
     type WatchTasksStream =
@@ -820,6 +836,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::WatchTasksRequest>,
     ) -> Result<Response<Self::WatchTasksStream>, Status> {
+        let holder = holder(&request);
         let request = request.into_inner();
         if request.task_ids.len() > MAX_WATCHED_IDS {
             return Err(invalid(
@@ -840,7 +857,7 @@ impl TaskService for Api {
                 .collect::<Result<_, _>>()?,
         };
         let resume = key_field("resume_token", &request.resume_token)?;
-        let slot = self.shared.watchers.slot().map_err(too_many)?;
+        let slot = self.shared.watchers.slot(holder).map_err(too_many)?;
         let events = crate::events::watch_many(&self.shared, filter, resume.as_deref(), slot)
             .await
             .map_err(|e| match e {
@@ -848,9 +865,7 @@ impl TaskService for Api {
                 crate::events::WatchError::Gone => Status::out_of_range(e.to_string()),
                 crate::events::WatchError::Unavailable(_) => Status::unavailable(e.to_string()),
             })?;
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(events),
-        )))
+        Ok(Response::new(Box::pin(events)))
     }
 
     #[tracing::instrument(skip_all)]
@@ -914,18 +929,25 @@ impl tonic::service::Interceptor for Auth {
                 hark_core::secret::Failures::message(seconds),
             ));
         }
-        let checked = self.check(&request);
-        if checked.is_err()
-            && let Some(peer) = peer
-        {
-            self.failures.failed(peer);
+        match self.check(&request) {
+            Ok(index) => {
+                let mut request = request;
+                request.extensions_mut().insert(SignedIn(index));
+                Ok(request)
+            }
+            Err(status) => {
+                if let Some(peer) = peer {
+                    self.failures.failed(peer);
+                }
+                Err(status)
+            }
         }
-        checked.map(|()| request)
     }
 }
 
 impl Auth {
-    fn check(&self, request: &Request<()>) -> Result<(), Status> {
+    /// The position of the token `request` carries among the tokens.
+    fn check(&self, request: &Request<()>) -> Result<usize, Status> {
         let header = request.metadata().get("authorization").ok_or_else(|| {
             Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
         })?;
@@ -938,8 +960,8 @@ impl Auth {
             .ok_or_else(|| {
                 Status::unauthenticated("the authorization metadata must be `Bearer <token>`")
             })?;
-        if self.tokens.iter().any(|t| t.matches(token)) {
-            Ok(())
+        if let Some(index) = self.tokens.iter().position(|t| t.matches(token)) {
+            Ok(index)
         } else {
             Err(Status::unauthenticated(
                 "the token is not one of control.api_tokens",

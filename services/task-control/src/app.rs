@@ -140,7 +140,11 @@ impl App {
                 commands: Arc::new(chat::limit::CommandLimiter::new(
                     config.chat.commands_per_minute,
                 )),
-                watchers: crate::watchers::Watchers::new(config.control.max_watchers.into()),
+                watchers: crate::watchers::Watchers::new(crate::watchers::Limits {
+                    total: config.control.max_watchers.into(),
+                    per_connection: config.control.max_watchers_per_connection.into(),
+                    per_token: config.control.max_watchers_per_token.into(),
+                }),
                 metrics: scraped,
                 parked,
                 dead: hark_core::consume::DeadLetters::new(js.clone(), names.clone()),
@@ -212,6 +216,11 @@ impl App {
         tracker.spawn(shared.watchers.clone().run(
             shared.nats.clone(),
             shared.names.task_events_all(),
+            shutdown.clone(),
+        ));
+        tracker.spawn(shared.watchers.clone().feed(
+            shared.js.clone(),
+            shared.names.clone(),
             shutdown.clone(),
         ));
 

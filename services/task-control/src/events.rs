@@ -20,12 +20,43 @@ use crate::{
     convert,
     shared::Shared,
     store::{self, Store, TaskRow},
-    watchers::{Slot, Watch},
+    watchers::{Fed, Slot, Watch},
 };
 
 /// How long a wait looks for an event before it looks at the task row itself: events are
 /// published best effort, and a lost one must not make a watcher wait for ever.
 pub const RECHECK: Duration = Duration::from_secs(15);
+
+/// The sending end of a stream to a client. Each item is boxed, so that the channel's buffer,
+/// which one of the many streams a process serves allocates, costs a pointer a slot rather than
+/// an event (measured: 26 KiB a stream before, with the events in place).
+#[derive(Debug)]
+pub struct Out<T>(mpsc::Sender<Box<T>>);
+
+impl<T> Out<T> {
+    pub async fn send(&self, item: T) -> Result<(), mpsc::error::SendError<Box<T>>> {
+        self.0.send(Box::new(item)).await
+    }
+
+    /// Once the client went away.
+    pub async fn closed(&self) {
+        self.0.closed().await
+    }
+}
+
+/// A stream to a client, `capacity` items deep, and its sending end.
+pub fn channel<T: Send + 'static>(
+    capacity: usize,
+) -> (Out<T>, impl futures_util::Stream<Item = T> + Send + 'static) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (
+        Out(tx),
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(|item| *item),
+    )
+}
+
+/// How long a `WatchTasks` stream waits for the process's feed of task events to start.
+const FEED_WAIT: Duration = Duration::from_secs(10);
 
 /// What a stream's client is told when task-control stops under it.
 pub fn stopping() -> tonic::Status {
@@ -182,13 +213,26 @@ pub enum WatchError {
 
 /// Starts a stream of the events that pass `filter`, from now or after `resume`; each goes out
 /// with the token that continues after it. The stream ends when its receiver is dropped.
+///
+/// Live events come from the process's one feed ([`crate::watchers::Watchers::feed`]); only a
+/// stream that resumes reads the events it missed with a consumer of its own, which it drops once
+/// it has caught up with the feed.
 pub async fn watch_many(
     shared: &Shared,
     filter: Filter,
     resume: Option<&str>,
     slot: Slot,
-) -> Result<mpsc::Receiver<Result<pb::WatchTasksResponse, tonic::Status>>, WatchError> {
+) -> Result<
+    impl futures_util::Stream<Item = Result<pb::WatchTasksResponse, tonic::Status>> + Send + use<>,
+    WatchError,
+> {
     let unavailable = |e: &dyn std::fmt::Display| WatchError::Unavailable(e.to_string());
+    // Taken once the feed reads the stream, and before the stream's state is read: every event
+    // after that state reaches this stream through the feed.
+    tokio::time::timeout(FEED_WAIT, slot.feeding().cancelled())
+        .await
+        .map_err(|_| unavailable(&"the feed of task events has not started"))?;
+    let mut feed = slot.feed();
     // The stream lives in NATS's memory: after a NATS restart it is made again here, and a token
     // from before is told apart by the stream's creation time.
     let config = shared
@@ -197,87 +241,151 @@ pub async fn watch_many(
         .into_iter()
         .find(|c| c.name == shared.names.task_events_stream())
         .ok_or_else(|| WatchError::Unavailable("no task event stream is configured".into()))?;
-    let stream = shared
+    let mut stream = shared
         .js
         .get_or_create_stream(config)
         .await
         .map_err(|e| unavailable(&e))?;
-    let info = stream.cached_info();
+    let info = stream.info().await.map_err(|e| unavailable(&e))?;
     let created = info.created.unix_timestamp_nanos();
-    let deliver_policy = match resume {
-        None => DeliverPolicy::New,
+    let last = info.state.last_sequence;
+    // The events from after the token up to the stream's end now, read on their own.
+    let missed = match resume {
+        None => None,
         Some(token) => {
             let token = Token::decode(token).ok_or(WatchError::BadToken)?;
             let next = token.sequence + 1;
             // The stream was made anew, the token is from its future, or events after it were
             // dropped already.
             if token.stream_created_ns != created
-                || token.sequence > info.state.last_sequence
+                || token.sequence > last
                 || next < info.state.first_sequence
             {
                 return Err(WatchError::Gone);
             }
-            DeliverPolicy::ByStartSequence {
-                start_sequence: next,
+            if next > last {
+                None
+            } else {
+                let consumer = stream
+                    .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                        filter_subject: shared.names.task_events_all(),
+                        deliver_policy: DeliverPolicy::ByStartSequence {
+                            start_sequence: next,
+                        },
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| unavailable(&e))?;
+                let name = consumer.cached_info().name.clone();
+                let messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
+                Some((name, messages))
             }
         }
     };
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            filter_subject: shared.names.task_events_all(),
-            deliver_policy,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| unavailable(&e))?;
-    let mut messages = consumer.messages().await.map_err(|e| unavailable(&e))?;
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, rx) = channel(64);
     let stop = slot.stopping();
     tokio::spawn(async move {
         let _slot = slot;
+        // The last event gone out (or passed over): each goes out once, in the stream's order.
+        let mut sent = last;
+        let pass = |sequence: u64, event: pb::TaskEvent| {
+            filter.passes(&event).then(|| pb::WatchTasksResponse {
+                event: Some(event),
+                resume_token: Token {
+                    stream_created_ns: created,
+                    sequence,
+                }
+                .encode(),
+            })
+        };
+        if let Some((name, mut messages)) = missed {
+            // Catching up ends where the feed takes over.
+            loop {
+                let message = tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = stop.cancelled() => {
+                        let _ = tx.send(Err(stopping())).await;
+                        return;
+                    }
+                    message = messages.next() => message,
+                };
+                let message = match message {
+                    Some(Ok(message)) => message,
+                    Some(Err(e)) => {
+                        let _ = tx.send(Err(lost(&e.to_string()))).await;
+                        return;
+                    }
+                    None => {
+                        let _ = tx.send(Err(lost("the stream ended"))).await;
+                        return;
+                    }
+                };
+                let Ok(info) = message.info() else { continue };
+                let sequence = info.stream_sequence;
+                if let Ok(event) = codec::decode::<pb::TaskEvent>(&message.payload)
+                    && let Some(response) = pass(sequence, event)
+                    && tx.send(Ok(response)).await.is_err()
+                {
+                    return;
+                }
+                if sequence >= last {
+                    sent = sequence;
+                    break;
+                }
+            }
+            // Deleted once caught up; if this process dies first, NATS forgets it in 30 s.
+            drop(messages);
+            if let Err(e) = stream.delete_consumer(&name).await {
+                tracing::debug!(error = %e, "cannot delete a caught-up consumer; NATS forgets it soon");
+            }
+        }
         loop {
-            let message = tokio::select! {
+            let fed = tokio::select! {
                 _ = tx.closed() => return,
                 _ = stop.cancelled() => {
                     let _ = tx.send(Err(stopping())).await;
                     return;
                 }
-                message = messages.next() => message,
+                fed = feed.recv() => fed,
             };
-            let message = match message {
-                Some(Ok(message)) => message,
-                // The client goes on from its last token once NATS answers again.
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "a task event stream stopped");
-                    let _ = tx.send(Err(lost(&e.to_string()))).await;
+            let fed = match fed {
+                Ok(fed) => fed,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    let why = format!("this stream fell {missed} events behind");
+                    let _ = tx.send(Err(lost(&why))).await;
                     return;
                 }
-                None => {
-                    let _ = tx.send(Err(lost("the stream ended"))).await;
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    let _ = tx.send(Err(stopping())).await;
                     return;
                 }
             };
-            let Ok(info) = message.info() else { continue };
-            let token = Token {
-                stream_created_ns: created,
-                sequence: info.stream_sequence,
-            };
-            let event = match codec::decode::<pb::TaskEvent>(&message.payload) {
-                Ok(event) => event,
-                Err(e) => {
-                    tracing::debug!(error = %e, "skipping a malformed task event");
-                    continue;
+            match &*fed {
+                Fed::Lost(why) => {
+                    let _ = tx.send(Err(lost(why))).await;
+                    return;
                 }
-            };
-            if !filter.passes(&event) {
-                continue;
-            }
-            let response = pb::WatchTasksResponse {
-                event: Some(event),
-                resume_token: token.encode(),
-            };
-            if tx.send(Ok(response)).await.is_err() {
-                return;
+                Fed::Event {
+                    created: made,
+                    sequence,
+                    event,
+                } => {
+                    if *made != created {
+                        let _ = tx
+                            .send(Err(lost("the stream of task events was made anew")))
+                            .await;
+                        return;
+                    }
+                    if *sequence <= sent {
+                        continue;
+                    }
+                    sent = *sequence;
+                    if let Some(response) = pass(*sequence, (**event).clone())
+                        && tx.send(Ok(response)).await.is_err()
+                    {
+                        return;
+                    }
+                }
             }
         }
     });

@@ -694,6 +694,85 @@ async fn a_request_that_is_not_valid_protobuf_is_an_invalid_argument() {
 }
 
 #[tokio::test]
+async fn one_connection_and_one_token_hold_only_so_many_watchers() {
+    let tc = TestControl::start_with(|c| {
+        c.control.api_tokens = vec!["first-token".into(), "second-token".into()];
+        c.control.max_watchers_per_connection = 2;
+        c.control.max_watchers_per_token = 3;
+    })
+    .await;
+    let mut created = Request::new(create("api:wendy", "stay pending"));
+    created.metadata_mut().insert(
+        "authorization",
+        "Bearer first-token".parse().expect("header"),
+    );
+    let task = tc
+        .client()
+        .await
+        .create_task(created)
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let watch = |token: &'static str| {
+        let (tc_grpc, id) = (tc.grpc.clone(), task.id.clone());
+        async move {
+            let channel = tonic::transport::Channel::from_shared(tc_grpc)
+                .expect("uri")
+                .connect()
+                .await
+                .expect("connect");
+            let mut api = TaskServiceClient::new(channel);
+            let mut held = Vec::new();
+            let mut refused = None;
+            for _ in 0..3 {
+                let mut request = Request::new(pb::WatchTaskRequest {
+                    task_id: id.clone(),
+                });
+                request.metadata_mut().insert(
+                    "authorization",
+                    format!("Bearer {token}").parse().expect("header"),
+                );
+                match api.watch_task(request).await {
+                    Ok(stream) => held.push(stream.into_inner()),
+                    Err(status) => {
+                        refused = Some(status);
+                        break;
+                    }
+                }
+            }
+            (held, refused)
+        }
+    };
+    // One connection: two, then refused, naming the key.
+    let (first, refused) = watch("first-token").await;
+    assert_eq!(first.len(), 2);
+    let refused = refused.expect("the third on one connection");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused
+            .message()
+            .contains("control.max_watchers_per_connection"),
+        "{}",
+        refused.message()
+    );
+    // Another connection of the same token: one more, then the token is full.
+    let (second, refused) = watch("first-token").await;
+    assert_eq!(second.len(), 1);
+    assert!(
+        refused
+            .expect("the token is full")
+            .message()
+            .contains("control.max_watchers_per_token")
+    );
+    // Another token is not held back.
+    let (other, _) = watch("second-token").await;
+    assert_eq!(other.len(), 2);
+    tc.stop().await;
+}
+
+#[tokio::test]
 async fn a_watch_ends_when_its_client_leaves_and_watchers_are_capped() {
     let tc = TestControl::start_with(|c| c.control.max_watchers = 2).await;
     let mut api = tc.client().await;

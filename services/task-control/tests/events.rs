@@ -418,3 +418,84 @@ async fn one_stream_watches_many_tasks_filtered_and_resumes_where_it_left_off() 
     .await;
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn many_streams_of_many_tasks_share_one_consumer_and_give_nats_its_memory_back() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let consumers = |tc: &TestControl| {
+        let (js, name) = (tc.js.clone(), tc.names.task_events_stream());
+        async move {
+            js.get_stream(name)
+                .await
+                .expect("the event stream")
+                .info()
+                .await
+                .expect("info")
+                .state
+                .consumer_count
+        }
+    };
+    let mut streams = Vec::new();
+    for _ in 0..200 {
+        streams.push(
+            api.watch_tasks(pb::WatchTasksRequest::default())
+                .await
+                .expect("watch")
+                .into_inner(),
+        );
+    }
+    // The process's one feed, however many streams there are.
+    assert_eq!(consumers(&tc).await, 1);
+    let task = create(&tc, "api:erin", "for everyone").await;
+    for stream in &mut streams {
+        let seen = next_of_many(stream).await.event.expect("event");
+        assert_eq!(seen.task_id, task.id);
+    }
+    // A stream that resumes reads what it missed with a consumer of its own, then joins the
+    // feed; the consumer is gone once it caught up.
+    let token = {
+        let mut first = api
+            .watch_tasks(pb::WatchTasksRequest::default())
+            .await
+            .expect("watch")
+            .into_inner();
+        let other = create(&tc, "api:erin", "missed").await;
+        let seen = next_of_many(&mut first).await;
+        assert_eq!(seen.event.expect("event").task_id, other.id);
+        seen.resume_token
+    };
+    let later = create(&tc, "api:erin", "after the token").await;
+    let mut resumed = api
+        .watch_tasks(pb::WatchTasksRequest {
+            resume_token: token,
+            ..Default::default()
+        })
+        .await
+        .expect("resume")
+        .into_inner();
+    assert_eq!(
+        next_of_many(&mut resumed)
+            .await
+            .event
+            .expect("event")
+            .task_id,
+        later.id
+    );
+    let live = create(&tc, "api:erin", "live").await;
+    assert_eq!(
+        next_of_many(&mut resumed)
+            .await
+            .event
+            .expect("event")
+            .task_id,
+        live.id
+    );
+    drop(streams);
+    drop(resumed);
+    tc.eventually("nats forgets the catching-up consumer", || async {
+        consumers(&tc).await == 1
+    })
+    .await;
+    tc.stop().await;
+}

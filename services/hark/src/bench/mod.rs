@@ -14,6 +14,7 @@ mod observe;
 mod procs;
 mod w1;
 mod w2;
+mod watchers;
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -65,9 +66,13 @@ pub struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-client", "w2-client"]
+        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-client", "w2-client", "watchers"]
     )]
     workloads: Option<Vec<String>>,
+    /// Streams the watchers workload holds open at once, half `WatchTask`, half `WatchTasks`
+    /// (without --external, task-control is started to serve that many).
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
+    watchers: usize,
 }
 
 impl BenchArgs {
@@ -141,6 +146,9 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         if args.observe {
             observing = Some(observe::Observe::start(args.workers).await?);
         }
+        let streams = u32::try_from(args.watchers).unwrap_or(u32::MAX);
+        config.control.max_watchers = config.control.max_watchers.max(streams.saturating_add(100));
+        config.control.max_watchers_per_token = config.control.max_watchers_per_token.max(streams);
         procs::Processes::spawn(
             &config,
             &llm.base_url(),
@@ -264,6 +272,7 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
             "w1-grpc" => w1::run(bench, w1::Via::Grpc, args.warmup, args.rounds).await?,
             "w1-onebot" => w1::run(bench, w1::Via::OneBot, args.warmup, args.rounds).await?,
             "w2" => w2::run(bench, args.tasks, args.in_flight, limits.as_ref()).await?,
+            "watchers" => watchers::run(bench, args.watchers).await?,
             other => anyhow::bail!(
                 "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
             ),

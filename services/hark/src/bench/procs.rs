@@ -66,6 +66,14 @@ impl Processes {
             ),
             ("HARK_CHAT__COMMANDS_PER_MINUTE", "0".to_owned()),
             (
+                "HARK_CONTROL__MAX_WATCHERS",
+                config.control.max_watchers.to_string(),
+            ),
+            (
+                "HARK_CONTROL__MAX_WATCHERS_PER_TOKEN",
+                config.control.max_watchers_per_token.to_string(),
+            ),
+            (
                 "HARK_LOG__FILTER",
                 std::env::var("HARK_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
             ),

@@ -599,16 +599,24 @@ async fn remind(
 async fn events(
     State(console): State<Console>,
     headers: HeaderMap,
+    extensions: axum::http::Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Failure> {
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());
+    let holder = crate::watchers::Holder {
+        connection: extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|info| info.0),
+        token: hark_core::secret::bearer(&headers)
+            .and_then(|given| console.tokens.iter().position(|t| t.matches(given))),
+    };
     let slot = console
         .shared
         .watchers
-        .slot()
+        .slot(holder)
         .map_err(|e| error(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
     let events = crate::events::watch_many(
         &console.shared,
@@ -624,7 +632,7 @@ async fn events(
             error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
     })?;
-    let stream = tokio_stream::wrappers::ReceiverStream::new(events).map(|item| {
+    let stream = events.map(|item| {
         Ok(match item {
             Ok(response) => Event::default()
                 .event("task")

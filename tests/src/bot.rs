@@ -162,6 +162,14 @@ impl Bot {
         id
     }
 
+    /// Sends `frame` to the gateway as it is, whatever it holds.
+    pub async fn raw(&self, frame: String) {
+        self.to_gateway
+            .send(frame)
+            .await
+            .expect("the bot's connection is open");
+    }
+
     /// Waits for a posted message matching `matches`, skipping others.
     pub async fn expect(
         &mut self,

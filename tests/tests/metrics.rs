@@ -102,7 +102,7 @@ impl Hark {
             &[("HARK_METRICS__LISTEN", &format!("127.0.0.1:{control_port}"))],
         );
         env.client().await;
-        let gateway = env.spawn(&["gateway"], &[]);
+        let gateway = env.spawn(&["gateway"], &[("HARK_METRICS__TOKEN", "scrape-token")]);
         let worker = env.spawn(
             &["worker", "--id", "w1"],
             &[("HARK_METRICS__LISTEN", &format!("127.0.0.1:{worker_port}"))],
@@ -126,7 +126,7 @@ impl Hark {
 
     async fn gateway(&self) -> Metrics {
         let url = format!("http://127.0.0.1:{}/metrics", self.env.gateway_port);
-        Metrics::of(&url, Some("tok")).await
+        Metrics::of(&url, Some("scrape-token")).await
     }
 
     async fn worker(&self) -> Metrics {
@@ -211,6 +211,9 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
     // Tokens are refused to strangers wherever a token is set.
     let url = format!("http://127.0.0.1:{}/metrics", hark.env.gateway_port);
     let refused = answer(&url, None).await;
+    assert_eq!(refused.status(), 401);
+    // Nor does a bot's token read them.
+    let refused = answer(&url, Some("tok")).await;
     assert_eq!(refused.status(), 401);
 
     hark.bot

@@ -123,3 +123,173 @@ async fn hark_dev_starts_private_servers_where_none_answer_and_keeps_their_data(
     let _ = std::fs::remove_dir_all(&data);
     env.cleanup().await;
 }
+
+/// A Postgres of the distribution's kind that asks for a password, on `port`; stopped when
+/// dropped.
+struct PasswordPostgres {
+    bin: std::path::PathBuf,
+    data: std::path::PathBuf,
+}
+
+impl PasswordPostgres {
+    fn start(port: u16) -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("Debian's Postgres is installed")
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .max()
+            .expect("a Postgres version");
+        let root = std::env::temp_dir().join(format!("hark-pw-{}", uuid::Uuid::new_v4().simple()));
+        let data = root.join("data");
+        std::fs::create_dir_all(&root).expect("dir");
+        let password = root.join("password");
+        std::fs::write(&password, "a-password-hark-does-not-know\n").expect("password file");
+        let as_postgres = |program: &str| {
+            let mut command = std::process::Command::new("runuser");
+            command
+                .args(["-u", "postgres", "--"])
+                .arg(bin.join(program));
+            command
+        };
+        let chown = std::process::Command::new("chown")
+            .args(["-R", "postgres:"])
+            .arg(&root)
+            .status()
+            .expect("chown");
+        assert!(chown.success());
+        let init = as_postgres("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "scram-sha-256", "--pwfile"])
+            .arg(&password)
+            .output()
+            .expect("initdb");
+        assert!(
+            init.status.success(),
+            "{}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let options = format!(
+            "-c listen_addresses=127.0.0.1 -p {port} -k {}",
+            root.display()
+        );
+        let started = as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(root.join("log"))
+            .args(["-w", "-o", &options, "start"])
+            .output()
+            .expect("pg_ctl");
+        assert!(
+            started.status.success(),
+            "{}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+        Self { bin, data }
+    }
+}
+
+impl Drop for PasswordPostgres {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        if let Some(root) = self.data.parent() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_distributions_servers_are_told_apart_from_down_ones_and_never_waited_on() {
+    let (pg_port, nats_port) = (free_port(), free_port());
+    let _postgres = PasswordPostgres::start(pg_port);
+    // Debian's nats-server as its package starts it: without JetStream.
+    let _nats = tokio::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &nats_port.to_string()])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("nats-server starts");
+    for port in [pg_port, nats_port] {
+        let deadline = tokio::time::Instant::now() + START;
+        while !answers(port).await {
+            assert!(tokio::time::Instant::now() < deadline, "nothing on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let env = Env::new().await;
+    let database = format!("postgres://postgres@127.0.0.1:{pg_port}/hark");
+    let nats = format!("nats://127.0.0.1:{nats_port}");
+    let not_postgres = format!("postgres://postgres@127.0.0.1:{nats_port}/hark");
+
+    // A role stops at once, with one line naming the key and what to do.
+    let quick = Duration::from_secs(20);
+    for (case, (vars, says)) in [
+        (
+            vec![("HARK_DATABASE__URL", database.as_str())],
+            "refuses to let hark in",
+        ),
+        (
+            vec![("HARK_DATABASE__URL", not_postgres.as_str())],
+            "is not Postgres",
+        ),
+        (vec![("HARK_NATS__URL", nats.as_str())], "JetStream is off"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut control = env.spawn_named(&format!("control-{case}"), &["control"], &vars);
+        let status = control
+            .exited_within(quick)
+            .await
+            .unwrap_or_else(|| panic!("task-control waited on {vars:?}:\n{}", control.output()));
+        assert!(!status.success());
+        let output = control.output();
+        let last = output.lines().last().unwrap_or_default();
+        assert!(last.contains(says), "{vars:?}: {output}");
+        assert!(
+            last.contains("database.url") || last.contains("nats.url"),
+            "{last}"
+        );
+    }
+
+    // hark dev leaves them alone and starts its own, saying so.
+    let data = std::env::temp_dir().join(format!("hark-dev-{}", uuid::Uuid::new_v4().simple()));
+    let data_dir = data.display().to_string();
+    let vars = [
+        ("HARK_DATABASE__URL", database.as_str()),
+        ("HARK_NATS__URL", nats.as_str()),
+        ("HARK_LLM__BASE_URL", ""),
+    ];
+    let mut dev = env.spawn_named(
+        "dev-own",
+        &["dev", "--workers", "1", "--data-dir", &data_dir],
+        &vars,
+    );
+    let banner = dev.wait_for_output("hark dev is up", START).await;
+    assert!(
+        banner.contains(&format!(
+            "the Postgres on 127.0.0.1:{pg_port} cannot serve hark"
+        )) && banner.contains("password authentication failed")
+            && banner.contains("ALTER USER postgres PASSWORD"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains(&format!(
+            "the NATS on 127.0.0.1:{nats_port} cannot serve hark"
+        )) && banner.contains("JetStream is off there"),
+        "{banner}"
+    );
+    let mut api = env.client().await;
+    let task = hark_e2e::new_task(&mut api, "api:me", "say hello").await;
+    assert!(!task.id.is_empty());
+    let status = dev.stop().await.expect("hark dev stops");
+    assert!(status.success(), "{}", dev.output());
+    let _ = std::fs::remove_dir_all(&data);
+    env.cleanup().await;
+}

@@ -138,7 +138,7 @@ impl Worker {
         let name = format!("hark worker {worker_id}");
         let Some(connection) =
             hark_core::startup::wait_for(&what, shutdown, || bus::connect(&config.nats, &name))
-                .await
+                .await?
         else {
             return Ok(None);
         };

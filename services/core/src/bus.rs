@@ -73,6 +73,22 @@ pub enum Error {
     },
 }
 
+impl crate::startup::Permanent for Error {
+    /// JetStream off, credentials refused, or a name NATS cannot take: waiting does not help.
+    fn permanent(&self) -> bool {
+        match self {
+            Error::Namespace(_) | Error::Token(_) | Error::NoJetStream => true,
+            Error::Connect { source, .. } => matches!(
+                source.kind(),
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                    | async_nats::ConnectErrorKind::ServerParse
+                    | async_nats::ConnectErrorKind::Tls
+            ),
+            Error::Stream { .. } | Error::Consumer { .. } | Error::Publish { .. } => false,
+        }
+    }
+}
+
 /// The first token of every subject and the prefix of every stream name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Namespace(String);

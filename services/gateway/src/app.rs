@@ -118,7 +118,9 @@ impl App {
             metrics_token,
             shutdown: own,
         } = self;
-        // The streams, once NATS answers; then the spooled messages go out.
+        // The streams, once NATS answers; then the spooled messages go out. A NATS that refuses
+        // for good (JetStream off, credentials refused) stops the gateway with its cause.
+        let (refused_tx, refused) = tokio::sync::oneshot::channel::<bus::Error>();
         {
             let (hub, stop) = (hub.clone(), own.clone());
             tokio::spawn(async move {
@@ -126,12 +128,20 @@ impl App {
                     "NATS with JetStream at nats.url = {}",
                     hark_core::secret::redact_url(nats.url.expose())
                 );
-                let ensured =
-                    hark_core::startup::wait_for(&what, &stop, || bus::ensure(&hub.js, &hub.names))
-                        .await;
-                if ensured.is_some() {
-                    hub.ready.cancel();
-                    crate::inbound::publish(hub, queue, stop).await;
+                match hark_core::startup::wait_for(&what, &stop, || {
+                    bus::ensure(&hub.js, &hub.names)
+                })
+                .await
+                {
+                    Ok(Some(())) => {
+                        hub.ready.cancel();
+                        crate::inbound::publish(hub, queue, stop).await;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = refused_tx.send(e);
+                        stop.cancel();
+                    }
                 }
             });
         }
@@ -170,6 +180,7 @@ impl App {
             ));
         tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
+        let stopped_here = own.clone();
         // Chat frames are small and latency matters more than packet count.
         let listener = listener.tap_io(|tcp| {
             if let Err(e) = tcp.set_nodelay(true) {
@@ -180,9 +191,18 @@ impl App {
             listener,
             router.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = stopped_here.cancelled() => {}
+            }
+        })
         .await;
         own.cancel();
+        let mut refused = refused;
+        if let Ok(e) = refused.try_recv() {
+            return Err(Error::Bus(e));
+        }
         served.map_err(Error::Serve)
     }
 }

@@ -21,7 +21,7 @@ pub async fn run(
         )
     })?;
     prepare(&mut config, &data_dir)?;
-    let mut private = crate::servers::ensure(&config, &data_dir).await?;
+    let mut private = crate::servers::ensure(&mut config, &data_dir).await?;
     let ran = serve(config, workers, &data_dir, &private.started, shutdown).await;
     private.stop().await;
     ran

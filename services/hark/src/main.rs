@@ -381,7 +381,12 @@ async fn waited<T, E, F, Fut>(
     attempt: F,
 ) -> anyhow::Result<T>
 where
-    E: std::fmt::Display,
+    E: std::fmt::Display
+        + hark_core::startup::Permanent
+        + std::error::Error
+        + Send
+        + Sync
+        + 'static,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
@@ -392,7 +397,7 @@ where
         timer.cancel();
     });
     hark_core::startup::wait_for(what, &give_up, attempt)
-        .await
+        .await?
         .with_context(|| {
             format!(
                 "{what} did not answer within {} (hark migrate --wait)",

@@ -103,8 +103,10 @@ fn running_as_root() -> bool {
 const DEPS: &str = "or start both with `docker compose --profile deps up -d` from hark's source";
 
 /// Makes sure Postgres and NATS answer where `config` says, starting private ones under
-/// `data_dir` for those that do not.
-pub async fn ensure(config: &Config, data_dir: &Path) -> anyhow::Result<Private> {
+/// `data_dir` for those that do not. A server on this host that answers but cannot serve hark (a Postgres that asks for a password, a nats-server without
+/// JetStream) is left alone: a private one starts on a free port instead, `config` is pointed at
+/// it, and one line says so and what to change to use the other.
+pub async fn ensure(config: &mut Config, data_dir: &Path) -> anyhow::Result<Private> {
     let mut private = Private::default();
     if let Err(e) = ensure_into(config, data_dir, &mut private).await {
         private.stop().await;
@@ -113,16 +115,95 @@ pub async fn ensure(config: &Config, data_dir: &Path) -> anyhow::Result<Private>
     Ok(private)
 }
 
+/// Why the Postgres at `url` cannot serve hark, if it cannot: it refuses hark's user, or it is
+/// not Postgres. `None` when it lets hark in (or is merely slow, which waiting mends).
+async fn postgres_refuses(url: &str) -> Option<String> {
+    use sqlx::{ConnectOptions as _, postgres::PgConnectOptions};
+    let options: PgConnectOptions = url.parse().ok()?;
+    let options = options.database("postgres");
+    let probe = options.connect();
+    match tokio::time::timeout(Duration::from_secs(5), probe).await {
+        Ok(Ok(connection)) => {
+            let _ = sqlx::Connection::close(connection).await;
+            None
+        }
+        Ok(Err(sqlx::Error::Database(e)))
+            if e.code()
+                .is_some_and(|c| c.starts_with("28") || c == "3D000") =>
+        {
+            Some(e.message().to_owned())
+        }
+        Ok(Err(sqlx::Error::Protocol(said))) => Some(format!("it is not Postgres: {said}")),
+        _ => None,
+    }
+}
+
+/// Why the NATS at `config`'s URL cannot serve hark, if it cannot: JetStream is off there, or it
+/// refuses the client.
+async fn nats_refuses(config: &hark_core::config::NatsConfig) -> Option<String> {
+    use hark_core::startup::Permanent as _;
+    let probe = async {
+        let client = hark_core::bus::connect_client(config, "hark dev").await?;
+        let js = async_nats::jetstream::new(client);
+        match js.query_account().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().to_ascii_lowercase().contains("jetstream") => {
+                Err(hark_core::bus::Error::NoJetStream)
+            }
+            Err(_) => Ok(()),
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(5), probe).await {
+        Ok(Err(e)) if e.permanent() => Some(match e {
+            hark_core::bus::Error::NoJetStream => "JetStream is off there".to_owned(),
+            other => other.to_string(),
+        }),
+        _ => None,
+    }
+}
+
+/// A free TCP port on 127.0.0.1 from `from` up.
+fn free_port(from: u16) -> anyhow::Result<u16> {
+    (from..from.saturating_add(200))
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .with_context(|| format!("no free port on 127.0.0.1 from {from}"))
+}
+
 async fn ensure_into(
-    config: &Config,
+    config: &mut Config,
     data_dir: &Path,
     private: &mut Private,
 ) -> anyhow::Result<()> {
-    let database = config.database.url.expose();
-    let (host, port) = host_port(database, 5432).with_context(|| {
+    let database = config.database.url.expose().to_owned();
+    let (host, port) = host_port(&database, 5432).with_context(|| {
         "database.url is not a URL like postgres://postgres@127.0.0.1:5432/hark".to_owned()
     })?;
-    if !answers(&host, port).await {
+    let refused = if answers(&host, port).await {
+        postgres_refuses(&database).await
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        if !loopback_name(&host) {
+            bail!(
+                "the Postgres at database.url ({host}:{port}) cannot serve hark: {why}. Set \
+                 database.url (HARK_DATABASE__URL) to a user and password it takes"
+            );
+        }
+        let own = free_port(port + 1)?;
+        eprintln!(
+            "hark dev: the Postgres on {host}:{port} cannot serve hark ({why}); starting its own \
+             on 127.0.0.1:{own} (data in {}). To use that one instead: `ALTER USER postgres \
+             PASSWORD '…'` there, and database.url = postgres://postgres:…@{host}:{port}/hark",
+            data_dir.join("postgres").display()
+        );
+        private.postgres = Some(start_postgres(data_dir, own).await?);
+        private.started.push(format!(
+            "Postgres on 127.0.0.1:{own} (data in {})",
+            data_dir.join("postgres").display()
+        ));
+        config.database.url = format!("postgres://postgres@127.0.0.1:{own}/hark").into();
+    } else if !answers(&host, port).await {
         if !loopback_name(&host) {
             bail!(
                 "Postgres does not answer at database.url ({host}:{port}). Start it, or set \
@@ -137,7 +218,33 @@ async fn ensure_into(
     }
     let (host, port) = host_port(config.nats.url.expose(), 4222)
         .context("nats.url is not a URL like nats://127.0.0.1:4222")?;
-    if !answers(&host, port).await {
+    let refused = if answers(&host, port).await {
+        nats_refuses(&config.nats).await
+    } else {
+        None
+    };
+    if let Some(why) = refused {
+        if !loopback_name(&host) {
+            bail!(
+                "the NATS at nats.url ({host}:{port}) cannot serve hark: {why}. Turn JetStream on \
+                 there (`jetstream {{}}` in /etc/nats-server.conf, or `nats-server -js`), set \
+                 nats.url (HARK_NATS__URL) to one that has it"
+            );
+        }
+        let own = free_port(port + 1)?;
+        eprintln!(
+            "hark dev: the NATS on {host}:{port} cannot serve hark ({why}); starting its own with \
+             JetStream on 127.0.0.1:{own} (data in {}). To use that one instead: turn JetStream \
+             on there (`jetstream {{}}` in /etc/nats-server.conf) and restart it",
+            data_dir.join("nats").display()
+        );
+        private.nats = Some(start_nats(data_dir, "127.0.0.1", own).await?);
+        private.started.push(format!(
+            "nats-server with JetStream on 127.0.0.1:{own} (data in {})",
+            data_dir.join("nats").display()
+        ));
+        config.nats.url = format!("nats://127.0.0.1:{own}").into();
+    } else if !answers(&host, port).await {
         if !loopback_name(&host) {
             bail!(
                 "NATS does not answer at nats.url ({host}:{port}). Start it with JetStream \

@@ -72,7 +72,7 @@ impl App {
             "Postgres at database.url = {}",
             hark_core::secret::redact_url(config.database.url.expose())
         );
-        let Some(pool) = startup::wait_for(&database, shutdown, || connect_store(&config)).await
+        let Some(pool) = startup::wait_for(&database, shutdown, || connect_store(&config)).await?
         else {
             return Ok(None);
         };
@@ -83,7 +83,7 @@ impl App {
         let Some(connection) = startup::wait_for(&nats, shutdown, || {
             bus::connect(&config.nats, "hark task-control")
         })
-        .await
+        .await?
         else {
             return Ok(None);
         };

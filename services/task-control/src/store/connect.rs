@@ -21,7 +21,17 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|e| Error::DatabaseUrl(hark_core::secret::redact_url(url), e.to_string()))?;
     let name = options.get_database().unwrap_or("postgres").to_owned();
-    ensure_database(&options, &name).await?;
+    let shown = hark_core::secret::redact_url(url);
+    match tokio::time::timeout(CONNECT_WITHIN, ensure_database(&options, &name)).await {
+        Err(_) => {
+            return Err(Error::Unanswered {
+                url: shown,
+                within_s: CONNECT_WITHIN.as_secs(),
+            });
+        }
+        Ok(Err(Error::Database(e))) => return Err(first_contact(shown, e)),
+        Ok(result) => result?,
+    }
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(std::time::Duration::from_secs(10))
@@ -48,6 +58,45 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
         )
         .await?;
     Ok(pool)
+}
+
+/// How long the first connection may take before hark says nothing answers as Postgres.
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
+
+/// What the first connection's failure means: credentials or a database refused, or something
+/// else than Postgres at that port, are the caller's to fix; anything else may pass.
+fn first_contact(url: String, error: sqlx::Error) -> Error {
+    match &error {
+        sqlx::Error::Database(e) => {
+            let code = e.code().unwrap_or_default();
+            // Invalid authorization (28…), no such database (3D000), no such role's
+            // permission to connect (42501).
+            if code.starts_with("28") || code == "3D000" || code == "42501" {
+                Error::Refused {
+                    url,
+                    said: e.message().to_owned(),
+                }
+            } else {
+                Error::Database(error)
+            }
+        }
+        sqlx::Error::Protocol(said) => Error::NotPostgres {
+            url,
+            said: said.clone(),
+        },
+        // The first bytes read as a message length past any Postgres message: another server
+        // (NATS says `INFO …` first, which reads as 1.3 GB).
+        sqlx::Error::Io(e)
+            if e.kind() == std::io::ErrorKind::UnexpectedEof
+                && e.to_string().contains("expected to read") =>
+        {
+            Error::NotPostgres {
+                url,
+                said: "it answered something else than the Postgres protocol".into(),
+            }
+        }
+        _ => Error::Database(error),
+    }
 }
 
 /// How long after a lost connection the older ones are pinged before use.

@@ -177,6 +177,19 @@ pub enum Error {
     },
     #[error("`{0}` is not a usable database URL: {1}")]
     DatabaseUrl(String, String),
+    #[error(
+        "Postgres at database.url = {url} refuses to let hark in ({said}): set database.url \
+         (HARK_DATABASE__URL) to a user and password it takes, e.g. \
+         postgres://postgres:<password>@127.0.0.1:5432/hark, or give that user access"
+    )]
+    Refused { url: String, said: String },
+    #[error(
+        "what answers at database.url = {url} is not Postgres ({said}): point database.url \
+         (HARK_DATABASE__URL) at Postgres's port (usually 5432)"
+    )]
+    NotPostgres { url: String, said: String },
+    #[error("nothing answered as Postgres at database.url = {url} within {within_s}s")]
+    Unanswered { url: String, within_s: u64 },
     #[error("no task {0}")]
     TaskNotFound(String),
     #[error("`{prefix}` matches {count} tasks; give more of the id")]
@@ -258,6 +271,8 @@ impl hark_core::error::Classified for Error {
             Error::Database(e) | Error::CreateDatabase { source: e, .. } => kind_of_sqlx(e),
             Error::Migrate(sqlx::migrate::MigrateError::Execute(e)) => kind_of_sqlx(e),
             Error::Migrate(_) => Kind::Internal,
+            Error::Unanswered { .. } => Kind::Unavailable,
+            Error::Refused { .. } | Error::NotPostgres { .. } => Kind::Invalid,
             Error::DatabaseUrl(..)
             | Error::AmbiguousTask { .. }
             | Error::BadRound { .. }
@@ -278,6 +293,18 @@ impl hark_core::error::Classified for Error {
             Error::TooManyActive { .. } | Error::RemindedRecently { .. } => Kind::Exhausted,
             Error::Busy(_) => Kind::Unavailable,
             Error::Internal(_) => Kind::Internal,
+        }
+    }
+}
+
+impl hark_core::startup::Permanent for Error {
+    /// What waiting does not mend: a URL that cannot work, credentials or a database Postgres
+    /// refuses, something else than Postgres at that port, a database hark may not create.
+    fn permanent(&self) -> bool {
+        match self {
+            Error::DatabaseUrl(..) | Error::Refused { .. } | Error::NotPostgres { .. } => true,
+            Error::CreateDatabase { source, .. } => kind_of_sqlx(source) != Kind::Unavailable,
+            _ => false,
         }
     }
 }

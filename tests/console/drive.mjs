@@ -31,14 +31,34 @@ const seen = {};
 let step = 0;
 const shot = async (page, name) => page.screenshot({ path: join(shots, `${String(++step).padStart(2, "0")}-${name}.png`), fullPage: true });
 
+// A reader's first visit follows the browser's language, whatever chat.language says.
+for (const [locale, lang] of [["zh-CN", "zh"], ["en-US", "en"]]) {
+  const dir = mkdtempSync(join(tmpdir(), "hark-chromium-lang-"));
+  const context = await chromium.launchPersistentContext(dir, {
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    locale,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", `--lang=${locale}`],
+  });
+  try {
+    const first = context.pages()[0] || await context.newPage();
+    await first.goto(url);
+    await first.locator("input[name=token]").waitFor({ timeout: WAIT });
+    seen[`browser_${lang}`] = {
+      lang: await first.evaluate(() => document.documentElement.lang),
+      nav: (await first.locator("header#top").textContent()).trim(),
+    };
+  } finally {
+    await context.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 const page = browser.pages()[0] || await browser.newPage();
 try {
   page.on("pageerror", (e) => { seen.page_errors = [...(seen.page_errors || []), String(e)]; });
-  // English first, whatever chat.language says (the assertions read English words), until the
-  // page's own switch picks Chinese at the end.
-  await page.addInitScript(() => {
-    if (!localStorage.getItem("hark.lang")) localStorage.setItem("hark.lang", "en");
-  });
+  // English, as this browser's locale (en-GB) says, until the page's own switch picks Chinese at
+  // the end.
 
   // Sign in: a wrong token is refused, the right one lets in.
   await page.goto(url);

@@ -66,6 +66,8 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     );
     env.set("HARK_GATEWAY__HTTP__PLATFORMS", "web");
     env.set("HARK_GATEWAY__HTTP__BOTS", "web:playground");
+    // The chat speaks Chinese; the console follows each reader's browser instead.
+    env.set("HARK_CHAT__LANGUAGE", "zh");
     let mut control = env.spawn(&["control"], &[]);
     let mut client = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
@@ -126,6 +128,21 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
         "{seen}"
     );
     assert!(seen["page_errors"].is_null(), "{seen}");
+    // A first visit speaks the browser's language.
+    assert_eq!(seen["browser_zh"]["lang"], "zh-CN", "{seen}");
+    assert!(
+        seen["browser_zh"]["nav"]
+            .as_str()
+            .is_some_and(|n| n.contains("任务")),
+        "{seen}"
+    );
+    assert_eq!(seen["browser_en"]["lang"], "en", "{seen}");
+    assert!(
+        seen["browser_en"]["nav"]
+            .as_str()
+            .is_some_and(|n| n.contains("Tasks") && !n.contains("任务")),
+        "{seen}"
+    );
     // The page in Chinese.
     assert_eq!(seen["zh_lang"], "zh-CN", "{seen}");
     assert!(

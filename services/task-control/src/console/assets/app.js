@@ -678,9 +678,19 @@ function boot() {
   setInterval(tick, 1000);
 }
 
+// The reader's own language, as the browser says it, when the console speaks it: the first of
+// navigator.languages that is Chinese or English.
+function browserLang() {
+  for (const tag of navigator.languages || [navigator.language || ""]) {
+    const lang = String(tag).toLowerCase().split("-")[0];
+    if (lang === "zh" || lang === "en") return lang;
+  }
+  return null;
+}
+
 async function start() {
   app.session = await fetch("/api/session", { headers: headers() }).then((r) => r.json());
-  app.lang = localStorage.getItem("hark.lang") || app.session.language || "en";
+  app.lang = localStorage.getItem("hark.lang") || browserLang() || app.session.language || "en";
   document.documentElement.lang = app.lang === "zh" ? "zh-CN" : "en";
   document.getElementById("lang").addEventListener("click", () => {
     localStorage.setItem("hark.lang", app.lang === "zh" ? "en" : "zh");

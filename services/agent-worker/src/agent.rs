@@ -78,7 +78,19 @@ pub struct Runner {
     pub language: ChatLanguage,
 }
 
-fn system_prompt(spec: &pb::TaskSpec) -> String {
+/// What the system prompt says of the owner's language: the language of their chat.
+pub fn language_line(language: Language) -> &'static str {
+    match language {
+        Language::Zh => {
+            "Write your questions and your result in Chinese (简体中文), the language of the owner's chat.\n"
+        }
+        Language::En => {
+            "Write your questions and your result in English, the language of the owner's chat.\n"
+        }
+    }
+}
+
+fn system_prompt(spec: &pb::TaskSpec, language: Language) -> String {
     let mut prompt = format!(
         "You are hark, an assistant working in the background on a task for {owner}. \
          The task's goal is the next message.\n\
@@ -88,6 +100,7 @@ fn system_prompt(spec: &pb::TaskSpec) -> String {
          can find out or decide yourself.\n",
         owner = spec.owner
     );
+    prompt.push_str(language_line(language));
     if !spec.can_ask {
         prompt.push_str("Nobody can answer questions for this task: do not call ask_user.\n");
     }
@@ -210,7 +223,8 @@ impl Runner {
         let mut pending: Vec<Value> = Vec::new();
         let mut consumed: Vec<String> = Vec::new();
         if history.is_empty() {
-            pending.push(json!({"role": "system", "content": system_prompt(&spec)}));
+            let language = self.language_of(&spec);
+            pending.push(json!({"role": "system", "content": system_prompt(&spec, language)}));
             pending.push(json!({"role": "user", "content": spec.goal}));
         }
         let registry = self.tools.registry();

@@ -117,6 +117,20 @@ impl Script {
         }
     }
 
+    /// The demo of `hark dev` in Chinese, for tasks whose chat is Chinese.
+    pub fn demo_zh() -> Self {
+        Self::new(vec![
+            Step::ask_with(
+                "你好！我是 hark 的演示模型。该怎么称呼你？",
+                "直接在这个聊天里回复即可，不需要命令。",
+                None,
+            ),
+            Step::say(
+                "很高兴认识你，{answer}！任务完成了。（这是 hark 内置的演示模型；设置 llm.base_url 即可使用真正的模型。）",
+            ),
+        ])
+    }
+
     /// The demo of `hark dev`: ask one question, then finish using the answer.
     pub fn demo() -> Self {
         Self::new(vec![
@@ -226,6 +240,7 @@ impl ScriptedLlm {
     /// no requests, so that it serves any number of tasks in constant memory.
     pub async fn demo() -> std::io::Result<Self> {
         let demo = Self::with_default(Script::demo()).await?;
+        demo.set_script(CHINESE_DEFAULT, Script::demo_zh());
         demo.keep_requests(false);
         Ok(demo)
     }
@@ -330,6 +345,18 @@ fn goal_of(body: &Value) -> String {
         .to_owned()
 }
 
+/// The script used instead of `default` for a task whose system prompt asks for Chinese.
+const CHINESE_DEFAULT: &str = "default.zh";
+
+/// Whether the request's system prompt asks for Chinese (the worker's language line).
+fn asks_for_chinese(body: &Value) -> bool {
+    body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "system"))
+        .and_then(|m| m["content"].as_str())
+        .is_some_and(|c| c.contains("简体中文"))
+}
+
 fn script_name(goal: &str) -> String {
     goal.split("[script:")
         .nth(1)
@@ -346,7 +373,7 @@ async fn complete(
     let step_index = body["messages"].as_array().map_or(0, |ms| {
         ms.iter().filter(|m| m["role"] == "assistant").count()
     });
-    let name = script_name(&goal);
+    let mut name = script_name(&goal);
     let (step, quirks, failure) = {
         let recorded = Recorded {
             at: Instant::now(),
@@ -358,6 +385,12 @@ async fn complete(
         };
         let _ = shared.feed.send(recorded.clone());
         let mut inner = shared.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if name == "default"
+            && inner.scripts.contains_key(CHINESE_DEFAULT)
+            && asks_for_chinese(&body)
+        {
+            name = CHINESE_DEFAULT.to_owned();
+        }
         if shared.keep.load(std::sync::atomic::Ordering::Relaxed) {
             if inner.requests.len() == KEPT_REQUESTS {
                 inner.requests.pop_front();
@@ -527,6 +560,40 @@ mod tests {
             requests.last().expect("latest").body["messages"][0]["content"],
             format!("goal {}", KEPT_REQUESTS + 4)
         );
+    }
+
+    #[tokio::test]
+    async fn the_demo_model_speaks_the_language_the_system_prompt_asks_for() {
+        let demo = ScriptedLlm::demo().await.expect("demo");
+        hark_core::install_crypto();
+        let client = reqwest::Client::new();
+        let mut asked = Vec::new();
+        for language in [
+            hark_core::config::Language::Zh,
+            hark_core::config::Language::En,
+        ] {
+            let body = json!({"messages": [
+                {"role": "system", "content": crate::agent::language_line(language)},
+                {"role": "user", "content": "say hello"},
+            ]});
+            let reply: Value = client
+                .post(format!("{}/chat/completions", demo.base_url()))
+                .json(&body)
+                .send()
+                .await
+                .expect("answers")
+                .json()
+                .await
+                .expect("json");
+            let arguments =
+                reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .expect("an ask_user call")
+                    .to_owned();
+            asked.push(arguments);
+        }
+        assert!(asked[0].contains("该怎么称呼你"), "{}", asked[0]);
+        assert!(asked[1].contains("What should I call you"), "{}", asked[1]);
     }
 
     #[test]

@@ -180,6 +180,59 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
         "{stdout}"
     );
 
+    // What `questions` prints, `answer` takes: a `#handle`.
+    let (ok, created, said) = hark(
+        &[
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--owner",
+            "cli:bo",
+            "another drink",
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{created}{said}");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let handle = loop {
+        let (ok, listed, said) = hark(&["task", "questions", "--api", &api], &[]).await;
+        assert!(ok, "{said}");
+        if let Some(handle) = listed
+            .lines()
+            .find(|l| l.contains("Tea or coffee?"))
+            .and_then(|l| l.split_whitespace().next())
+        {
+            break handle.to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no question: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(handle.starts_with('#'), "{handle}");
+    let (ok, answered, said) = hark(
+        &["task", "answer", "--api", &api, "--wait", &handle, "tea"],
+        &[],
+    )
+    .await;
+    assert!(ok, "{answered}{said}");
+    assert!(
+        answered.contains("completed") && answered.contains("tea"),
+        "{answered}"
+    );
+    let (ok, _, said) = hark(&["task", "answer", "--api", &api, "#zzzz", "tea"], &[]).await;
+    assert!(!ok && said.contains("hark task questions"), "{said}");
+    // The CLI's errors name the CLI's commands, not the chat's.
+    let (ok, _, said) = hark(&["task", "get", "--api", &api, "x"], &[]).await;
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("hark task list") && !said.contains("/task list"),
+        "{said}"
+    );
+
     worker.stop().await;
     control.stop().await;
     drop(llm);

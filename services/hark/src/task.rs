@@ -106,7 +106,8 @@ enum TaskCommand {
     Resume { id: String },
     /// Answer a task's open question (or, with --question, a question by its id).
     Answer {
-        /// A task id (or prefix), or with --question a question id.
+        /// A task id (or prefix), a `#handle` as `hark task questions` prints it, or with
+        /// --question a question id.
         id: String,
         #[arg(required = true, trailing_var_arg = true)]
         text: Vec<String>,
@@ -217,9 +218,54 @@ fn explain(status: Status) -> anyhow::Error {
     let hint = match status.code() {
         tonic::Code::Unauthenticated => " (pass --token or set HARK_API_TOKEN)",
         tonic::Code::Unavailable => " (is task-control running?)",
+        tonic::Code::InvalidArgument | tonic::Code::NotFound
+            if status.message().contains("task id") || status.message().starts_with("no task") =>
+        {
+            " (`hark task list` shows them)"
+        }
         _ => "",
     };
     anyhow::anyhow!("{}{hint}", status.message())
+}
+
+/// The id of the open question whose handle is `handle` (without its `#`).
+async fn open_question_by_handle(api: &mut Client, handle: &str) -> anyhow::Result<String> {
+    let mut found = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = api
+            .list_questions(pb::ListQuestionsRequest {
+                page_size: 500,
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .map_err(explain)?
+            .into_inner();
+        found.extend(
+            page.questions
+                .into_iter()
+                .filter(|q| q.handle.eq_ignore_ascii_case(handle)),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    match found.as_slice() {
+        [one] => Ok(one.id.clone()),
+        [] => {
+            anyhow::bail!("no open question #{handle} (`hark task questions` lists the open ones)")
+        }
+        many => anyhow::bail!(
+            "{} open questions are #{handle}, of the tasks {}: give the task's id instead",
+            many.len(),
+            many.iter()
+                .map(|q| q.task_id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// Prints `task` as JSON with `--json`, else the line `said` makes of it.
@@ -576,6 +622,12 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
         } => {
             let (question_id, task_id) = if question {
                 (id, String::new())
+            } else if let Some(handle) = id.strip_prefix('#') {
+                // A `#handle`, as `hark task questions` prints it.
+                (
+                    open_question_by_handle(&mut api, handle).await?,
+                    String::new(),
+                )
             } else {
                 (String::new(), id)
             };

@@ -12,7 +12,7 @@ pub enum IdError {
     #[error("`{0}` is not a task id: expected a UUID such as 0190a3f2-7c4e-7d21-9a0b-5b2f1e8c9d70")]
     TaskId(String),
     #[error(
-        "`{0}` is not a task id or id prefix: expected at least 4 hex characters of the id shown by `/task list`"
+        "`{0}` is not a task id or id prefix: expected at least 4 hex characters of a task's id"
     )]
     TaskRef(String),
     #[error("`{0}` is not a question id: expected a UUID")]

@@ -63,7 +63,7 @@ pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
         }
         let task = id
             .parse::<TaskRef>()
-            .map_err(|e| t.bad_value("任务编号", &e.to_string()))?;
+            .map_err(|e| t.bad_value("任务编号", &format!("{e} ({word} list shows them)")))?;
         Ok((task, tail.trim().to_owned()))
     };
     match verb.to_ascii_lowercase().as_str() {

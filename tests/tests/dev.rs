@@ -95,6 +95,24 @@ async fn hark_dev_starts_private_servers_where_none_answer_and_keeps_their_data(
     // It stops its servers when it stops.
     let status = dev.stop().await.expect("hark dev stops");
     assert!(status.success(), "{}", dev.output());
+    // Quiet: short lines, none of the NATS client's chatter, and a silent clean stop.
+    let output = dev.output();
+    let after_banner = output.split("Stop with Ctrl-C").nth(1).expect("the banner");
+    for line in after_banner.lines() {
+        assert!(line.chars().count() <= 240, "a long line: {line}");
+        assert!(
+            !line.contains("async_nats") && !line.contains("IO error"),
+            "noise: {line}"
+        );
+    }
+    assert!(
+        after_banner
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+            <= 8,
+        "{after_banner}"
+    );
     assert!(closed(pg_port).await, "the private Postgres stopped");
     assert!(closed(nats_port).await, "the private nats-server stopped");
 

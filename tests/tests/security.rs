@@ -305,7 +305,7 @@ async fn another_process_of_the_workers_user_cannot_read_its_secrets() {
     drop(plain);
 
     let mut worker = env.spawn_through("worker", &nobody, &["worker", "--id", "w1"], &SECRETS);
-    worker.wait_for_output("connected", WAIT).await;
+    worker.wait_for_output("worker started", WAIT).await;
     let pid = worker.id().expect("the worker runs");
     for file in ["environ", "mem", "cmdline"] {
         let read = as_nobody("cat", &[&format!("/proc/{pid}/{file}")]).await;

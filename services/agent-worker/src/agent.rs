@@ -684,7 +684,7 @@ impl Run<'_> {
         };
         match self.runner.control.ask(request, self.gone).await {
             Ok(asked) => {
-                tracing::info!(
+                tracing::debug!(
                     task = spec.id,
                     handle = asked.handle,
                     "task suspended on a question"

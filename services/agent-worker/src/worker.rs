@@ -360,7 +360,7 @@ impl Worker {
                         metrics.running.add(1);
                         let task = handed.job.task_id.clone();
                         match consume::unwound(this.run_claimed(handed.claim, stop)).await {
-                            Ok(outcome) => tracing::info!(task, ?outcome, "run ended"),
+                            Ok(outcome) => tracing::debug!(task, ?outcome, "run ended"),
                             Err(panic) => ran_into(&panic),
                         }
                         metrics.running.add(-1);
@@ -463,7 +463,7 @@ impl Worker {
         let Some((job, claim)) = claimed else { return };
         tracing::debug!(task = job.task_id, "claimed");
         let outcome = self.run_claimed(claim, shutdown).await;
-        tracing::info!(task = job.task_id, ?outcome, "run ended");
+        tracing::debug!(task = job.task_id, ?outcome, "run ended");
     }
 
     async fn run_claimed(

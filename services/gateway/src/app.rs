@@ -178,7 +178,7 @@ impl App {
                 hark_core::secret::Failures::default(),
                 hark_core::secret::throttle,
             ));
-        tracing::info!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
+        tracing::debug!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
         let stopped_here = own.clone();
         // Chat frames are small and latency matters more than packet count.

@@ -297,6 +297,46 @@ pub(crate) async fn llm_settings(
     Ok((settings, Some(demo)))
 }
 
+/// `filter` with the NATS client's connection chatter left to warnings, unless the filter names
+/// it; under `hark dev`, whose banner stays the last thing at start, the roles' start lines too.
+fn quieter(filter: &str, dev: bool) -> String {
+    let mut wanted = filter.to_owned();
+    let mut quiet = vec!["async_nats"];
+    if dev {
+        quiet.extend(["hark_worker::worker", "hark_control::console"]);
+    }
+    for target in quiet {
+        if !wanted.contains(target) {
+            wanted.push_str(&format!(",{target}=warn"));
+        }
+    }
+    wanted
+}
+
+/// A log line as a person reads it: time, level, where, the message and its fields, without
+/// the fields of every span around it (those go to the traces).
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use tracing_subscriber::fmt::{FormatFields as _, time::FormatTime as _};
+        let meta = event.metadata();
+        tracing_subscriber::fmt::time::SystemTime.format_time(&mut writer)?;
+        write!(writer, " {:>5} {}: ", meta.level(), meta.target())?;
+        ctx.format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
 fn init_tracing(
     config: &Config,
     quiet: bool,
@@ -304,12 +344,12 @@ fn init_tracing(
 ) -> anyhow::Result<hark_core::telemetry::Guard> {
     use tracing_subscriber::{Layer as _, layer::SubscriberExt as _, util::SubscriberInitExt as _};
     let wanted = if quiet {
-        "warn"
+        "warn".to_owned()
     } else {
-        config.log.filter.as_str()
+        quieter(&config.log.filter, role == Some("dev"))
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(wanted))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&wanted))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only for a person at a terminal, not for a log file or a collector.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -322,6 +362,7 @@ fn init_tracing(
         tracing_subscriber::fmt::layer()
             .with_ansi(ansi)
             .with_writer(std::io::stderr)
+            .event_format(Plain)
             .boxed()
     };
     let (traces, guard) = match role {

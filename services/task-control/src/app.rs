@@ -238,7 +238,7 @@ impl App {
             api::Api::new(shared.clone()),
             api::Auth::new(shared.config.control.api_tokens.clone()),
         );
-        tracing::info!(addr = %listener.local_addr().map_err(|e| Error::Serve(e.to_string()))?, "gRPC API listening");
+        tracing::debug!(addr = %listener.local_addr().map_err(|e| Error::Serve(e.to_string()))?, "gRPC API listening");
         // Without TCP_NODELAY, answers to requests multiplexed on one connection wait for the
         // client's delayed ACK (40 ms) whenever an earlier reply is still unacknowledged.
         let incoming =

@@ -84,7 +84,7 @@ pub async fn upkeep(shared: Shared, shutdown: CancellationToken) {
             }
             Ok((false, done)) => {
                 if !told {
-                    tracing::info!(
+                    tracing::debug!(
                         "the database's autovacuum is off: task-control analyzes and vacuums its own tables"
                     );
                     told = true;

@@ -183,34 +183,50 @@ async fn serve(
 
     let tracker = TaskTracker::new();
     let failed = CancellationToken::new();
-    {
+    // Workers stop first, handing their tasks back to a task-control that still answers; then
+    // task-control and the gateway.
+    let workers_done = CancellationToken::new();
+    for (stop_when, role) in [
+        (workers_done.clone(), Role::Control(Box::new(control))),
+        (workers_done.clone(), Role::Gateway(gateway)),
+    ] {
         let (stop, failed) = (shutdown.clone(), failed.clone());
         tracker.spawn(async move {
-            if let Err(e) = control.run_until_stopped(stop.clone()).await {
-                tracing::error!(error = %e, "task-control stopped");
+            let ran = match role {
+                Role::Control(control) => control
+                    .run_until_stopped(stop_when)
+                    .await
+                    .map_err(|e| ("task-control", e.to_string())),
+                Role::Gateway(gateway) => gateway
+                    .run_until_stopped(stop_when)
+                    .await
+                    .map_err(|e| ("the gateway", e.to_string())),
+            };
+            if let Err((what, e)) = ran {
+                tracing::error!(error = %e, "{what} stopped");
                 failed.cancel();
                 stop.cancel();
             }
         });
     }
-    {
-        let (stop, failed) = (shutdown.clone(), failed.clone());
-        tracker.spawn(async move {
-            if let Err(e) = gateway.run_until_stopped(stop.clone()).await {
-                tracing::error!(error = %e, "the gateway stopped");
-                failed.cancel();
-                stop.cancel();
-            }
-        });
-    }
+    let workers_tracker = TaskTracker::new();
     for worker in built {
         let (stop, failed) = (shutdown.clone(), failed.clone());
-        tracker.spawn(async move {
+        workers_tracker.spawn(async move {
             if let Err(e) = worker.run_until_stopped(stop.clone()).await {
                 tracing::error!(error = %e, "a worker stopped");
                 failed.cancel();
                 stop.cancel();
             }
+        });
+    }
+    workers_tracker.close();
+    {
+        let stop = shutdown.clone();
+        tracker.spawn(async move {
+            stop.cancelled().await;
+            workers_tracker.wait().await;
+            workers_done.cancel();
         });
     }
     tracker.close();
@@ -222,6 +238,12 @@ async fn serve(
     );
     tracing::info!("hark dev stopped");
     Ok(())
+}
+
+/// A role `hark dev` runs beside its workers.
+enum Role {
+    Control(Box<hark_control::app::App>),
+    Gateway(hark_gateway::app::App),
 }
 
 #[cfg(test)]

@@ -608,7 +608,7 @@ fn container_config(docs: &[Yaml], container: &Yaml, context: &str) -> Config {
 
 #[test]
 fn every_overlay_renders_and_runs_hark_commands_probes_and_ports_the_binary_has() {
-    for overlay in ["dev", "production"] {
+    for overlay in ["dev", "production", "production-without-operators"] {
         let docs = rendered(overlay);
         let workloads: Vec<&Yaml> = of_kind(&docs, "Deployment")
             .into_iter()
@@ -761,6 +761,81 @@ fn every_overlay_renders_and_runs_hark_commands_probes_and_ports_the_binary_has(
             }
         }
     }
+}
+
+#[test]
+fn the_overlay_without_operators_has_none_of_their_kinds_and_all_of_production_else() {
+    let with = rendered("production");
+    let without = rendered("production-without-operators");
+    let kinds = |docs: &[Yaml]| -> BTreeSet<String> {
+        docs.iter()
+            .map(|d| format!("{}/{}", d["kind"].as_str().unwrap_or_default(), name(d)))
+            .collect()
+    };
+    let operators = ["ScaledObject", "TriggerAuthentication", "ServiceMonitor"];
+    assert!(
+        kinds(&with).iter().any(|k| operators.iter().any(|o| k.starts_with(o))),
+        "production has the operators' resources"
+    );
+    let expected: BTreeSet<String> = kinds(&with)
+        .into_iter()
+        .filter(|k| !operators.iter().any(|o| k.starts_with(&format!("{o}/"))))
+        .collect();
+    assert_eq!(kinds(&without), expected);
+}
+
+/// The `kubectl create secret generic hark-secrets …` command the README gives, its keys.
+fn readme_secret_keys() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README");
+    let start = readme
+        .find("kubectl create secret generic hark-secrets")
+        .expect("the README gives the kubectl create secret line");
+    let command: String = readme[start..]
+        .lines()
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    command
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("--from-literal="))
+        .filter_map(|w| w.split_once('=').map(|(k, _)| k.to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_readmes_secret_line_has_every_key_the_production_manifests_read() {
+    let docs = rendered("production");
+    let mut read = BTreeSet::new();
+    fn walk(yaml: &Yaml, out: &mut BTreeSet<String>) {
+        match yaml {
+            Yaml::Hash(map) => {
+                // A secretKeyRef, a ServiceMonitor's bearerTokenSecret, KEDA's secretTargetRef.
+                let field = |f: &str| map.get(&Yaml::String(f.into())).and_then(Yaml::as_str);
+                if field("name") == Some("hark-secrets")
+                    && let Some(key) = field("key")
+                {
+                    out.insert(key.to_owned());
+                }
+                for value in map.values() {
+                    walk(value, out);
+                }
+            }
+            Yaml::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            _ => {}
+        }
+    }
+    for doc in &docs {
+        walk(doc, &mut read);
+    }
+    assert!(read.contains("database-url"), "{read:?}");
+    let given = readme_secret_keys();
+    let missing: Vec<&String> = read.difference(&given).collect();
+    assert!(
+        missing.is_empty(),
+        "the README's kubectl create secret line lacks {missing:?} (it has {given:?})"
+    );
+    let unknown: Vec<&String> = given.difference(&read).collect();
+    assert!(unknown.is_empty(), "the README's line gives keys nothing reads: {unknown:?}");
 }
 
 #[test]

@@ -774,7 +774,9 @@ fn the_overlay_without_operators_has_none_of_their_kinds_and_all_of_production_e
     };
     let operators = ["ScaledObject", "TriggerAuthentication", "ServiceMonitor"];
     assert!(
-        kinds(&with).iter().any(|k| operators.iter().any(|o| k.starts_with(o))),
+        kinds(&with)
+            .iter()
+            .any(|k| operators.iter().any(|o| k.starts_with(o))),
         "production has the operators' resources"
     );
     let expected: BTreeSet<String> = kinds(&with)
@@ -835,7 +837,10 @@ fn the_readmes_secret_line_has_every_key_the_production_manifests_read() {
         "the README's kubectl create secret line lacks {missing:?} (it has {given:?})"
     );
     let unknown: Vec<&String> = given.difference(&read).collect();
-    assert!(unknown.is_empty(), "the README's line gives keys nothing reads: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "the README's line gives keys nothing reads: {unknown:?}"
+    );
 }
 
 #[test]

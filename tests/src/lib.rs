@@ -498,6 +498,17 @@ impl Process {
     }
 }
 
+/// A scripted LLM for which every task asks "Which day?" and then says "Booked for {answer}.".
+pub async fn booking_llm() -> hark_worker::scripted::ScriptedLlm {
+    use hark_worker::scripted::{Script, ScriptedLlm, Step};
+    ScriptedLlm::with_default(Script::new(vec![
+        Step::ask("Which day?"),
+        Step::say("Booked for {answer}."),
+    ]))
+    .await
+    .expect("scripted LLM")
+}
+
 /// Creates a task of `owner` with `goal` over the API, as a client would.
 pub async fn new_task(
     api: &mut TaskServiceClient<tonic::transport::Channel>,

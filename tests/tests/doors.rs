@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use hark_e2e::{Env, bot::Bot, free_port};
 use hark_proto::v1 as pb;
-use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -93,12 +92,7 @@ fn commands(shape: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn hostile_input_at_every_door_is_refused_or_handled_and_the_next_message_is_served() {
-    let llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::ask("Which day?"),
-        Step::say("Booked for {answer}."),
-    ]))
-    .await
-    .expect("scripted LLM");
+    let llm = hark_e2e::booking_llm().await;
     let mut env = Env::new().await;
     let console_port = free_port();
     env.set("HARK_LLM__BASE_URL", &llm.base_url());

@@ -7,19 +7,13 @@ use std::time::Duration;
 
 use hark_core::bus;
 use hark_e2e::{Env, bot::Bot};
-use hark_worker::scripted::{Script, ScriptedLlm, Step};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "3f9c2a7be41d08c6a5f3e9d27b1c40aa";
 
 #[tokio::test]
 async fn a_poison_command_and_an_unreadable_message_stop_nothing_and_are_shown() {
-    let llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::ask("Which day?"),
-        Step::say("Booked for {answer}."),
-    ]))
-    .await
-    .expect("scripted LLM");
+    let llm = hark_e2e::booking_llm().await;
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", TOKEN);

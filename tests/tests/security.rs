@@ -177,12 +177,7 @@ async fn a_role_reachable_from_other_hosts_without_its_token_does_not_start() {
 
 #[tokio::test]
 async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
-    let llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::ask("Which day?"),
-        Step::say("Booked for {answer}."),
-    ]))
-    .await
-    .expect("scripted LLM");
+    let llm = hark_e2e::booking_llm().await;
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     // The README's QQ setup: every interface, the OneBot token set, nothing else.

@@ -144,7 +144,10 @@ impl Api {
                 task,
                 question,
                 asked,
-            }) => (*task, *question, asked),
+            }) => {
+                tracing::info!(task = %task.id, question = %question.id, "answer applied");
+                (*task, *question, asked)
+            }
             // The same request id applied before: what it did then, if it asked the same.
             Ok(AnswerOutcome::Duplicate { question }) => {
                 let same_target = match target {

@@ -46,6 +46,7 @@ impl Store {
             .await?;
         if let super::batch::Created::New(task) = created {
             self.routes.remember(task.id, task.chat());
+            tracing::info!(task = %task.id, owner = %task.owner, "task created");
             return Ok(*task);
         }
         // The request id was used before: that task is the answer.
@@ -70,8 +71,11 @@ impl Store {
     /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
     /// is told, in one statement.
     pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
-        self.command(task, Command::Cancel { reason }, actor, reason)
-            .await
+        let cancelled = self
+            .command(task, Command::Cancel { reason }, actor, reason)
+            .await?;
+        tracing::info!(task = %task, by = actor, "task cancelled");
+        Ok(cancelled)
     }
 
     /// Pauses a task: a pending or waiting one at once, a running one at its next round

@@ -447,14 +447,19 @@ impl Store {
             })
             .await?;
         match won {
-            Some(row) => Ok(row.task),
+            Some(row) => {
+                tracing::info!(task = %lease.task, "task completed");
+                Ok(row.task)
+            }
             None => Err(self.refusal(lease).await),
         }
     }
 
     /// Ends a running task as failed, telling its chat why.
     pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
-        self.leased(lease, Command::Fail { error }, error).await
+        let failed = self.leased(lease, Command::Fail { error }, error).await?;
+        tracing::info!(task = %lease.task, error = crate::render::clip(error, 80), "task failed");
+        Ok(failed)
     }
 
     /// Hands a running task back from a worker that stops at a round boundary: it is queued

@@ -17,6 +17,10 @@ async fn hark(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
             .args(args)
             .env_remove("HARK_CONFIG")
             .env("NO_COLOR", "1")
+            // English unless a test asks for another language.
+            .env_remove("LC_ALL")
+            .env_remove("LC_MESSAGES")
+            .env("LANG", "C.UTF-8")
             .envs(vars.iter().copied())
             .stdin(Stdio::null())
             .kill_on_drop(true)
@@ -225,6 +229,19 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
     );
     let (ok, _, said) = hark(&["task", "answer", "--api", &api, "#zzzz", "tea"], &[]).await;
     assert!(!ok && said.contains("hark task questions"), "{said}");
+    // In a Chinese locale the command line speaks Chinese.
+    let (ok, _, said) = hark(
+        &["task", "answer", "--api", &api, "#zzzz", "tea"],
+        &[("LANG", "zh_CN.UTF-8")],
+    )
+    .await;
+    assert!(!ok && said.contains("没有待回答的问题 #zzzz"), "{said}");
+    let (ok, shown, said) = hark(
+        &["task", "questions", "--api", &api],
+        &[("LANG", "zh_CN.UTF-8")],
+    )
+    .await;
+    assert!(ok && shown.contains("没有问题"), "{shown}{said}");
     // The CLI's errors name the CLI's commands, not the chat's.
     let (ok, _, said) = hark(&["task", "get", "--api", &api, "x"], &[]).await;
     assert!(!ok, "{said}");

@@ -6,6 +6,7 @@ mod bench;
 mod dev;
 mod health;
 mod listen;
+mod said;
 mod servers;
 mod task;
 

@@ -196,12 +196,20 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
     };
     let channel = Endpoint::from_shared(api.clone())
         .with_context(|| {
-            format!("`{api}` is not an address for --api (HARK_API): give http://host:port")
+            crate::said!(
+                zh: "`{api}` 不是 --api（HARK_API）可用的地址：请给出 http://主机:端口",
+                en: "`{api}` is not an address for --api (HARK_API): give http://host:port"
+            )
         })?
         .connect_timeout(Duration::from_secs(5))
         .connect()
         .await
-        .with_context(|| format!("cannot reach hark's gRPC API at {api}: is task-control running (hark dev or hark control)?"))?;
+        .with_context(|| {
+            crate::said!(
+                zh: "连不上 {api} 上的 hark gRPC API：task-control 在运行吗（hark dev 或 hark control）？",
+                en: "cannot reach hark's gRPC API at {api}: is task-control running (hark dev or hark control)?"
+            )
+        })?;
     let token = match &args.token {
         Some(t) => Some(
             format!("Bearer {t}")
@@ -216,14 +224,23 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
 /// Turns a gRPC error into a message a person can act on.
 fn explain(status: Status) -> anyhow::Error {
     let hint = match status.code() {
-        tonic::Code::Unauthenticated => " (pass --token or set HARK_API_TOKEN)",
-        tonic::Code::Unavailable => " (is task-control running?)",
+        tonic::Code::Unauthenticated => crate::said!(
+            zh: "（用 --token 或 HARK_API_TOKEN 给出令牌）",
+            en: " (pass --token or set HARK_API_TOKEN)"
+        ),
+        tonic::Code::Unavailable => crate::said!(
+            zh: "（task-control 在运行吗？）",
+            en: " (is task-control running?)"
+        ),
         tonic::Code::InvalidArgument | tonic::Code::NotFound
             if status.message().contains("task id") || status.message().starts_with("no task") =>
         {
-            " (`hark task list` shows them)"
+            crate::said!(
+                zh: "（`hark task list` 列出任务）",
+                en: " (`hark task list` shows them)"
+            )
         }
-        _ => "",
+        _ => String::new(),
     };
     anyhow::anyhow!("{}{hint}", status.message())
 }
@@ -255,16 +272,20 @@ async fn open_question_by_handle(api: &mut Client, handle: &str) -> anyhow::Resu
     match found.as_slice() {
         [one] => Ok(one.id.clone()),
         [] => {
-            anyhow::bail!("no open question #{handle} (`hark task questions` lists the open ones)")
+            anyhow::bail!(crate::said!(
+                zh: "没有待回答的问题 #{handle}（`hark task questions` 列出待回答的问题）",
+                en: "no open question #{handle} (`hark task questions` lists the open ones)"
+            ))
         }
-        many => anyhow::bail!(
-            "{} open questions are #{handle}, of the tasks {}: give the task's id instead",
+        many => anyhow::bail!(crate::said!(
+            zh: "有 {} 个待回答的问题都是 #{handle}，属于任务 {}：请改用任务编号",
+            en: "{} open questions are #{handle}, of the tasks {}: give the task's id instead",
             many.len(),
             many.iter()
                 .map(|q| q.task_id.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ),
+        )),
     }
 }
 
@@ -345,28 +366,62 @@ fn clip(text: &str, max: usize) -> String {
 }
 
 fn print_task(t: &pb::Task) {
-    println!("task     {}", t.id);
     println!(
-        "state    {} (generation {}, attempt {}, {} rounds)",
-        state_name(t.state),
-        t.generation,
-        t.attempt,
-        t.rounds
+        "{}",
+        crate::said!(zh: "任务     {}", en: "task     {}", t.id)
     );
-    println!("owner    {}", t.owner);
+    println!(
+        "{}",
+        crate::said!(
+            zh: "状态     {}（第 {} 代，第 {} 次尝试，{} 轮）",
+            en: "state    {} (generation {}, attempt {}, {} rounds)",
+            state_name(t.state),
+            t.generation,
+            t.attempt,
+            t.rounds
+        )
+    );
+    println!(
+        "{}",
+        crate::said!(zh: "所有者   {}", en: "owner    {}", t.owner)
+    );
     if let Some(c) = &t.chat {
-        println!("chat     {} bot {} {}", c.platform, c.bot_id, c.stream);
+        println!(
+            "{}",
+            crate::said!(
+                zh: "会话     {} 机器人 {} {}",
+                en: "chat     {} bot {} {}",
+                c.platform,
+                c.bot_id,
+                c.stream
+            )
+        );
     }
-    println!("goal     {}", t.goal);
-    println!("created  {}", time_of(&t.created_at));
+    println!(
+        "{}",
+        crate::said!(zh: "目标     {}", en: "goal     {}", t.goal)
+    );
+    println!(
+        "{}",
+        crate::said!(zh: "创建于   {}", en: "created  {}", time_of(&t.created_at))
+    );
     if t.finished_at.is_some() {
-        println!("finished {}", time_of(&t.finished_at));
+        println!(
+            "{}",
+            crate::said!(zh: "结束于   {}", en: "finished {}", time_of(&t.finished_at))
+        );
     }
     if !t.result.is_empty() {
-        println!("result   {}", t.result);
+        println!(
+            "{}",
+            crate::said!(zh: "结果     {}", en: "result   {}", t.result)
+        );
     }
     if !t.error.is_empty() {
-        println!("error    {}", t.error);
+        println!(
+            "{}",
+            crate::said!(zh: "错误     {}", en: "error    {}", t.error)
+        );
     }
 }
 
@@ -412,7 +467,10 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             goal,
         } => {
             if goal.is_empty() && questionnaire.is_empty() {
-                anyhow::bail!("say what the task should achieve, or give its questions with --ask");
+                anyhow::bail!(crate::said!(
+                    zh: "请说明任务要达成什么，或用 --ask 给出它的问题",
+                    en: "say what the task should achieve, or give its questions with --ask"
+                ));
             }
             let questionnaire = questionnaire
                 .iter()
@@ -492,10 +550,14 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 println!("{}", task_json(&task));
             } else {
                 println!(
-                    "created {} ({}): {}",
-                    task.id,
-                    state_name(task.state),
-                    clip(&task.goal, 80)
+                    "{}",
+                    crate::said!(
+                        zh: "已创建 {}（{}）：{}",
+                        en: "created {} ({}): {}",
+                        task.id,
+                        state_name(task.state),
+                        clip(&task.goal, 80)
+                    )
                 );
             }
             if wait {
@@ -528,7 +590,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     println!("{}", task_json(t));
                 }
             } else if page.tasks.is_empty() {
-                println!("no tasks");
+                println!("{}", crate::said!(zh: "没有任务", en: "no tasks"));
             } else {
                 println!(
                     "{:<8}  {:<13}  {:<20}  {:<20}  GOAL",
@@ -546,7 +608,14 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 }
             }
             if !page.next_page_token.is_empty() && !json_out {
-                println!("more: --page-token {}", page.next_page_token);
+                println!(
+                    "{}",
+                    crate::said!(
+                        zh: "更多：--page-token {}",
+                        en: "more: --page-token {}",
+                        page.next_page_token
+                    )
+                );
             }
         }
         TaskCommand::Get { id } => {
@@ -563,7 +632,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             } else {
                 print_task(&task);
                 if !got.questions.is_empty() {
-                    println!("questions");
+                    println!("{}", crate::said!(zh: "问题", en: "questions"));
                     for q in &got.questions {
                         print!("  ");
                         print_question(q);
@@ -582,7 +651,11 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .task
                 .context("the server returned no task")?;
-            report(json_out, &task, |t| format!("cancelled {}", t.id));
+            report(
+                json_out,
+                &task,
+                |t| crate::said!(zh: "已取消 {}", en: "cancelled {}", t.id),
+            );
         }
         TaskCommand::Pause { id } => {
             let task = api
@@ -594,9 +667,13 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .context("the server returned no task")?;
             report(json_out, &task, |t| {
                 if t.pause_requested {
-                    format!("{} pauses at the end of its round", t.id)
+                    crate::said!(
+                        zh: "{} 在本轮结束时暂停",
+                        en: "{} pauses at the end of its round",
+                        t.id
+                    )
                 } else {
-                    format!("paused {}", t.id)
+                    crate::said!(zh: "已暂停 {}", en: "paused {}", t.id)
                 }
             });
         }
@@ -608,7 +685,11 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .task
                 .context("the server returned no task")?;
-            report(json_out, &task, |t| format!("resumed {}", t.id));
+            report(
+                json_out,
+                &task,
+                |t| crate::said!(zh: "已恢复 {}", en: "resumed {}", t.id),
+            );
         }
         TaskCommand::Answer {
             id,
@@ -660,11 +741,25 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 }
                 println!("{value}");
             } else {
-                println!("answered; task {} is {}", task.id, state_name(task.state));
+                println!(
+                    "{}",
+                    crate::said!(
+                        zh: "已回答；任务 {} 现在{}",
+                        en: "answered; task {} is {}",
+                        task.id,
+                        state_name(task.state)
+                    )
+                );
                 match &answered.event {
                     Some(event) => print_event(event),
                     None if answered.wait_timed_out => {
-                        println!("the task neither asked again nor ended within {wait_timeout} s")
+                        println!(
+                            "{}",
+                            crate::said!(
+                                zh: "任务在 {wait_timeout} 秒内既没有再提问，也没有结束",
+                                en: "the task neither asked again nor ended within {wait_timeout} s"
+                            )
+                        )
                     }
                     None => {}
                 }
@@ -690,7 +785,10 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     json!({"instruction_id": told.instruction_id, "delivery": when})
                 );
             } else {
-                println!("told; the task sees it {when}");
+                println!(
+                    "{}",
+                    crate::said!(zh: "已告知；任务将{when}看到", en: "told; the task sees it {when}")
+                );
             }
         }
         TaskCommand::Watch {
@@ -719,7 +817,10 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 } else {
                     print!("{}  ", short(&event.task_id));
                     print_event(&event);
-                    println!("  resume: {}", next.resume_token);
+                    println!(
+                        "{}",
+                        crate::said!(zh: "  续看：{}", en: "  resume: {}", next.resume_token)
+                    );
                 }
             }
         }
@@ -761,7 +862,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     println!("{}", question_json(q));
                 }
             } else if listed.questions.is_empty() {
-                println!("no questions");
+                println!("{}", crate::said!(zh: "没有问题", en: "no questions"));
             } else {
                 for q in &listed.questions {
                     print_question(q);
@@ -812,7 +913,13 @@ async fn follow(api: &mut Client, id: &str, json_out: bool) -> anyhow::Result<()
                         }
                     }
                     if stdin_open {
-                        println!("  your answer (a line; Ctrl-D to answer elsewhere):");
+                        println!(
+                            "{}",
+                            crate::said!(
+                                zh: "  你的回答（一行；按 Ctrl-D 改在别处回答）：",
+                                en: "  your answer (a line; Ctrl-D to answer elsewhere):"
+                            )
+                        );
                     }
                 }
                 last = Some(event);
@@ -841,8 +948,17 @@ async fn follow(api: &mut Client, id: &str, json_out: bool) -> anyhow::Result<()
     }
     match last.as_ref().map(|e| e.state) {
         Some(s) if s == pb::TaskState::Completed as i32 => Ok(()),
-        Some(s) => anyhow::bail!("task {} ended {}", short(id), state_name(s)),
-        None => anyhow::bail!("task {} sent no event", short(id)),
+        Some(s) => anyhow::bail!(crate::said!(
+            zh: "任务 {} 以{}结束",
+            en: "task {} ended {}",
+            short(id),
+            state_name(s)
+        )),
+        None => anyhow::bail!(crate::said!(
+            zh: "任务 {} 没有发来事件",
+            en: "task {} sent no event",
+            short(id)
+        )),
     }
 }
 
@@ -870,13 +986,22 @@ fn print_event(event: &pb::TaskEvent) {
         event.cause
     );
     if let Some(q) = &event.question {
-        println!("  asks #{}: {}", q.handle, q.text);
+        println!(
+            "{}",
+            crate::said!(zh: "  提问 #{}：{}", en: "  asks #{}: {}", q.handle, q.text)
+        );
     }
     if !event.result.is_empty() {
-        println!("  result: {}", event.result);
+        println!(
+            "{}",
+            crate::said!(zh: "  结果：{}", en: "  result: {}", event.result)
+        );
     }
     if !event.error.is_empty() {
-        println!("  error: {}", event.error);
+        println!(
+            "{}",
+            crate::said!(zh: "  错误：{}", en: "  error: {}", event.error)
+        );
     }
 }
 

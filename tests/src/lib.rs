@@ -196,6 +196,8 @@ impl Env {
                 "127.0.0.1:0".to_owned(),
             ),
             ("HARK_LOG__FILTER".to_owned(), "info".to_owned()),
+            // The command line's own texts in English, whatever this machine's locale.
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
             // The tests read the English texts (Chinese is the default on qq).
             ("HARK_CHAT__LANGUAGE".to_owned(), "en".to_owned()),
             (
@@ -254,6 +256,8 @@ impl Env {
         command
             .args(args)
             .env_remove("HARK_CONFIG")
+            .env_remove("LC_ALL")
+            .env_remove("LC_MESSAGES")
             .env("NO_COLOR", "1")
             .envs(self.process_env())
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))

@@ -311,3 +311,29 @@ async fn the_distributions_servers_are_told_apart_from_down_ones_and_never_waite
     let _ = std::fs::remove_dir_all(&data);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn hark_dev_speaks_chinese_in_a_chinese_locale() {
+    let env = Env::new().await;
+    let data = std::env::temp_dir().join(format!("hark-dev-{}", uuid::Uuid::new_v4().simple()));
+    let data_dir = data.display().to_string();
+    let mut dev = env.spawn_named(
+        "dev-zh",
+        &["dev", "--workers", "1", "--data-dir", &data_dir],
+        &[("LANG", "zh_CN.UTF-8"), ("HARK_LLM__BASE_URL", "")],
+    );
+    let banner = dev.wait_for_output("hark dev 已启动", START).await;
+    for label in [
+        "网页控制台：",
+        "数据库：",
+        "内置的演示模型",
+        "按 Ctrl-C 停止",
+    ] {
+        assert!(banner.contains(label), "{label}: {banner}");
+    }
+    assert!(!banner.contains("web console:"), "{banner}");
+    let status = dev.stop().await.expect("hark dev stops");
+    assert!(status.success(), "{}", dev.output());
+    let _ = std::fs::remove_dir_all(&data);
+    env.cleanup().await;
+}

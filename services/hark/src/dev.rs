@@ -110,12 +110,14 @@ async fn serve(
         crate::listen::metrics(&config, built.first().map(Worker::health), shutdown.clone())
             .await?;
     let llm = match &demo {
-        Some(demo) => format!(
-            "the built-in DEMO model at {} (set llm.base_url for a real one)",
+        Some(demo) => crate::said!(
+            zh: "内置的演示模型，在 {}（设置 llm.base_url 即可使用真正的模型）",
+            en: "the built-in DEMO model at {} (set llm.base_url for a real one)",
             demo.base_url()
         ),
-        None => format!(
-            "{} (model {})",
+        None => crate::said!(
+            zh: "{}（模型 {}）",
+            en: "{} (model {})",
             config.llm.base_url,
             if config.llm.model.is_empty() {
                 "unset"
@@ -126,35 +128,62 @@ async fn serve(
     };
     let console = match hark_control::console::url(control.console_addr()) {
         Some(url) if config.control.api_tokens.iter().any(|t| !t.is_empty()) => {
-            format!("{url} (sign in with one of control.api_tokens)")
+            crate::said!(
+                zh: "{url}（用 control.api_tokens 之一登录）",
+                en: "{url} (sign in with one of control.api_tokens)"
+            )
         }
         Some(url) => url,
-        None => "off (control.http_listen is empty)".into(),
+        None => crate::said!(
+            zh: "关闭（control.http_listen 为空）",
+            en: "off (control.http_listen is empty)"
+        ),
     };
     let gateway_addr = hark_core::config::dial(gateway.addr());
     let onebot_token = if config.gateway.onebot.access_token.is_empty() {
-        "no access token; set gateway.onebot.access_token (HARK_GATEWAY__ONEBOT__ACCESS_TOKEN) \
-         and the same token in the bot"
+        crate::said!(
+            zh: "没有访问令牌；请设置 gateway.onebot.access_token（HARK_GATEWAY__ONEBOT__ACCESS_TOKEN），\
+                 并在机器人里填同一个令牌",
+            en: "no access token; set gateway.onebot.access_token (HARK_GATEWAY__ONEBOT__ACCESS_TOKEN) \
+                 and the same token in the bot"
+        )
     } else {
-        "the bot sends gateway.onebot.access_token as its token"
+        crate::said!(
+            zh: "机器人以 gateway.onebot.access_token 作为令牌",
+            en: "the bot sends gateway.onebot.access_token as its token"
+        )
     };
     let http_adapter = if !config.gateway.http.platforms.is_empty() {
         let made = data_dir.join(HTTP_TOKEN_FILE);
         let token = match std::fs::read_to_string(&made) {
             Ok(t) if config.gateway.http.token.matches(t.trim()) => {
-                format!("the token in {}", made.display())
+                crate::said!(zh: "{} 里的令牌", en: "the token in {}", made.display())
             }
             _ => "gateway.http.token".into(),
         };
-        format!(
-            "http://{gateway_addr}/api/v1/messages (platforms {}; Authorization: Bearer <{token}>)",
+        crate::said!(
+            zh: "http://{gateway_addr}/api/v1/messages（平台 {}；Authorization: Bearer <{token}>）",
+            en: "http://{gateway_addr}/api/v1/messages (platforms {}; Authorization: Bearer <{token}>)",
             config.gateway.http.platforms.join(", "),
         )
     } else {
-        "off (gateway.http.platforms is empty)".into()
+        crate::said!(
+            zh: "关闭（gateway.http.platforms 为空）",
+            en: "off (gateway.http.platforms is empty)"
+        )
     };
-    let mut banner = format!(
-        "\nhark dev is up\n  \
+    let mut banner = crate::said!(
+        zh: "\nhark dev 已启动\n  \
+         网页控制台：              {console}\n  \
+         gRPC API：                http://{}\n  \
+         OneBot 反向 WebSocket：   ws://{gateway_addr}/onebot/v11/ws（{onebot_token}）\n  \
+         HTTP 适配器：             {http_adapter}\n  \
+         LLM：                     {llm}\n  \
+         工作进程：                {workers}\n  \
+         数据库：                  {}\n  \
+         NATS：                    {}（命名空间 {}）\n  \
+         数据：                    {}\n",
+        en: "\nhark dev is up\n  \
          web console:              {console}\n  \
          gRPC API:                 http://{}\n  \
          OneBot reverse WebSocket: ws://{gateway_addr}/onebot/v11/ws ({onebot_token})\n  \
@@ -171,14 +200,21 @@ async fn serve(
         data_dir.display(),
     );
     if let Some(metrics) = metrics {
-        banner.push_str(&format!(
-            "  metrics:                  http://{metrics}/metrics\n"
+        banner.push_str(&crate::said!(
+            zh: "  指标：                    http://{metrics}/metrics\n",
+            en: "  metrics:                  http://{metrics}/metrics\n"
         ));
     }
     for server in started {
-        banner.push_str(&format!("  started:                  {server}\n"));
+        banner.push_str(&crate::said!(
+            zh: "  已启动：                  {server}\n",
+            en: "  started:                  {server}\n"
+        ));
     }
-    banner.push_str("Stop with Ctrl-C; a second Ctrl-C exits at once.\n");
+    banner.push_str(&crate::said!(
+        zh: "按 Ctrl-C 停止；再按一次立即退出。\n",
+        en: "Stop with Ctrl-C; a second Ctrl-C exits at once.\n"
+    ));
     eprintln!("{banner}");
 
     let tracker = TaskTracker::new();

@@ -192,10 +192,16 @@ async fn ensure_into(
         }
         let own = free_port(port + 1)?;
         eprintln!(
-            "hark dev: the Postgres on {host}:{port} cannot serve hark ({why}); starting its own \
-             on 127.0.0.1:{own} (data in {}). To use that one instead: `ALTER USER postgres \
-             PASSWORD '…'` there, and database.url = postgres://postgres:…@{host}:{port}/hark",
-            data_dir.join("postgres").display()
+            "{}",
+            crate::said!(
+                zh: "hark dev：{host}:{port} 上的 Postgres 无法为 hark 所用（{why}）；改为在 \
+                     127.0.0.1:{own} 启动自己的（数据在 {}）。若要用那个：在那里执行 `ALTER USER \
+                     postgres PASSWORD '…'`，并设置 database.url = postgres://postgres:…@{host}:{port}/hark",
+                en: "hark dev: the Postgres on {host}:{port} cannot serve hark ({why}); starting its own \
+                     on 127.0.0.1:{own} (data in {}). To use that one instead: `ALTER USER postgres \
+                     PASSWORD '…'` there, and database.url = postgres://postgres:…@{host}:{port}/hark",
+                data_dir.join("postgres").display()
+            )
         );
         private.postgres = Some(start_postgres(data_dir, own).await?);
         private.started.push(format!(
@@ -233,10 +239,16 @@ async fn ensure_into(
         }
         let own = free_port(port + 1)?;
         eprintln!(
-            "hark dev: the NATS on {host}:{port} cannot serve hark ({why}); starting its own with \
-             JetStream on 127.0.0.1:{own} (data in {}). To use that one instead: turn JetStream \
-             on there (`jetstream {{}}` in /etc/nats-server.conf) and restart it",
-            data_dir.join("nats").display()
+            "{}",
+            crate::said!(
+                zh: "hark dev：{host}:{port} 上的 NATS 无法为 hark 所用（{why}）；改为在 127.0.0.1:{own} \
+                     启动自己的、带 JetStream 的（数据在 {}）。若要用那个：在那里打开 JetStream \
+                     （/etc/nats-server.conf 里写 `jetstream {{}}`）并重启它",
+                en: "hark dev: the NATS on {host}:{port} cannot serve hark ({why}); starting its own with \
+                     JetStream on 127.0.0.1:{own} (data in {}). To use that one instead: turn JetStream \
+                     on there (`jetstream {{}}` in /etc/nats-server.conf) and restart it",
+                data_dir.join("nats").display()
+            )
         );
         private.nats = Some(start_nats(data_dir, "127.0.0.1", own).await?);
         private.started.push(format!(

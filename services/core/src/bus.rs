@@ -416,7 +416,7 @@ pub fn durable(
 }
 
 /// Whether a JetStream request failed because the server runs without JetStream.
-fn jetstream_off(error: &str) -> bool {
+pub fn jetstream_off(error: &str) -> bool {
     let error = error.to_ascii_lowercase();
     error.contains("jetstream unavailable") || error.contains("jetstream not enabled")
 }

@@ -118,22 +118,10 @@ pub async fn ensure(config: &mut Config, data_dir: &Path) -> anyhow::Result<Priv
 /// Why the Postgres at `url` cannot serve hark, if it cannot: it refuses hark's user, or it is
 /// not Postgres. `None` when it lets hark in (or is merely slow, which waiting mends).
 async fn postgres_refuses(url: &str) -> Option<String> {
-    use sqlx::{ConnectOptions as _, postgres::PgConnectOptions};
-    let options: PgConnectOptions = url.parse().ok()?;
-    let options = options.database("postgres");
-    let probe = options.connect();
-    match tokio::time::timeout(Duration::from_secs(5), probe).await {
-        Ok(Ok(connection)) => {
-            let _ = sqlx::Connection::close(connection).await;
-            None
-        }
-        Ok(Err(sqlx::Error::Database(e)))
-            if e.code()
-                .is_some_and(|c| c.starts_with("28") || c == "3D000") =>
-        {
-            Some(e.message().to_owned())
-        }
-        Ok(Err(sqlx::Error::Protocol(said))) => Some(format!("it is not Postgres: {said}")),
+    use hark_control::store::Error;
+    match hark_control::store::probe(url).await {
+        Err(Error::Refused { said, .. }) => Some(said),
+        Err(Error::NotPostgres { said, .. }) => Some(format!("it is not Postgres: {said}")),
         _ => None,
     }
 }
@@ -147,7 +135,7 @@ async fn nats_refuses(config: &hark_core::config::NatsConfig) -> Option<String> 
         let js = async_nats::jetstream::new(client);
         match js.query_account().await {
             Ok(_) => Ok(()),
-            Err(e) if e.to_string().to_ascii_lowercase().contains("jetstream") => {
+            Err(e) if hark_core::bus::jetstream_off(&e.to_string()) => {
                 Err(hark_core::bus::Error::NoJetStream)
             }
             Err(_) => Ok(()),

@@ -63,6 +63,27 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, Error> {
 /// How long the first connection may take before hark says nothing answers as Postgres.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 
+/// One connection to the server of `url` (its `postgres` database), to learn whether it lets
+/// hark in: `Err` with [`first_contact`]'s reading when it does not, or when nothing answers
+/// within [`CONNECT_WITHIN`].
+pub async fn probe(url: &str) -> Result<(), Error> {
+    let shown = hark_core::secret::redact_url(url);
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| Error::DatabaseUrl(shown.clone(), e.to_string()))?
+        .database("postgres");
+    match tokio::time::timeout(CONNECT_WITHIN, PgConnection::connect_with(&options)).await {
+        Err(_) => Err(Error::Unanswered {
+            url: shown,
+            within_s: CONNECT_WITHIN.as_secs(),
+        }),
+        Ok(Err(e)) => Err(first_contact(shown, e)),
+        Ok(Ok(connection)) => {
+            let _ = connection.close().await;
+            Ok(())
+        }
+    }
+}
+
 /// What the first connection's failure means: credentials or a database refused, or something
 /// else than Postgres at that port, are the caller's to fix; anything else may pass.
 fn first_contact(url: String, error: sqlx::Error) -> Error {

@@ -135,7 +135,7 @@ use apply::{Cas, CasRow, columns};
 
 pub use answers::{Answer, AnswerOutcome, AnswerTarget};
 pub use chat::TellDelivery;
-pub use connect::{connect, migrate};
+pub use connect::{connect, migrate, probe};
 pub use ops::NewTask;
 pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};

@@ -513,6 +513,21 @@ pub async fn booking_llm() -> hark_worker::scripted::ScriptedLlm {
     .expect("scripted LLM")
 }
 
+/// With [`booking_llm`]: `user` books a room in `group` through `bot`, the question and the
+/// result seen in the chat.
+pub async fn book_a_room(bot: &mut bot::Bot, group: i64, user: i64) {
+    let wait = Duration::from_secs(30);
+    bot.group_message(group, user, "/task new book a room")
+        .await;
+    bot.expect("the question", wait, |s| s.text.contains("Which day?"))
+        .await;
+    bot.group_message(group, user, "Friday").await;
+    bot.expect("the result", wait, |s| {
+        s.text.contains("Booked for Friday.")
+    })
+    .await;
+}
+
 /// Creates a task of `owner` with `goal` over the API, as a client would.
 pub async fn new_task(
     api: &mut TaskServiceClient<tonic::transport::Channel>,

@@ -9,7 +9,6 @@ use hark_e2e::{Env, bot::Bot, free_port};
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(30);
 const TOKEN: &str = "3f9c2a7be41d08c6a5f3e9d27b1c40aa";
 const HTTP_TOKEN: &str = "b7e1c9d24f6a08e35c1d7b9a2e4f6c80";
 
@@ -310,14 +309,7 @@ async fn hostile_input_at_every_door_is_refused_or_handled_and_the_next_message_
         );
     }
     bot.drain(Duration::from_millis(200)).await;
-    bot.group_message(5001, 100, "/task new book a room").await;
-    bot.expect("the question", WAIT, |s| s.text.contains("Which day?"))
-        .await;
-    bot.group_message(5001, 100, "Friday").await;
-    bot.expect("the result", WAIT, |s| {
-        s.text.contains("Booked for Friday.")
-    })
-    .await;
+    hark_e2e::book_a_room(&mut bot, 5001, 100).await;
     eprintln!("{sent} hostile inputs sent through five doors");
 
     for process in [&mut worker, &mut gateway, &mut control] {

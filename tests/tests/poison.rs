@@ -44,14 +44,7 @@ async fn a_poison_command_and_an_unreadable_message_stop_nothing_and_are_shown()
     .expect("published");
 
     // The next ordinary message is served, end to end.
-    bot.group_message(5001, 100, "/task new book a room").await;
-    bot.expect("the question", WAIT, |s| s.text.contains("Which day?"))
-        .await;
-    bot.group_message(5001, 100, "Friday").await;
-    bot.expect("the result", WAIT, |s| {
-        s.text.contains("Booked for Friday.")
-    })
-    .await;
+    hark_e2e::book_a_room(&mut bot, 5001, 100).await;
 
     // What was set aside is shown, with its reason; listing it is not a failure.
     let deadline = tokio::time::Instant::now() + WAIT;

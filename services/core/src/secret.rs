@@ -183,13 +183,14 @@ impl Failures {
     /// Whether `peer` is refused now; `Some(seconds)` until it may try again.
     pub fn refused(&self, peer: std::net::IpAddr) -> Option<u64> {
         let failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (since, count) = failures.get(&peer)?;
+        let (since, count) = failures.get(&Self::holder(peer))?;
         let left = Self::WINDOW.checked_sub(since.elapsed())?;
         (*count >= Self::ALLOWED).then(|| left.as_secs().max(1))
     }
 
     /// Counts a failed sign-in from `peer`.
     pub fn failed(&self, peer: std::net::IpAddr) {
+        let peer = Self::holder(peer);
         let mut failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if failures.len() >= Self::REMEMBERED {
             failures.retain(|_, (since, _)| since.elapsed() < Self::WINDOW);
@@ -204,6 +205,19 @@ impl Failures {
             *entry = (std::time::Instant::now(), 0);
         }
         entry.1 = entry.1.saturating_add(1);
+    }
+
+    /// Whom an address's failures are counted for: an IPv4 address, or the /64 an IPv6 one is
+    /// in (one host commonly holds a whole /64, and would otherwise guess from a new address each
+    /// time).
+    fn holder(peer: std::net::IpAddr) -> std::net::IpAddr {
+        match peer {
+            std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => v4.into(),
+                None => std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1)).into(),
+            },
+            v4 => v4,
+        }
     }
 
     /// What a refused caller is told.
@@ -318,6 +332,16 @@ mod tests {
         let wait = failures.refused(guesser).expect("refused at the bound");
         assert!((1..=60).contains(&wait), "{wait}");
         assert_eq!(failures.refused(other), None);
+        // IPv6: counted per /64.
+        let here: std::net::IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        for n in 0..Failures::ALLOWED {
+            failures.failed(format!("2001:db8:1:2::{:x}", n + 2).parse().expect("ip"));
+        }
+        assert!(failures.refused(here).is_some(), "the same /64");
+        assert_eq!(
+            failures.refused("2001:db8:1:3::1".parse().expect("ip")),
+            None
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct Sent {
     pub message_id: i64,
     /// The message it quotes, if any.
     pub reply_to: String,
+    /// The users it mentions (its `at` segments).
+    pub mentions: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -97,6 +99,7 @@ impl Bot {
                 };
                 let mut body = String::new();
                 let mut reply_to = String::new();
+                let mut mentions = Vec::new();
                 for segment in params["message"].as_array().into_iter().flatten() {
                     match segment["type"].as_str() {
                         Some("text") => {
@@ -108,6 +111,7 @@ impl Bot {
                                 .unwrap_or_default()
                                 .to_owned()
                         }
+                        Some("at") => mentions.push(segment["data"]["qq"].to_string()),
                         _ => {}
                     }
                 }
@@ -120,6 +124,7 @@ impl Bot {
                         text: body,
                         message_id: next_message_id,
                         reply_to,
+                        mentions,
                     })
                     .await;
             }
@@ -144,6 +149,29 @@ impl Bot {
         text: &str,
         quote: Option<i64>,
     ) -> i64 {
+        self.group_message_with(group, user, text, quote, &[]).await
+    }
+
+    /// A group member writes `text` after an @ of each of `mentions`, as QQ sends a mention.
+    pub async fn group_message_mentioning(
+        &mut self,
+        group: i64,
+        user: i64,
+        text: &str,
+        mentions: &[i64],
+    ) -> i64 {
+        self.group_message_with(group, user, text, None, mentions)
+            .await
+    }
+
+    async fn group_message_with(
+        &mut self,
+        group: i64,
+        user: i64,
+        text: &str,
+        quote: Option<i64>,
+        mentions: &[i64],
+    ) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
         let mut segments = Vec::new();
@@ -151,6 +179,9 @@ impl Bot {
             segments.push(json!({"type": "reply", "data": {"id": quoted.to_string()}}));
         }
         segments.push(json!({"type": "text", "data": {"text": text}}));
+        for user in mentions {
+            segments.push(json!({"type": "at", "data": {"qq": user.to_string(), "name": format!("member {user}")}}));
+        }
         let event = json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
             "message_type": "group", "sub_type": "normal", "message_id": id, "group_id": group,
             "user_id": user, "message": segments, "raw_message": text, "font": 0,

@@ -26,14 +26,7 @@ use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
 use prost::Message;
 use tokio::process::{Child, Command};
 
-pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-pub fn postgres_url() -> String {
-    std::env::var("HARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
+pub use hark_testkit::{eventually, nats_url, postgres_url};
 
 /// The `hark` binary beside this test's executable, built first (once per test process) so
 /// that the suite does not depend on what else was built before it.
@@ -60,6 +53,26 @@ pub fn hark_binary() -> PathBuf {
             build
                 .current_dir(workspace)
                 .args(["build", "--quiet", "-p", "hark", "--bin", "hark"]);
+            // What cargo sets for this test's own package is not the build's: a build script
+            // that watches one (ring's watches CARGO_MANIFEST_DIR) would otherwise be rerun,
+            // and everything above it rebuilt, here and again by the next `cargo test`.
+            for (name, _) in std::env::vars_os() {
+                let name = name.to_string_lossy();
+                if name.starts_with("CARGO_PKG_")
+                    || name.starts_with("CARGO_BIN_")
+                    || [
+                        "CARGO_MANIFEST_DIR",
+                        "CARGO_MANIFEST_PATH",
+                        "CARGO_CRATE_NAME",
+                        "CARGO_PRIMARY_PACKAGE",
+                        "CARGO_TARGET_TMPDIR",
+                        "CARGO_RUSTC_CURRENT_DIR",
+                    ]
+                    .contains(&name.as_ref())
+                {
+                    build.env_remove(name.as_ref());
+                }
+            }
             if profile == "release" {
                 build.arg("--release");
             }
@@ -123,6 +136,9 @@ pub struct Env {
     /// The servers this installation uses: the machine's, or a test's own.
     nats_url: String,
     postgres_url: String,
+    /// Removed by [`Env::cleanup`], or when this is dropped (a panic too).
+    kit_database: hark_testkit::Database,
+    kit_namespace: hark_testkit::Namespace,
 }
 
 impl Env {
@@ -133,8 +149,9 @@ impl Env {
     /// An installation on the given nats-server and Postgres server (`postgres://…` without a
     /// database).
     pub async fn on(nats_url: String, postgres_url: String) -> Self {
-        let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
-        let namespace = format!("e{tag}");
+        let kit_namespace = hark_testkit::Namespace::on(nats_url.clone());
+        let kit_database = hark_testkit::Database::on(postgres_url.clone());
+        let namespace = kit_namespace.name.clone();
         let nats = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .max_reconnects(None)
@@ -148,7 +165,9 @@ impl Env {
             postgres_url,
             names: Names::new(namespace.parse().expect("namespace")),
             namespace,
-            database: format!("hark_e2e_{tag}"),
+            database: kit_database.name.clone(),
+            kit_database,
+            kit_namespace,
             grpc_port: free_port(),
             gateway_port: free_port(),
             vars: BTreeMap::new(),
@@ -228,6 +247,30 @@ impl Env {
         args: &[&str],
         extra: &[(&str, &str)],
     ) -> Process {
+        self.spawn_with(name, wrapper, args, self.process_env(), extra)
+    }
+
+    /// Like [`Env::spawn_through`], with none of this installation's settings: `hark` as a
+    /// newcomer runs it, on its defaults (logging to this installation's directory).
+    pub fn spawn_as_newcomer(
+        &self,
+        name: &str,
+        wrapper: &[&str],
+        args: &[&str],
+        extra: &[(&str, &str)],
+    ) -> Process {
+        let vars = BTreeMap::from([("LANG".to_owned(), "C.UTF-8".to_owned())]);
+        self.spawn_with(name, wrapper, args, vars, extra)
+    }
+
+    fn spawn_with(
+        &self,
+        name: &str,
+        wrapper: &[&str],
+        args: &[&str],
+        vars: BTreeMap<String, String>,
+        extra: &[(&str, &str)],
+    ) -> Process {
         // Each process logs to a file of its own; HARK_E2E_LOGS=inherit shows them inline.
         let log_dir = std::env::temp_dir().join("hark-e2e").join(&self.namespace);
         std::fs::create_dir_all(&log_dir).expect("log directory");
@@ -259,7 +302,7 @@ impl Env {
             .env_remove("LC_ALL")
             .env_remove("LC_MESSAGES")
             .env("NO_COLOR", "1")
-            .envs(self.process_env())
+            .envs(vars)
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -374,19 +417,8 @@ impl Env {
 
     /// Deletes the streams and the database. Processes must be stopped first.
     pub async fn cleanup(self) {
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
-        let _ = Command::new("psql")
-            .args([
-                &format!("{}/postgres", self.postgres_url),
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .await;
+        self.kit_namespace.remove().await;
+        self.kit_database.remove().await;
     }
 }
 

@@ -255,3 +255,47 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
     drop(llm);
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn health_migrate_and_config_errors_speak_chinese_in_a_chinese_locale() {
+    let zh = ("LANG", "zh_CN.UTF-8");
+    let closed = free_port();
+    let listen = format!("127.0.0.1:{closed}");
+
+    let (ok, _, said) = hark(
+        &["health", "control"],
+        &[zh, ("HARK_CONTROL__GRPC_LISTEN", &listen)],
+    )
+    .await;
+    assert!(!ok);
+    assert!(said.contains("没有应答"), "{said}");
+    let (ok, _, said) = hark(
+        &["health", "gateway"],
+        &[zh, ("HARK_GATEWAY__LISTEN", &listen)],
+    )
+    .await;
+    assert!(!ok);
+    assert!(said.contains("网关") && said.contains("没有应答"), "{said}");
+
+    let database = format!("postgres://postgres@127.0.0.1:{closed}/hark");
+    let (ok, _, said) = hark(&["migrate"], &[zh, ("HARK_DATABASE__URL", &database)]).await;
+    assert!(!ok);
+    assert!(
+        said.contains("连不上") && said.contains("database.url"),
+        "{said}"
+    );
+
+    let (ok, _, said) = hark(&["config"], &[zh, ("HARK_TASK__ON_TIMEOUT", "maybe")]).await;
+    assert!(!ok);
+    assert!(said.contains("配置项 `task.on_timeout`"), "{said}");
+
+    // The dead-letter listing, on an installation that has none yet.
+    let env = Env::new().await;
+    let vars: Vec<(String, String)> = env.process_env().into_iter().collect();
+    let mut with: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    with.push(zh);
+    let (ok, listed, said) = hark(&["health", "--dead-letters"], &with).await;
+    assert!(ok, "{said}");
+    assert!(listed.starts_with("没有死信"), "{listed}");
+    env.cleanup().await;
+}

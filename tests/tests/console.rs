@@ -75,7 +75,7 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
 
     let shots = manifest_dir().join("../target/test-artifacts/console");
     let _ = std::fs::remove_dir_all(&shots);
-    let driven = tokio::process::Command::new("node")
+    let driven = tokio::process::Command::new(hark_testkit::node())
         .arg(manifest_dir().join("console/drive.mjs"))
         .env("CONSOLE_URL", format!("http://127.0.0.1:{console_port}/"))
         .env("CONSOLE_TOKEN", TOKEN)

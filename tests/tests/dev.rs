@@ -151,6 +151,11 @@ struct PasswordPostgres {
 
 impl PasswordPostgres {
     fn start(port: u16) -> Self {
+        Self::start_through(&[], port)
+    }
+
+    /// Started through `wrapper` (`nsenter -t <pid> -n`, say).
+    fn start_through(wrapper: &[&str], port: u16) -> Self {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("Debian's Postgres is installed")
             .flatten()
@@ -163,7 +168,10 @@ impl PasswordPostgres {
         let password = root.join("password");
         std::fs::write(&password, "a-password-hark-does-not-know\n").expect("password file");
         let as_postgres = |program: &str| {
-            let mut command = std::process::Command::new("runuser");
+            let mut command = std::process::Command::new(wrapper.first().unwrap_or(&"runuser"));
+            if !wrapper.is_empty() {
+                command.args(&wrapper[1..]).arg("runuser");
+            }
             command
                 .args(["-u", "postgres", "--"])
                 .arg(bin.join(program));
@@ -335,5 +343,179 @@ async fn hark_dev_speaks_chinese_in_a_chinese_locale() {
     let status = dev.stop().await.expect("hark dev stops");
     assert!(status.success(), "{}", dev.output());
     let _ = std::fs::remove_dir_all(&data);
+    env.cleanup().await;
+}
+
+/// A network of its own, with only a loopback interface: a test can hold the default ports there
+/// (5432, 4222, 50051, …) while the machine's own servers hold them outside. Ended when dropped.
+struct Netns {
+    holder: tokio::process::Child,
+    /// `nsenter -t <pid> -n`: runs a program in it.
+    enter: Vec<String>,
+}
+
+impl Netns {
+    async fn new() -> Self {
+        let holder = tokio::process::Command::new("unshare")
+            .args([
+                "-n",
+                "sh",
+                "-c",
+                "ip link set lo up && echo up && exec sleep 3600",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("unshare -n runs (root, util-linux)");
+        let mut holder = holder;
+        let mut up = String::new();
+        use tokio::io::AsyncReadExt as _;
+        let mut out = holder.stdout.take().expect("stdout");
+        while !up.contains("up") {
+            let mut buf = [0u8; 16];
+            let n = out.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the network namespace did not come up");
+            up.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let pid = holder.id().expect("pid").to_string();
+        let enter = vec!["nsenter".into(), "-t".into(), pid, "-n".into()];
+        Self { holder, enter }
+    }
+
+    fn enter(&self) -> Vec<&str> {
+        self.enter.iter().map(String::as_str).collect()
+    }
+
+    /// `program args…` run to its end in the namespace.
+    async fn run(&self, program: &str, args: &[&str]) -> std::process::Output {
+        tokio::process::Command::new("nsenter")
+            .args(&self.enter[1..])
+            .arg(program)
+            .args(args)
+            .env("LANG", "C.UTF-8")
+            .env_remove("LC_ALL")
+            .env_remove("HARK_CONFIG")
+            .output()
+            .await
+            .expect("nsenter runs")
+    }
+
+    /// Waits until nothing answers on `port` there any more.
+    async fn closed(&self, port: u16) -> bool {
+        for _ in 0..200 {
+            if !self.answers(port).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// Whether something answers on `port` there.
+    async fn answers(&self, port: u16) -> bool {
+        let probe = format!("exec 3<>/dev/tcp/127.0.0.1/{port}");
+        self.run("bash", &["-c", &probe]).await.status.success()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = self.holder.start_kill();
+    }
+}
+
+#[tokio::test]
+async fn on_the_default_ports_the_distributions_servers_leave_hark_dev_to_start_its_own() {
+    let netns = Netns::new().await;
+    let enter = netns.enter();
+    // What `sudo apt install postgresql nats-server` leaves on the default ports: a Postgres
+    // that asks for a password over TCP, a nats-server without JetStream.
+    let _postgres = PasswordPostgres::start_through(&enter, 5432);
+    let mut nats_command = tokio::process::Command::new("nsenter");
+    nats_command
+        .args(&enter[1..])
+        .args(["nats-server", "-a", "127.0.0.1", "-p", "4222"])
+        .kill_on_drop(true);
+    let _nats = nats_command.spawn().expect("nats-server starts");
+    for port in [5432, 4222] {
+        let deadline = tokio::time::Instant::now() + START;
+        while !netns.answers(port).await {
+            assert!(tokio::time::Instant::now() < deadline, "nothing on {port}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    // A newcomer runs `hark dev` with no configuration at all.
+    let env = Env::new().await;
+    let home = std::env::temp_dir().join(format!("hark-home-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&home).expect("home");
+    let home_dir = home.display().to_string();
+    let mut dev = env.spawn_as_newcomer(
+        "dev-newcomer",
+        &enter,
+        &["dev", "--workers", "1"],
+        &[("HOME", home_dir.as_str()), ("XDG_DATA_HOME", "")],
+    );
+    let banner = dev.wait_for_output("hark dev is up", START).await;
+    assert!(
+        banner.contains("the Postgres on 127.0.0.1:5432 cannot serve hark")
+            && banner.contains("password authentication failed")
+            && banner.contains("ALTER USER postgres PASSWORD"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("the NATS on 127.0.0.1:4222 cannot serve hark")
+            && banner.contains("JetStream is off there"),
+        "{banner}"
+    );
+    let started = |what: &str| {
+        banner
+            .lines()
+            .find(|l| l.contains("started:") && l.contains(what))
+            .and_then(|l| l.split("127.0.0.1:").nth(1))
+            .and_then(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u16>().ok()
+            })
+            .unwrap_or_else(|| panic!("no {what} started: {banner}"))
+    };
+    let (pg, nats) = (started("Postgres on"), started("nats-server"));
+    assert!(pg != 5432 && nats != 4222, "{banner}");
+    let data = home.join(".local/share/hark");
+    assert!(
+        banner.contains(&format!("data:                     {}", data.display())),
+        "{banner}"
+    );
+
+    // The round trip works on the defaults: the CLI reaches gRPC at 127.0.0.1:50051.
+    let hark = hark_e2e::hark_binary().display().to_string();
+    let created = netns
+        .run(&hark, &["task", "new", "--owner", "api:me", "say hello"])
+        .await;
+    assert!(
+        created.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&created.stdout),
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let asked = tokio::time::Instant::now() + START;
+    loop {
+        let questions = netns.run(&hark, &["task", "questions"]).await;
+        let listed = String::from_utf8_lossy(&questions.stdout).into_owned();
+        if listed.contains("What should I call you?") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < asked,
+            "the demo model asked nothing: {listed}\n{}",
+            dev.output()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let status = dev.stop().await.expect("hark dev stops");
+    assert!(status.success(), "{}", dev.output());
+    assert!(netns.closed(pg).await && netns.closed(nats).await);
+    let _ = std::fs::remove_dir_all(&home);
     env.cleanup().await;
 }

@@ -144,15 +144,11 @@ impl Hark {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Metrics>,
     {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        hark_e2e::eventually(what, WAIT, || async {
             let metrics = scrape().await;
-            if holds(&metrics) {
-                return metrics;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            holds(&metrics).then_some(metrics)
+        })
+        .await
     }
 
     async fn stop(mut self) {

@@ -251,13 +251,11 @@ impl Outage {
     }
 
     async fn until_spooled(&self, count: u64) {
-        for _ in 0..600 {
-            if self.spooled().await >= count {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the spool never held {count} messages");
+        let what = format!("the spool holds {count} messages");
+        hark_e2e::eventually(&what, Duration::from_secs(30), || async {
+            (self.spooled().await >= count).then_some(())
+        })
+        .await
     }
 
     async fn stop(mut self) {

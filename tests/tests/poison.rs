@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use hark_core::bus;
 use hark_e2e::{Env, bot::Bot};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -34,11 +33,14 @@ async fn a_poison_command_and_an_unreadable_message_stop_nothing_and_are_shown()
     );
 
     // Bytes on CHAT_IN that are no chat message at all.
-    bus::publish(
+    hark_core::publish::publish(
         &env.js,
-        env.names.chat_in("qq").expect("subject"),
-        "poison-1",
-        bytes::Bytes::from_static(b"\xff\x00 not a chat message"),
+        hark_core::publish::Outgoing {
+            subject: env.names.chat_in("qq").expect("subject"),
+            msg_id: "poison-1",
+            payload: bytes::Bytes::from_static(b"\xff\x00 not a chat message"),
+            trace: None,
+        },
     )
     .await
     .expect("published");

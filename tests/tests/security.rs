@@ -292,6 +292,13 @@ async fn another_process_of_the_workers_user_cannot_read_its_secrets() {
         .spawn()
         .expect("sleep starts");
     let plain_pid = plain.id().expect("pid");
+    // Until setpriv has changed its user and run `sleep`, the process is root's, or not
+    // dumpable between the two; only the `sleep` it becomes is the plain case.
+    hark_e2e::eventually("setpriv to become sleep", WAIT, || async {
+        let comm = tokio::fs::read_to_string(format!("/proc/{plain_pid}/comm")).await;
+        (comm.ok()?.trim() == "sleep").then_some(())
+    })
+    .await;
     let read = as_nobody("cat", &[&format!("/proc/{plain_pid}/environ")]).await;
     assert!(
         String::from_utf8_lossy(&read.stdout).contains("sk-LlmKeyNeverShown"),

@@ -21,19 +21,12 @@ async fn task_of(env: &Env, id: &str) -> pb::Task {
 }
 
 async fn until_state(env: &Env, id: &str, state: pb::TaskState) -> pb::Task {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    let what = format!("task {id} is {state:?}");
+    hark_e2e::eventually(&what, WAIT, || async {
         let task = task_of(env, id).await;
-        if task.state == state as i32 {
-            return task;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "task {id} is {:?}, not {state:?}",
-            task.state
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (task.state == state as i32).then_some(task)
+    })
+    .await
 }
 
 #[tokio::test]

@@ -729,7 +729,10 @@ impl Run<'_> {
             return Ok(None);
         };
         let decision = match answers {
-            Some(_) => approval::Decision::Approve { for_task: false },
+            Some(_) => approval::Decision::Approve {
+                for_task: false,
+                arguments: None,
+            },
             None => approval::Decision::of(resume),
         };
         let result = match decision {
@@ -737,8 +740,23 @@ impl Run<'_> {
                 "the owner did not answer the request to approve `{}` in time; it did not run.",
                 call.name
             ),
-            approval::Decision::Deny => format!("the owner declined; `{}` did not run.", call.name),
-            approval::Decision::Approve { for_task } => match ctx.registry.check(&call, role) {
+            approval::Decision::Deny { reason: None } => {
+                format!("the owner declined; `{}` did not run.", call.name)
+            }
+            approval::Decision::Deny {
+                reason: Some(reason),
+            } => format!(
+                "the owner declined; `{}` did not run. Their reason: {}",
+                call.name,
+                limits::cut(&reason, limits::MAX_QUESTION)
+            ),
+            approval::Decision::Approve {
+                for_task,
+                arguments,
+            } => match ctx
+                .registry
+                .check(&approval::with_arguments(&call, arguments.clone()), role)
+            {
                 Err(error) => error,
                 Ok(checked) => {
                     if for_task {
@@ -751,7 +769,15 @@ impl Run<'_> {
                         .execute(ctx.spec, &checked, call_id, &key, answers, ctx.cancel)
                         .await?
                     {
-                        Step::Result(result) => result,
+                        // The model's own call shows its arguments: it reads which the owner
+                        // changed before the result.
+                        Step::Result(result) => match &arguments {
+                            Some(changed) => format!(
+                                "the owner approved it with changed arguments {}; it ran:\n{result}",
+                                Value::Object(changed.clone())
+                            ),
+                            None => result,
+                        },
                         Step::Asks(ask) => return Ok(Some(ask)),
                     }
                 }

@@ -1,8 +1,9 @@
 //! Approval before acting: a call of a tool that needs its owner's consent is not run; hark
-//! asks the owner instead, as an ordinary durable question with three choices, and the task
-//! waits like any other. The answer resumes the task: approved, the call runs then; denied or
-//! unanswered, the model reads that it did not run. "Approve for the rest of this task" is kept
-//! in the checkpoint as a record the model never sees.
+//! asks the owner instead, as an ordinary durable question of the approval shape, and the task
+//! waits like any other. The answer resumes the task: approved, the call runs then (with the
+//! arguments the owner changed, when they sent `key: value` lines); denied (with the reason the
+//! owner gave, if any) or unanswered, the model reads that it did not run. "Approve for the rest
+//! of this task" is kept in the checkpoint as a record the model never sees.
 
 use std::collections::HashSet;
 
@@ -140,27 +141,51 @@ pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> P
         question,
         context: String::new(),
         timeout_s: 0,
-        shape: Shape::choosing(choices.iter().map(|c| (*c).to_owned()).collect()),
+        shape: Shape::Approval {
+            choices: choices.iter().map(|c| (*c).to_owned()).collect(),
+            arguments: checked.arguments.keys().cloned().collect(),
+        },
         waits_for: String::new(),
     }
 }
 
 /// What the owner decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     Approve {
         for_task: bool,
+        /// The arguments the owner changed, to run the call with instead.
+        arguments: Option<serde_json::Map<String, Value>>,
     },
-    Deny,
+    Deny {
+        reason: Option<String>,
+    },
     /// Nobody answered before the deadline.
     Expired,
 }
 
 impl Decision {
-    /// The decision a resume brings. task-control accepts only one of the choices, as its text.
+    /// The decision a resume brings: the approval's value as task-control read it, or (for a
+    /// question asked with three plain choices) one of the choices, as its text.
     pub fn of(resume: &pb::Resume) -> Self {
         if resume.expired {
             return Self::Expired;
+        }
+        if let Ok(value) = serde_json::from_str::<Value>(&resume.text)
+            && let Some(decision) = value["decision"].as_str()
+        {
+            return match decision {
+                "approve" | "approve_for_task" => Self::Approve {
+                    for_task: decision == "approve_for_task",
+                    arguments: value["arguments"].as_object().cloned(),
+                },
+                _ => Self::Deny {
+                    reason: value["reason"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .filter(|r| !r.trim().is_empty()),
+                },
+            };
         }
         // The answer comes as the agent reads a choice, {"choice": …}.
         let answer = Shape::choosing(CHOICES_EN.map(str::to_owned).to_vec()).value_of(&resume.text);
@@ -169,9 +194,15 @@ impl Decision {
             .iter()
             .find_map(|choices| choices.iter().position(|c| c.eq_ignore_ascii_case(answer)));
         match index {
-            Some(0) => Self::Approve { for_task: false },
-            Some(2) => Self::Approve { for_task: true },
-            _ => Self::Deny,
+            Some(0) => Self::Approve {
+                for_task: false,
+                arguments: None,
+            },
+            Some(2) => Self::Approve {
+                for_task: true,
+                arguments: None,
+            },
+            _ => Self::Deny { reason: None },
         }
     }
 }
@@ -184,6 +215,33 @@ pub fn call_in(history: &[Value], call_id: &str) -> Option<ToolCall> {
         .filter(|m| m["role"] == "assistant")
         .filter_map(|m| llm::parse_message(m.clone(), ""))
         .find_map(|reply| reply.tool_calls.into_iter().find(|c| c.id == call_id))
+}
+
+/// `call` with the arguments the owner changed put over the model's; as it is without changes.
+/// The changed call is checked against the tool's schema again before it runs.
+pub fn with_arguments(
+    call: &ToolCall,
+    changed: Option<serde_json::Map<String, Value>>,
+) -> ToolCall {
+    let Some(changed) = changed else {
+        return call.clone();
+    };
+    let mut arguments = match &call.arguments {
+        Value::String(text) => serde_json::from_str::<Value>(text).unwrap_or_default(),
+        other => other.clone(),
+    };
+    let object = match arguments.as_object_mut() {
+        Some(object) => object,
+        None => {
+            arguments = Value::Object(Default::default());
+            arguments.as_object_mut().expect("an object")
+        }
+    };
+    object.extend(changed);
+    ToolCall {
+        arguments: Value::String(arguments.to_string()),
+        ..call.clone()
+    }
 }
 
 /// The record that `tool` is approved for the rest of the task.
@@ -235,19 +293,53 @@ mod tests {
     fn each_choice_in_either_language_is_its_decision() {
         assert_eq!(
             Decision::of(&resume(r#"{"choice":"approve"}"#, false)),
-            Decision::Approve { for_task: false }
+            Decision::Approve {
+                for_task: false,
+                arguments: None
+            }
         );
         assert_eq!(
             Decision::of(&resume("approve", false)),
-            Decision::Approve { for_task: false }
+            Decision::Approve {
+                for_task: false,
+                arguments: None
+            }
         );
         assert_eq!(
             Decision::of(&resume("本任务内都批准", false)),
-            Decision::Approve { for_task: true }
+            Decision::Approve {
+                for_task: true,
+                arguments: None
+            }
         );
-        assert_eq!(Decision::of(&resume("拒绝", false)), Decision::Deny);
-        assert_eq!(Decision::of(&resume("whatever", false)), Decision::Deny);
+        let deny = Decision::Deny { reason: None };
+        assert_eq!(Decision::of(&resume("拒绝", false)), deny);
+        assert_eq!(Decision::of(&resume("whatever", false)), deny);
         assert_eq!(Decision::of(&resume("approve", true)), Decision::Expired);
+        // An approval's value, as task-control reads the owner's answer.
+        assert_eq!(
+            Decision::of(&resume(r#"{"decision":"deny","reason":"太贵了"}"#, false)),
+            Decision::Deny {
+                reason: Some("太贵了".into())
+            }
+        );
+        assert_eq!(
+            Decision::of(&resume(
+                r#"{"decision":"approve","arguments":{"path":"/tmp/b"}}"#,
+                false
+            )),
+            Decision::Approve {
+                for_task: false,
+                arguments: Some(json!({"path": "/tmp/b"}).as_object().cloned().expect("map"))
+            }
+        );
+        assert_eq!(
+            Decision::of(&resume(r#"{"decision":"approve_for_task"}"#, false)),
+            Decision::Approve {
+                for_task: true,
+                arguments: None
+            }
+        );
     }
 
     #[test]

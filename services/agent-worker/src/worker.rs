@@ -408,13 +408,10 @@ impl Worker {
                 hint = hints.next() => hint,
             };
             let Some(hint) = hint else { return };
-            let task = hint
-                .subject
-                .as_str()
-                .rsplit('.')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
+            let Some(task) = self.names.task_of_cancel(&hint.subject) else {
+                continue;
+            };
+            let task = task.to_string();
             if let Some((cancel, gone)) = self.lock_running().get(&task) {
                 tracing::info!(task, "cancelled: stopping the run");
                 gone.cancel();

@@ -31,7 +31,7 @@ fn everything() -> String {
 fn stdio(tweak: impl FnOnce(&mut McpServerConfig)) -> McpServerConfig {
     let mut server = McpServerConfig {
         name: "everything".into(),
-        command: "node".into(),
+        command: hark_testkit::node().to_string_lossy().into_owned(),
         args: vec![everything(), "stdio".into()],
         ..Default::default()
     };
@@ -131,7 +131,7 @@ async fn tools_over_streamable_http_reach_the_model() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         listener.local_addr().expect("addr").port()
     };
-    let mut server = tokio::process::Command::new("node")
+    let mut server = tokio::process::Command::new(hark_testkit::node())
         .args([everything(), "streamableHttp".into()])
         .env("PORT", port.to_string())
         .stdout(std::process::Stdio::null())
@@ -226,6 +226,16 @@ async fn an_approved_call_runs_after_the_owner_says_so_in_a_durable_question() {
         question.choices,
         ["approve", "deny", "approve for the rest of this task"]
     );
+    assert_eq!(question.kind, "approval");
+    assert_eq!(
+        question
+            .fields
+            .iter()
+            .map(|f| f.key.as_str())
+            .collect::<Vec<_>>(),
+        ["message"],
+        "the arguments the owner may change"
+    );
     // Nothing ran: the server was not called, and the task waits like any question, held by
     // no worker.
     assert_eq!(bed.tools[0].in_flight(), 0);
@@ -242,6 +252,36 @@ async fn a_denied_call_does_not_run_and_the_model_reads_that_the_owner_declined(
     assert_eq!(
         result_after(&bed, &id).await,
         "the owner declined; `everything__echo` did not run."
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_denial_with_a_reason_gives_the_model_the_reason() {
+    let (bed, id, _) = waiting_for_approval(|_| {}).await;
+    bed.answer(&id, "deny: not before the backup").await;
+    assert_eq!(
+        result_after(&bed, &id).await,
+        "the owner declined; `everything__echo` did not run. Their reason: not before the backup"
+    );
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn changed_arguments_approve_the_call_which_runs_with_them() {
+    let (bed, id, _) = waiting_for_approval(|_| {}).await;
+    // An argument the tool does not have is refused, and the question stays open.
+    let refused = bed
+        .try_answer(&id, "mode: fast")
+        .await
+        .expect_err("no such argument");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("mode"), "{}", refused.message());
+    bed.answer(&id, "message: keep it").await;
+    let result = result_after(&bed, &id).await;
+    assert_eq!(
+        result,
+        "the owner approved it with changed arguments {\"message\":\"keep it\"}; it ran:\nEcho: keep it"
     );
     bed.stop().await;
 }

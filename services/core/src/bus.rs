@@ -19,17 +19,13 @@
 
 use std::{fmt, str::FromStr, time::Duration};
 
-use async_nats::{
-    HeaderMap,
-    jetstream::{
-        self, AckKind,
-        consumer::{AckPolicy, pull},
-        stream::{self, RetentionPolicy, StorageType},
-    },
+use async_nats::jetstream::{
+    self,
+    consumer::{AckPolicy, pull},
+    stream::{self, RetentionPolicy, StorageType},
 };
-use bytes::Bytes;
 
-use crate::{domain::TaskId, error::Settle};
+use crate::domain::TaskId;
 
 /// The header JetStream deduplicates on.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
@@ -260,6 +256,32 @@ impl Names {
 
     pub fn control_all(&self) -> String {
         format!("{}.control.*", self.ns)
+    }
+
+    /// The operation a control request's subject names; `None` for a subject that is not one.
+    pub fn control_op_of(&self, subject: &str) -> Option<ControlOp> {
+        let op = self.below(subject, "control")?;
+        ControlOp::ALL.into_iter().find(|o| o.as_str() == op)
+    }
+
+    /// The task a cancel hint's subject names.
+    pub fn task_of_cancel(&self, subject: &str) -> Option<TaskId> {
+        self.below(subject, "task.cancel")?.parse().ok()
+    }
+
+    /// The source a dead letter's subject names (`chat_in`, `task_run`, …).
+    pub fn dead_letter_source<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        self.below(subject, "dead")
+    }
+
+    /// The one token after `<ns>.<prefix>.` in `subject`.
+    fn below<'a>(&self, subject: &'a str, prefix: &str) -> Option<&'a str> {
+        let rest = subject
+            .strip_prefix(self.ns.0.as_str())?
+            .strip_prefix('.')?
+            .strip_prefix(prefix)?
+            .strip_prefix('.')?;
+        (!rest.is_empty() && !rest.contains('.')).then_some(rest)
     }
 
     /// The queue group every task-control replica answers control requests in.
@@ -603,45 +625,29 @@ pub fn retry_delay(delivered: i64) -> Duration {
     (Duration::from_secs(1) * 2u32.pow(exponent)).min(Duration::from_secs(10))
 }
 
-/// Acknowledges, redelivers later, or terminates a JetStream message, as its handling settled.
-pub async fn settle(message: &jetstream::Message, settle: Settle) -> Result<(), async_nats::Error> {
-    match settle {
-        Settle::Done => message.ack().await,
-        Settle::Retry => {
-            let delivered = message.info().map_or(1, |i| i.delivered);
-            message
-                .ack_with(AckKind::Nak(Some(retry_delay(delivered))))
-                .await
-        }
-        Settle::Drop => message.ack_with(AckKind::Term).await,
-    }
-}
-
-/// Publishes to a stream with a deduplication id (and the current trace context, if any) and
-/// waits for the stream's ack.
-pub async fn publish(
-    js: &jetstream::Context,
-    subject: String,
-    msg_id: &str,
-    payload: Bytes,
-) -> Result<jetstream::publish::PublishAck, Error> {
-    let mut headers = HeaderMap::new();
-    headers.insert(MSG_ID_HEADER, msg_id);
-    crate::trace::inject(&mut headers);
-    let fail = |subject: &str, e: async_nats::Error| Error::Publish {
-        subject: subject.to_owned(),
-        source: e,
-    };
-    let ack = js
-        .publish_with_headers(subject.clone(), headers, payload)
-        .await
-        .map_err(|e| fail(&subject, e.into()))?;
-    ack.await.map_err(|e| fail(&subject, e.into()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn subjects_are_taken_apart_by_the_names_that_made_them() {
+        let names = Names::new("hark".parse().expect("ns"));
+        let other = Names::new("other".parse().expect("ns"));
+        for op in ControlOp::ALL {
+            assert_eq!(names.control_op_of(&names.control(op)), Some(op));
+            assert_eq!(other.control_op_of(&names.control(op)), None);
+        }
+        assert_eq!(names.control_op_of("hark.control.unknown"), None);
+        assert_eq!(names.control_op_of("hark.control.claim.more"), None);
+        let task = TaskId::new();
+        assert_eq!(names.task_of_cancel(&names.task_cancel(task)), Some(task));
+        assert_eq!(names.task_of_cancel(&names.task_event(task)), None);
+        assert_eq!(
+            names.dead_letter_source(&names.dead_letter("chat_in")),
+            Some("chat_in")
+        );
+        assert_eq!(names.dead_letter_source("hark.dead."), None);
+    }
 
     fn names(ns: &str) -> Names {
         Names::new(ns.parse().expect("namespace"))

@@ -34,7 +34,7 @@ use futures_util::FutureExt as _;
 
 use crate::{
     bus::{self, Names},
-    error::Kind,
+    error::{Kind, Settle},
     metrics::{self, Collect, CollectFuture, Counter, Family, Labels, Text},
 };
 
@@ -211,6 +211,27 @@ async fn ack(message: &jetstream::Message, source: &str, kind: AckKind) {
     }
 }
 
+/// Settles a message of `source` as its handling came out: the one place a consumer's outcome
+/// becomes an ack, a redelivery (after [`bus::retry_delay`], or at once) or a termination. A
+/// message that can never be handled is set aside first, with [`DeadLetters::set_aside`].
+pub async fn settle(message: &jetstream::Message, source: &str, settle: Settle) {
+    match settle {
+        Settle::Done => ack(message, source, AckKind::Ack).await,
+        Settle::Confirmed => {
+            if let Err(e) = message.double_ack().await {
+                tracing::warn!(source, error = %e, "handled, but the ack was not confirmed; it may be handled again");
+            }
+        }
+        Settle::Retry => {
+            let delivered = message.info().map_or(1, |i| i.delivered);
+            let delay = bus::retry_delay(delivered);
+            ack(message, source, AckKind::Nak(Some(delay))).await;
+        }
+        Settle::Again => ack(message, source, AckKind::Nak(None)).await,
+        Settle::Drop => ack(message, source, AckKind::Term).await,
+    }
+}
+
 /// Where a dead letter came from.
 #[derive(Debug, Clone, Copy)]
 pub struct Origin<'a> {
@@ -259,10 +280,10 @@ where
             }
         }
     };
-    settle(message, source, dead, delivered, result).await
+    settle_result(message, source, dead, delivered, result).await
 }
 
-async fn settle(
+async fn settle_result(
     message: &jetstream::Message,
     source: &str,
     dead: &DeadLetters,
@@ -271,16 +292,11 @@ async fn settle(
 ) -> Outcome {
     match result {
         Ok(()) => {
-            ack(message, source, AckKind::Ack).await;
+            settle(message, source, Settle::Done).await;
             Outcome::Done
         }
         Err(failure) if failure.kind.is_retryable() => {
-            ack(
-                message,
-                source,
-                AckKind::Nak(Some(bus::retry_delay(delivered))),
-            )
-            .await;
+            settle(message, source, Settle::Retry).await;
             Outcome::Retried
         }
         Err(failure) => {

@@ -89,6 +89,50 @@ impl Kind {
         }
     }
 
+    /// The gRPC status code of an error of this kind: the one mapping every gRPC door uses.
+    pub fn grpc_code(self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Kind::Invalid => Code::InvalidArgument,
+            Kind::NotFound => Code::NotFound,
+            Kind::Conflict | Kind::Gone => Code::FailedPrecondition,
+            Kind::Forbidden => Code::PermissionDenied,
+            Kind::Exhausted => Code::ResourceExhausted,
+            Kind::Unavailable => Code::Unavailable,
+            Kind::Internal => Code::Internal,
+        }
+    }
+
+    /// The kind of a gRPC status a client received (or a door that speaks HTTP got from one
+    /// that speaks gRPC).
+    pub fn of_grpc(code: tonic::Code) -> Self {
+        use tonic::Code;
+        match code {
+            Code::InvalidArgument | Code::OutOfRange => Kind::Invalid,
+            Code::NotFound => Kind::NotFound,
+            Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => Kind::Conflict,
+            Code::PermissionDenied | Code::Unauthenticated => Kind::Forbidden,
+            Code::ResourceExhausted => Kind::Exhausted,
+            Code::Unavailable | Code::DeadlineExceeded => Kind::Unavailable,
+            _ => Kind::Internal,
+        }
+    }
+
+    /// The HTTP status of an error of this kind: the one mapping every HTTP door uses.
+    pub fn http_status(self) -> axum::http::StatusCode {
+        use axum::http::StatusCode;
+        match self {
+            Kind::Invalid => StatusCode::BAD_REQUEST,
+            Kind::NotFound => StatusCode::NOT_FOUND,
+            Kind::Conflict => StatusCode::CONFLICT,
+            Kind::Gone => StatusCode::GONE,
+            Kind::Forbidden => StatusCode::FORBIDDEN,
+            Kind::Exhausted => StatusCode::TOO_MANY_REQUESTS,
+            Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
     /// What a JetStream consumer does with a message whose handling failed this way: a retryable
     /// failure is delivered again later; anything else would fail the same way every time, so the
     /// message is dropped.
@@ -112,8 +156,14 @@ impl fmt::Display for Kind {
 pub enum Settle {
     /// Handled: acknowledge it.
     Done,
-    /// Deliver it again after a backoff.
+    /// Handled, and the server confirms the ack before the handler goes on: for work that
+    /// cannot be undone (a message sent into a chat), so that it is not done again.
+    Confirmed,
+    /// Deliver it again after a backoff ([`crate::bus::retry_delay`]).
     Retry,
+    /// Deliver it again at once: it was not handled for a reason of this consumer's own (its
+    /// bot went offline), not of the message's.
+    Again,
     /// It can never be handled: terminate it, so it is not delivered again.
     Drop,
 }
@@ -136,6 +186,30 @@ pub trait Classified {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_keeps_its_kind_through_grpc_and_has_an_http_status_of_its_class() {
+        for kind in Kind::ALL {
+            let back = Kind::of_grpc(kind.grpc_code());
+            // Gone and Conflict share FAILED_PRECONDITION: a client cannot tell them apart.
+            let expected = if kind == Kind::Gone {
+                Kind::Conflict
+            } else {
+                kind
+            };
+            assert_eq!(back, expected, "{kind}");
+            let status = kind.http_status();
+            assert_eq!(
+                status.is_server_error(),
+                matches!(kind, Kind::Unavailable | Kind::Internal),
+                "{kind}: {status}"
+            );
+            assert!(
+                status.is_client_error() || status.is_server_error(),
+                "{kind}"
+            );
+        }
+    }
 
     #[test]
     fn only_unavailable_is_retried_and_every_kind_maps_both_ways() {

@@ -23,6 +23,7 @@ pub mod domain;
 pub mod error;
 pub mod failpoint;
 pub mod metrics;
+pub mod publish;
 pub mod secret;
 pub mod startup;
 pub mod telemetry;

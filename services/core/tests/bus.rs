@@ -14,6 +14,7 @@ use hark_core::{
     bus::{self, Names},
     codec,
     domain::TaskId,
+    publish,
 };
 use hark_proto::v1 as pb;
 
@@ -37,14 +38,16 @@ async fn publish_job(
         reason: pb::RunReason::Start as i32,
         ..Default::default()
     };
-    bus::publish(
-        &bus.js,
-        bus.names.task_run(),
-        &Names::run_job_msg_id(task, generation),
-        codec::encode(job),
-    )
-    .await
-    .expect("publish is acked")
+    let msg_id = Names::run_job_msg_id(task, generation);
+    let job = publish::Outgoing {
+        subject: bus.names.task_run(),
+        msg_id: &msg_id,
+        payload: codec::encode(job),
+        trace: None,
+    };
+    publish::publish(&bus.js, job)
+        .await
+        .expect("publish is acked")
 }
 
 async fn fetch_all(consumer: &PullConsumer) -> Vec<jetstream::Message> {

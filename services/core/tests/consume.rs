@@ -10,7 +10,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use common::TestBus;
 use hark_core::{
-    bus::{self, Names},
+    bus::Names,
     consume::{self, DeadLetters, Failure, Liveness},
     error::Kind,
 };
@@ -19,11 +19,14 @@ use tokio_util::sync::CancellationToken;
 
 impl TestBus {
     async fn send(&self, text: &'static str) {
-        bus::publish(
+        hark_core::publish::publish(
             &self.js,
-            self.names.chat_in("qq").expect("subject"),
-            text,
-            Bytes::from_static(text.as_bytes()),
+            hark_core::publish::Outgoing {
+                subject: self.names.chat_in("qq").expect("subject"),
+                msg_id: text,
+                payload: Bytes::from_static(text.as_bytes()),
+                trace: None,
+            },
         )
         .await
         .expect("published");

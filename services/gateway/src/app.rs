@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Settings, forward, http, hub::Hub, ws};
+use crate::{Settings, http, hub::Hub, onebot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -145,31 +145,52 @@ impl App {
                 }
             });
         }
+        // Each platform: its connections, and its routes with a state of its own.
+        let onebot = onebot::Door {
+            hub: hub.clone(),
+            bots: Arc::default(),
+        };
         for url in forward {
-            tokio::spawn(forward::keep_connected(hub.clone(), url));
+            tokio::spawn(onebot::forward::keep_connected(onebot.clone(), url));
         }
+        let adapter = http::Door::new(hub.clone());
         if !hub.settings.webhook_url.is_empty() {
             for (platform, bot) in hub.settings.http_bots.clone() {
-                tokio::spawn(http::webhook(hub.clone(), platform, bot));
+                tokio::spawn(http::webhook(adapter.clone(), platform, bot));
             }
         }
         let limit = hub.settings.max_frame_bytes;
+        let health_state = Health {
+            hub: hub.clone(),
+            onebot: onebot.bots.clone(),
+        };
         let mut router = Router::new()
-            .route("/onebot/v11/ws", any(ws::upgrade))
-            .route("/onebot/v11/ws/", any(ws::upgrade))
-            .route("/onebot/v11/", any(ws::upgrade))
-            .route("/onebot/v11", any(ws::upgrade))
-            .route("/healthz", get(health))
-            .route("/readyz", get(ready));
+            .route("/onebot/v11/ws", any(onebot::reverse::upgrade))
+            .route("/onebot/v11/ws/", any(onebot::reverse::upgrade))
+            .route("/onebot/v11/", any(onebot::reverse::upgrade))
+            .route("/onebot/v11", any(onebot::reverse::upgrade))
+            .with_state(onebot)
+            .merge(
+                Router::new()
+                    .route("/healthz", get(health))
+                    .with_state(health_state),
+            )
+            .merge(
+                Router::new()
+                    .route("/readyz", get(ready))
+                    .with_state(hub.clone()),
+            );
         // The HTTP adapter exists only when it was given platforms to speak for.
         if hub.settings.http_enabled() {
-            router = router
-                .route("/api/v1/messages", post(http::post_message))
-                .route("/api/v1/stream", get(http::stream));
+            router = router.merge(
+                Router::new()
+                    .route("/api/v1/messages", post(http::post_message))
+                    .route("/api/v1/stream", get(http::stream))
+                    .with_state(adapter),
+            );
         }
         let router = router
             .layer(DefaultBodyLimit::max(limit))
-            .with_state(hub.clone())
             .merge(match metrics_token {
                 Some(token) => hark_core::metrics::router(token),
                 None => Router::new().route("/metrics", get(metrics_refused)),
@@ -246,8 +267,15 @@ async fn ready(State(hub): State<Arc<Hub>>) -> axum::response::Response {
 /// `GET /healthz`: liveness for anyone. Which bots are online is shown only to a caller with one
 /// of the gateway's tokens (`gateway.onebot.access_token` or `gateway.http.token`), or to anyone
 /// when the gateway has none (it then listens on loopback only).
+/// What `/healthz` reads: the hub, and the bots online of each platform that has bots.
+#[derive(Debug, Clone)]
+struct Health {
+    hub: Arc<Hub>,
+    onebot: Arc<onebot::bots::Bots>,
+}
+
 async fn health(
-    State(hub): State<Arc<Hub>>,
+    State(Health { hub, onebot }): State<Health>,
     headers: axum::http::HeaderMap,
 ) -> Json<serde_json::Value> {
     let tokens = [&hub.settings.access_token, &hub.settings.http_token];
@@ -258,7 +286,7 @@ async fn health(
     if !trusted {
         return Json(json!({"status": "ok"}));
     }
-    let bots: Vec<String> = hub
+    let bots: Vec<String> = onebot
         .online()
         .into_iter()
         .map(|(p, b)| format!("{p}:{b}"))

@@ -337,16 +337,27 @@ impl Platform for Adapter {
     }
 }
 
+/// What the HTTP adapter's requests share: the gateway's hub, and the adapter.
+#[derive(Debug, Clone)]
+pub struct Door {
+    pub hub: Arc<Hub>,
+    pub adapter: Arc<Adapter>,
+}
+
+impl Door {
+    pub fn new(hub: Arc<Hub>) -> Self {
+        let adapter = Arc::new(Adapter::new(&hub.settings));
+        Self { hub, adapter }
+    }
+}
+
 /// `POST /api/v1/messages`.
-pub async fn post_message(
-    State(hub): State<Arc<Hub>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Err(response) = check_token(&hub, &headers).and_then(|()| json_only(&headers)) {
+pub async fn post_message(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> Response {
+    let hub = &door.hub;
+    if let Err(response) = check_token(hub, &headers).and_then(|()| json_only(&headers)) {
         return *response;
     }
-    let message = match hub.http.normalise(&body) {
+    let message = match door.adapter.normalise(&body) {
         Ok(Inbound::Message(message)) => message,
         Err(refusal) => return error(refusal.status, refusal.message),
     };
@@ -355,7 +366,7 @@ pub async fn post_message(
         .get(hark_core::trace::HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(hark_core::trace::TraceContext::parse);
-    let published = hub.publish_now(*message, trace).await;
+    let published = crate::inbound::publish_now(hub, *message, trace).await;
     match published {
         // Accepted only once JetStream has it: a 202 is a promise.
         Ok(()) => (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response(),
@@ -405,15 +416,14 @@ impl Streams {
 
 /// Drops a subscription when its SSE stream ends.
 struct Subscription {
-    hub: Arc<Hub>,
+    adapter: Arc<Adapter>,
     key: (String, String),
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         let mut bots = self
-            .hub
-            .http
+            .adapter
             .streams
             .bots
             .lock()
@@ -436,11 +446,12 @@ pub struct StreamQuery {
 
 /// `GET /api/v1/stream?platform=…&bot_id=…`: outbound messages as server-sent events.
 pub async fn stream(
-    State(hub): State<Arc<Hub>>,
+    State(door): State<Door>,
     headers: HeaderMap,
     Query(query): Query<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Response> {
-    check_token(&hub, &headers).map_err(|r| *r)?;
+    let hub = &door.hub;
+    check_token(hub, &headers).map_err(|r| *r)?;
     let key = (query.platform.clone(), query.bot_id.clone());
     if !hub.settings.http_bots.contains(&key) {
         return Err(error(
@@ -458,8 +469,8 @@ pub async fn stream(
         ));
     }
     let rx = {
-        let mut bots = hub
-            .http
+        let mut bots = door
+            .adapter
             .streams
             .bots
             .lock()
@@ -474,7 +485,7 @@ pub async fn stream(
         if bot.subscribers == 1 {
             tokio::spawn(outbound::run(
                 hub.clone(),
-                hub.http.clone(),
+                door.adapter.clone(),
                 key.0.clone(),
                 key.1.clone(),
                 bot.delivering.clone(),
@@ -483,7 +494,7 @@ pub async fn stream(
         rx
     };
     let guard = Subscription {
-        hub: hub.clone(),
+        adapter: door.adapter.clone(),
         key,
     };
     let events = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(move |item| {
@@ -498,7 +509,7 @@ pub async fn stream(
 }
 
 /// Delivers one HTTP bot's messages to the webhook until shutdown.
-pub async fn webhook(hub: Arc<Hub>, platform: String, bot_id: String) {
-    let closed = hub.shutdown.clone();
-    outbound::run(hub.clone(), hub.http.clone(), platform, bot_id, closed).await;
+pub async fn webhook(door: Door, platform: String, bot_id: String) {
+    let closed = door.hub.shutdown.clone();
+    outbound::run(door.hub, door.adapter, platform, bot_id, closed).await;
 }

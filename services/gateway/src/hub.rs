@@ -1,9 +1,10 @@
-//! What every platform's connections share: the link to the bus, the spool, the OneBot bots
-//! online now, and the HTTP adapter.
+//! What every platform's connections share: the link to the bus, the spool, the notices of
+//! messages not taken, and the metrics. It knows no platform: each keeps its own connections.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::AtomicU64},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use hark_core::bus;
@@ -11,11 +12,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    Settings, inbound,
-    onebot::conn::Bot,
-    platform::Platform,
+    Settings,
     spool::{Spool, Spooled},
 };
+
+/// At most one "could not take your message" notice per chat in this long.
+const NOTICE_EVERY: Duration = Duration::from_secs(60);
 
 /// The gateway's connections and its link to the bus.
 #[derive(Debug)]
@@ -24,11 +26,6 @@ pub struct Hub {
     pub js: async_nats::jetstream::Context,
     pub names: bus::Names,
     pub settings: Settings,
-    /// The OneBot bots online, by `(platform, self id)`.
-    pub(crate) bots: Mutex<HashMap<(String, String), Arc<Bot>>>,
-    pub(crate) connections: AtomicU64,
-    /// The HTTP adapter, with the subscribers of its outbound stream.
-    pub http: Arc<crate::http::Adapter>,
     /// Bots, messages and failed sends per platform.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Where inbound messages wait until JetStream has them.
@@ -37,7 +34,7 @@ pub struct Hub {
     /// Spooled messages, in order, for the publisher.
     publisher: mpsc::UnboundedSender<Spooled>,
     /// Chats told lately that a message was not taken.
-    notices: inbound::Notices,
+    pub(crate) notices: Notices,
     /// Cancelled once NATS answered and the streams exist.
     pub ready: CancellationToken,
     /// Stops everything at shutdown.
@@ -76,10 +73,7 @@ impl Hub {
             js,
             nats: parts.nats,
             names: parts.names,
-            http: Arc::new(crate::http::Adapter::new(&parts.settings)),
             settings: parts.settings,
-            bots: Mutex::default(),
-            connections: AtomicU64::new(1),
             spool: parts.spool,
             spool_dir: parts.spool_dir,
             publisher,
@@ -94,69 +88,27 @@ impl Hub {
     pub fn to_publish(&self, message: Spooled) {
         let _ = self.publisher.send(message);
     }
+}
 
-    /// Tells a chat through `platform` that its last message was not taken (at most once a
-    /// minute per chat).
-    pub async fn tell_not_taken<P: Platform>(
-        &self,
-        platform: &P,
-        route: &hark_proto::v1::ChatRoute,
-    ) {
-        if !self.notices.due(&route.bot_id, &route.stream) {
-            return;
+/// When each chat was last told a message was not taken.
+#[derive(Debug, Default)]
+pub struct Notices(Mutex<HashMap<(String, String), Instant>>);
+
+impl Notices {
+    /// Whether the chat `(bot, stream)` may be told now.
+    pub fn due(&self, bot: &str, stream: &str) -> bool {
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if told.len() > 10_000 {
+            told.retain(|_, at| now.duration_since(*at) < NOTICE_EVERY);
         }
-        let notice = hark_proto::v1::OutboundMessage {
-            route: Some(route.clone()),
-            text: inbound::NOT_TAKEN.into(),
-            ..Default::default()
-        };
-        if let Err(e) = platform.send(notice).await {
-            tracing::warn!(error = ?e, "cannot tell the chat its message was not taken");
+        let key = (bot.to_owned(), stream.to_owned());
+        match told.get(&key) {
+            Some(at) if now.duration_since(*at) < NOTICE_EVERY => false,
+            _ => {
+                told.insert(key, now);
+                true
+            }
         }
-    }
-
-    pub(crate) fn lock_bots(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Bot>>> {
-        self.bots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The OneBot bots online now, as `(platform, self id)`.
-    pub fn online(&self) -> Vec<(String, String)> {
-        self.lock_bots().keys().cloned().collect()
-    }
-
-    pub fn bot(&self, platform: &str, self_id: &str) -> Option<Arc<Bot>> {
-        self.lock_bots()
-            .get(&(platform.to_owned(), self_id.to_owned()))
-            .cloned()
-    }
-
-    /// Publishes an inbound message of the HTTP adapter to `CHAT_IN`, deduplicated by its
-    /// platform message id, in the trace `trace` (a new one when the sender gave none), and
-    /// returns once JetStream acknowledged it.
-    pub async fn publish_now(
-        &self,
-        message: hark_proto::v1::ChatMessage,
-        trace: Option<hark_core::trace::TraceContext>,
-    ) -> Result<(), String> {
-        let platform = message.platform.clone();
-        let span = tracing::info_span!(
-            "receive",
-            otel.name = format!("receive {platform} message"),
-            otel.kind = "server",
-            chat.platform = %platform,
-            trace_id = tracing::field::Empty,
-            span_id = tracing::field::Empty,
-        );
-        hark_core::trace::scope_in(span, trace, async {
-            let spooled = inbound::spooled(&self.names, message).map_err(|e| e.to_string())?;
-            inbound::send(&self.js, &spooled)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await?;
-        self.metrics.inbound.of(&platform).inc();
-        Ok(())
     }
 }

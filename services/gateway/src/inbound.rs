@@ -8,23 +8,18 @@
 //! JetStream in order, with `Nats-Msg-Id = platform:bot:stream:message_id`, and forgets each once
 //! acknowledged; while NATS is away it tries again, and what it has not sent waits on disk.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
-use hark_core::{bus, codec, trace};
+use hark_core::{
+    bus, codec,
+    publish::{self, Unsent},
+    trace,
+};
 use hark_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{hub::Hub, platform::Platform, spool::Spooled};
-/// How long one publish waits for JetStream's acknowledgement.
-const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most one "could not take your message" notice per chat in this long.
-const NOTICE_EVERY: Duration = Duration::from_secs(60);
-
 /// The spooled message for `message`, in the current trace.
 pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, bus::Error> {
     let subject = names.chat_in(&message.platform)?;
@@ -88,7 +83,7 @@ async fn ingest_one<P: Platform>(hub: &Arc<Hub>, platform: &P, mut message: pb::
                 error = %e,
                 "refused an inbound message: the spool cannot take it"
             );
-            hub.tell_not_taken(platform, &route).await;
+            tell_not_taken(hub, platform, &route).await;
         }
     }
 }
@@ -113,7 +108,7 @@ pub async fn publish(
         let mut failing = false;
         loop {
             let sent = match send(&hub.js, &message).await {
-                Err(Unsent::Never(reason)) => set_aside(&hub, &message, &reason).await,
+                Err(Unsent::Never { reason, .. }) => set_aside(&hub, &message, &reason).await,
                 sent => sent,
             };
             match sent {
@@ -170,116 +165,68 @@ async fn set_aside(hub: &Hub, message: &Spooled, reason: &str) -> Result<(), Uns
     hub.dead
         .keep(SPOOL, origin, message.payload.clone(), reason)
         .await
-        .map_err(|e| Unsent::Later(e.to_string()))
+        .map_err(|e| Unsent::Later {
+            subject: message.subject.clone(),
+            reason: e.to_string(),
+        })
 }
 
-/// Why a publish did not go through.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unsent {
-    /// NATS is away or slow: the same publish may work later.
-    Later(String),
-    /// JetStream can never take this message.
-    Never(String),
-}
-
-impl std::fmt::Display for Unsent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unsent::Later(why) | Unsent::Never(why) => f.write_str(why),
-        }
-    }
-}
-
-/// The most bytes of a deduplication id JetStream is handed; ids are checked far below this
-/// where they enter, so only a message spooled before those checks can reach it.
-const MAX_MSG_ID_BYTES: usize = 1024;
-
-/// One publish, acknowledged by JetStream.
+/// Publishes a spooled message and waits for JetStream to store it.
 pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), Unsent> {
-    use tracing::Instrument as _;
-    let span = trace::send_span(&message.subject);
-    trace::set_parent(
-        &span,
-        message
-            .trace
-            .as_deref()
-            .and_then(trace::TraceContext::parse),
-    );
-    send_once(js, message).instrument(span).await
-}
-
-async fn send_once(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), Unsent> {
-    let never = |why: &str| Unsent::Never(why.to_owned());
-    if message.msg_id.len() > MAX_MSG_ID_BYTES {
-        return Err(never("its message id is longer than 1024 bytes"));
-    }
-    let msg_id: async_nats::HeaderValue = message
-        .msg_id
-        .parse()
-        .map_err(|_| never("its message id has a line break"))?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(bus::MSG_ID_HEADER, msg_id);
-    // While traces are exported, the receiver continues from this send's span.
-    let traceparent = if hark_core::telemetry::exporting() {
-        trace::outgoing().or_else(|| message.trace.clone())
-    } else {
-        message.trace.clone()
+    let outgoing = publish::Outgoing {
+        subject: message.subject.clone(),
+        msg_id: &message.msg_id,
+        payload: message.payload.clone(),
+        trace: message.trace.as_deref(),
     };
-    if let Some(parent) = traceparent
-        .as_deref()
-        .and_then(|t| t.parse::<async_nats::HeaderValue>().ok())
-    {
-        headers.insert(trace::HEADER, parent);
-    }
-    let published = tokio::time::timeout(PUBLISH_TIMEOUT, async {
-        let ack = js
-            .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
-            .await
-            .map_err(refused)?;
-        ack.await.map_err(refused)
-    })
-    .await;
-    match published {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(Unsent::Later(format!(
-            "no acknowledgement within {PUBLISH_TIMEOUT:?}"
-        ))),
-    }
-}
-
-/// Whether a publish was refused for what it is (larger than the server's `max_payload`, which
-/// it will always be), or for now.
-fn refused(error: async_nats::jetstream::context::PublishError) -> Unsent {
-    use async_nats::jetstream::context::PublishErrorKind;
-    match error.kind() {
-        PublishErrorKind::MaxPayloadExceeded => Unsent::Never(error.to_string()),
-        _ => Unsent::Later(error.to_string()),
-    }
-}
-
-/// When each chat was last told a message was not taken.
-#[derive(Debug, Default)]
-pub struct Notices(Mutex<HashMap<(String, String), Instant>>);
-
-impl Notices {
-    /// Whether the chat `(bot, stream)` may be told now.
-    pub fn due(&self, bot: &str, stream: &str) -> bool {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        if told.len() > 10_000 {
-            told.retain(|_, at| now.duration_since(*at) < NOTICE_EVERY);
-        }
-        let key = (bot.to_owned(), stream.to_owned());
-        match told.get(&key) {
-            Some(at) if now.duration_since(*at) < NOTICE_EVERY => false,
-            _ => {
-                told.insert(key, now);
-                true
-            }
-        }
-    }
+    publish::publish(js, outgoing).await.map(|_| ())
 }
 
 /// The text a chat is told when the gateway cannot take a message.
 pub const NOT_TAKEN: &str = "hark could not take your last message (it is overloaded); please send it again in a little while.";
+
+/// Tells a chat through `platform` that its last message was not taken (at most once a
+/// minute per chat).
+pub async fn tell_not_taken<P: Platform>(
+    hub: &Hub,
+    platform: &P,
+    route: &hark_proto::v1::ChatRoute,
+) {
+    if !hub.notices.due(&route.bot_id, &route.stream) {
+        return;
+    }
+    let notice = hark_proto::v1::OutboundMessage {
+        route: Some(route.clone()),
+        text: NOT_TAKEN.into(),
+        ..Default::default()
+    };
+    if let Err(e) = platform.send(notice).await {
+        tracing::warn!(error = ?e, "cannot tell the chat its message was not taken");
+    }
+}
+
+/// Publishes an inbound message of the HTTP adapter to `CHAT_IN`, deduplicated by its
+/// platform message id, in the trace `trace` (a new one when the sender gave none), and
+/// returns once JetStream acknowledged it.
+pub async fn publish_now(
+    hub: &Hub,
+    message: hark_proto::v1::ChatMessage,
+    trace: Option<hark_core::trace::TraceContext>,
+) -> Result<(), String> {
+    let platform = message.platform.clone();
+    let span = tracing::info_span!(
+        "receive",
+        otel.name = format!("receive {platform} message"),
+        otel.kind = "server",
+        chat.platform = %platform,
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
+    );
+    hark_core::trace::scope_in(span, trace, async {
+        let spooled = spooled(&hub.names, message).map_err(|e| e.to_string())?;
+        send(&hub.js, &spooled).await.map_err(|e| e.to_string())
+    })
+    .await?;
+    hub.metrics.inbound.of(&platform).inc();
+    Ok(())
+}

@@ -2,17 +2,17 @@
 //!
 //! - [`platform`] is the seam a chat platform implements: normalise what it delivers, send
 //!   what hark says and report the message id.
-//! - [`onebot`] is OneBot v11: frames, bot connections, and its [`platform::Platform`].
-//! - [`hub`] holds what all connections share: the bus, the spool, the bots online.
+//! - [`onebot`] is OneBot v11: frames, bot connections and the bots online, the reverse
+//!   WebSocket server bots dial into and the bots' own servers hark dials, and its
+//!   [`platform::Platform`].
+//! - [`hub`] holds what all connections share, and knows no platform: the bus, the spool.
 //! - [`inbound`] takes messages from bots to JetStream through the [`spool`] on disk.
-//! - [`ws`] is the reverse WebSocket server bots dial into; [`forward`] dials bots' own servers.
 //! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
 //! - [`http`] is the generic HTTP adapter for other apps.
 //! - [`metrics`] counts bots, messages and failed sends per platform.
 //! - [`app`] binds the listener and runs it all.
 
 pub mod app;
-pub mod forward;
 pub mod http;
 pub mod hub;
 pub mod inbound;
@@ -21,7 +21,6 @@ pub mod onebot;
 pub mod outbound;
 pub mod platform;
 pub mod spool;
-pub mod ws;
 
 use std::time::Duration;
 

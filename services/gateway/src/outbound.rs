@@ -5,9 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_nats::jetstream::{AckKind, Message};
+use async_nats::jetstream::Message;
 use futures_util::StreamExt;
-use hark_core::{bus, codec};
+use hark_core::{bus, codec, consume, error::Settle, publish};
 use hark_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +18,9 @@ use crate::{
 
 /// Attempts before a message is given up.
 pub const MAX_ATTEMPTS: u64 = 8;
+
+/// Where this consumer's messages come from, as dead letters and logs name it.
+const SOURCE: &str = "chat_out";
 
 /// Delivers the outbound messages of the bot `bot_id` of `platform` through `sender` until
 /// `closed`.
@@ -121,7 +124,7 @@ impl Drop for Forget<'_> {
 /// one that cannot be kept yet comes back later.
 async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
     hub.dead
-        .set_aside("chat_out", message, reason, Duration::from_secs(5))
+        .set_aside(SOURCE, message, reason, Duration::from_secs(5))
         .await;
 }
 
@@ -144,9 +147,7 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
     match sender.send(outbound.clone()).await {
         Ok(platform_id) => {
             metrics.outbound.of(platform).inc();
-            if let Err(e) = message.double_ack().await {
-                tracing::warn!(error = %e, "delivered, but the ack was not confirmed; it may be sent again");
-            }
+            consume::settle(message, SOURCE, Settle::Confirmed).await;
             if let Some(platform_id) = platform_id
                 && !outbound.question_id.is_empty()
             {
@@ -156,21 +157,20 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
                     platform_message_id: platform_id,
                     ..Default::default()
                 };
-                if let Err(e) = bus::publish(
-                    &hub.js,
-                    hub.names.chat_receipt(),
-                    &outbound.id,
-                    codec::encode(receipt),
-                )
-                .await
-                {
+                let receipt = publish::Outgoing {
+                    subject: hub.names.chat_receipt(),
+                    msg_id: &outbound.id,
+                    payload: codec::encode(receipt),
+                    trace: None,
+                };
+                if let Err(e) = publish::publish(&hub.js, receipt).await {
                     tracing::warn!(error = %e, "cannot report a delivered question's message id");
                 }
             }
             true
         }
         Err(SendError::Offline) => {
-            let _ = message.ack_with(AckKind::Nak(None)).await;
+            consume::settle(message, SOURCE, Settle::Again).await;
             false
         }
         Err(SendError::Retry(reason)) if attempt >= MAX_ATTEMPTS => {
@@ -191,16 +191,13 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
         }
         Err(SendError::Retry(reason)) => {
             metrics.send_failures.of(platform).inc();
-            let delay =
-                Duration::from_secs(2u64.pow(attempt.min(6) as u32)).min(Duration::from_secs(30));
             tracing::warn!(
                 id = outbound.id,
                 attempt,
                 reason,
-                ?delay,
                 "sending failed; will retry"
             );
-            let _ = message.ack_with(AckKind::Nak(Some(delay))).await;
+            consume::settle(message, SOURCE, Settle::Retry).await;
             true
         }
     }

@@ -12,11 +12,7 @@ use std::{
 use async_nats::jetstream;
 use axum::{Json, Router, extract::State, routing::post};
 use futures_util::StreamExt;
-use hark_core::{
-    bus::{self, Names},
-    codec,
-    config::Config,
-};
+use hark_core::{bus::Names, codec, config::Config};
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -108,11 +104,14 @@ impl Gw {
             question_id: question.into(),
             ..Default::default()
         };
-        bus::publish(
+        hark_core::publish::publish(
             &self.js,
-            self.names.chat_out("myapp", "main").expect("subject"),
-            &id,
-            codec::encode(message),
+            hark_core::publish::Outgoing {
+                subject: self.names.chat_out("myapp", "main").expect("subject"),
+                msg_id: &id,
+                payload: codec::encode(message),
+                trace: None,
+            },
         )
         .await
         .expect("published");

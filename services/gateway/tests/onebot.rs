@@ -8,11 +8,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::{SinkExt, StreamExt};
-use hark_core::{
-    bus::{self, Names},
-    codec,
-    config::Config,
-};
+use hark_core::{bus::Names, codec, config::Config};
 use hark_gateway::app::App;
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
@@ -60,13 +56,11 @@ impl Gw {
 
     /// Waits until the gateway's /healthz no longer lists the bot.
     async fn until_offline(&self, bot: &str) {
-        for _ in 0..200 {
-            if !listed(self, bot).await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("bot {bot} still online after 5s");
+        let what = format!("bot {bot} is offline");
+        hark_testkit::eventually(&what, Duration::from_secs(5), || async {
+            (!listed(self, bot).await).then_some(())
+        })
+        .await
     }
 
     fn url(&self, path: &str) -> String {
@@ -131,11 +125,14 @@ impl Gw {
             question_id: question.into(),
             ..Default::default()
         };
-        bus::publish(
+        hark_core::publish::publish(
             &self.js,
-            self.names.chat_out("qq", bot).expect("subject"),
-            &id,
-            codec::encode(message),
+            hark_core::publish::Outgoing {
+                subject: self.names.chat_out("qq", bot).expect("subject"),
+                msg_id: &id,
+                payload: codec::encode(message),
+                trace: None,
+            },
         )
         .await
         .expect("published");

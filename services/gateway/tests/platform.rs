@@ -18,10 +18,7 @@ use std::{
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::future::BoxFuture;
-use hark_core::{
-    bus::{self, Names},
-    codec,
-};
+use hark_core::{bus::Names, codec};
 use hark_gateway::{
     hub::Hub,
     platform::{Inbound, Platform, SendError},
@@ -198,11 +195,14 @@ async fn a_new_platform_gets_hark_messages_retried_and_its_message_id_comes_back
         question_id: "q-1".into(),
         ..Default::default()
     };
-    bus::publish(
+    hark_core::publish::publish(
         &bed.js,
-        bed.names.chat_out(PLATFORM, BOT).expect("subject"),
-        "out-1",
-        codec::encode(message),
+        hark_core::publish::Outgoing {
+            subject: bed.names.chat_out(PLATFORM, BOT).expect("subject"),
+            msg_id: "out-1",
+            payload: codec::encode(message),
+            trace: None,
+        },
     )
     .await
     .expect("published");

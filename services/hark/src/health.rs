@@ -5,6 +5,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use hark_core::{bus::Names, config::Config};
 
+use crate::said;
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Role {
     /// task-control's gRPC health service reports SERVING.
@@ -19,14 +21,16 @@ pub enum Role {
 /// The role of the hark process running as PID 1 — the container's command — from its command
 /// line (`hark worker --id …` → worker); `dev` runs them all.
 pub fn of_container() -> anyhow::Result<Vec<Role>> {
-    let cmdline = std::fs::read("/proc/1/cmdline").context("cannot read /proc/1/cmdline")?;
+    let cmdline = std::fs::read("/proc/1/cmdline")
+        .with_context(|| said!(zh: "读不到 /proc/1/cmdline", en: "cannot read /proc/1/cmdline"))?;
     let args: Vec<String> = cmdline
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
     roles_in(&args).with_context(|| {
-        format!(
-            "PID 1 ({}) runs no hark role: name one, as in `hark health worker`",
+        said!(
+            zh: "PID 1（{}）运行的不是 hark 的角色：请指明一个，如 `hark health worker`",
+            en: "PID 1 ({}) runs no hark role: name one, as in `hark health worker`",
             args.first().map(String::as_str).unwrap_or("?")
         )
     })
@@ -74,43 +78,60 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
                 .connect_timeout(within)
                 .connect()
                 .await
-                .with_context(|| format!("task-control does not answer at {url}"))?;
+                .with_context(|| {
+                    said!(zh: "task-control 在 {} 没有应答", en: "task-control does not answer at {}", url)
+                })?;
             let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
             let status = health
                 .check(tonic_health::pb::HealthCheckRequest {
                     service: "hark.v1.TaskService".into(),
                 })
                 .await
-                .context("task-control's health check failed")?
+                .with_context(|| {
+                    said!(zh: "task-control 的健康检查失败", en: "task-control's health check failed")
+                })?
                 .into_inner()
                 .status;
             if status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
-                bail!("task-control is not serving (status {status})");
+                bail!(said!(
+                    zh: "task-control 尚未就绪（状态 {}）",
+                    en: "task-control is not serving (status {})",
+                    status
+                ));
             }
         }
         Role::Gateway => {
             get_ok(
                 hark_core::config::dial(config.gateway.listen),
-                "the gateway",
+                &said!(zh: "网关", en: "the gateway"),
                 within,
             )
             .await?
         }
         Role::Worker => match config.metrics_listen()? {
-            Some(addr) => get_ok(hark_core::config::dial(addr), "the worker", within).await?,
+            Some(addr) => {
+                let what = said!(zh: "worker", en: "the worker");
+                get_ok(hark_core::config::dial(addr), &what, within).await?
+            }
             None => {
                 let client = tokio::time::timeout(
                     within,
                     hark_core::bus::connect_client(&config.nats, "hark health"),
                 )
                 .await
-                .context("NATS did not answer in time")??;
+                .with_context(
+                    || said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"),
+                )??;
                 let names = Names::new(config.nats.namespace.parse()?);
                 async_nats::jetstream::new(client)
                     .get_stream(names.task_run_stream())
                     .await
                     .with_context(|| {
-                        format!("the stream {} does not exist yet", names.task_run_stream())
+                        said!(
+                            zh: "流 {} 还不存在",
+                            en: "the stream {} does not exist yet",
+                            names.task_run_stream()
+                        )
                     })?;
             }
         },
@@ -121,10 +142,13 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
 /// `GET /healthz` of `what` at `addr` answers 200; otherwise says what it answered.
 async fn get_ok(addr: std::net::SocketAddr, what: &str, within: Duration) -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let late = || said!(zh: "{} 没有及时应答", en: "{} did not answer in time", what);
     let mut stream = tokio::time::timeout(within, tokio::net::TcpStream::connect(addr))
         .await
-        .with_context(|| format!("{what} did not answer in time"))?
-        .with_context(|| format!("{what} does not answer at {addr}"))?;
+        .with_context(late)?
+        .with_context(
+            || said!(zh: "{} 在 {} 没有应答", en: "{} does not answer at {}", what, addr),
+        )?;
     stream
         .write_all(
             format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
@@ -134,12 +158,19 @@ async fn get_ok(addr: std::net::SocketAddr, what: &str, within: Duration) -> any
     let mut answer = Vec::new();
     tokio::time::timeout(within, stream.read_to_end(&mut answer))
         .await
-        .with_context(|| format!("{what} did not answer in time"))??;
+        .with_context(late)??;
     let answer = String::from_utf8_lossy(&answer);
     if !answer.starts_with("HTTP/1.1 200") {
         let status = answer.lines().next().unwrap_or_default();
         let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
-        bail!("{what}'s /healthz at {addr} answered {status}: {body}");
+        bail!(said!(
+            zh: "{} 在 {} 的 /healthz 答复 {}：{}",
+            en: "{}'s /healthz at {} answered {}: {}",
+            what,
+            addr,
+            status,
+            body
+        ));
     }
     Ok(())
 }
@@ -154,29 +185,38 @@ pub async fn dead_letters(config: &Config, limit: u64) -> anyhow::Result<String>
         hark_core::bus::connect_client(&config.nats, "hark health"),
     )
     .await
-    .context("NATS did not answer in time")??;
+    .with_context(|| said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"))??;
     let names = Names::new(config.nats.namespace.parse()?);
     let js = async_nats::jetstream::new(client);
     let name = names.dead_letter_stream();
     let Ok(mut stream) = js.get_stream(&name).await else {
-        return Ok(format!(
-            "no dead letters (the stream {name} does not exist yet)\n"
+        return Ok(said!(
+            zh: "没有死信（流 {} 还不存在）\n",
+            en: "no dead letters (the stream {} does not exist yet)\n",
+            name
         ));
     };
     let state = stream
         .info()
         .await
-        .context("cannot read the dead-letter stream")?
+        .with_context(|| said!(zh: "读不到死信流", en: "cannot read the dead-letter stream"))?
         .state
         .clone();
     if state.messages == 0 {
-        return Ok(format!("no dead letters in {name}\n"));
+        return Ok(said!(zh: "{} 中没有死信\n", en: "no dead letters in {}\n", name));
     }
-    let mut out = format!(
-        "{} dead letter{} in {name} (kept 30 days); newest first:\n",
-        state.messages,
-        if state.messages == 1 { "" } else { "s" }
-    );
+    let mut out = if crate::said::zh() {
+        format!(
+            "{name} 中有 {} 条死信（保留 30 天），最新的在前：\n",
+            state.messages
+        )
+    } else {
+        format!(
+            "{} dead letter{} in {name} (kept 30 days); newest first:\n",
+            state.messages,
+            if state.messages == 1 { "" } else { "s" }
+        )
+    };
     let header = |m: &async_nats::jetstream::message::StreamMessage, key: &str| {
         m.headers
             .get(key)
@@ -191,9 +231,13 @@ pub async fn dead_letters(config: &Config, limit: u64) -> anyhow::Result<String>
                 .time
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default();
-            let source = m.subject.rsplit('.').next().unwrap_or_default();
-            out.push_str(&format!(
-                "  #{seq} {at} {source}: {}\n    from {} #{} ({}), message id {}, {} bytes{}\n",
+            let source = names.dead_letter_source(&m.subject).unwrap_or(&m.subject);
+            out.push_str(&said!(
+                zh: "  #{} {} {}：{}\n    来自 {} #{}（{}），消息 id {}，{} 字节{}\n",
+                en: "  #{} {} {}: {}\n    from {} #{} ({}), message id {}, {} bytes{}\n",
+                seq,
+                at,
+                source,
                 header(&m, consume::REASON_HEADER),
                 header(&m, consume::STREAM_HEADER),
                 header(&m, consume::SEQUENCE_HEADER),
@@ -202,7 +246,7 @@ pub async fn dead_letters(config: &Config, limit: u64) -> anyhow::Result<String>
                 m.payload.len(),
                 match header(&m, consume::CUT_HEADER) {
                     cut if cut.is_empty() => String::new(),
-                    cut => format!(" (cut from {cut})"),
+                    cut => said!(zh: "（原为 {}，已截断）", en: " (cut from {})", cut),
                 },
             ));
             shown += 1;

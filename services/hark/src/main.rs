@@ -116,9 +116,12 @@ async fn main() -> ExitCode {
 fn said_once(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
-        let text = match cause.downcast_ref::<sqlx::Error>() {
-            Some(e) => hark_control::store::said(e),
-            None => cause.to_string(),
+        let text = if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
+            hark_control::store::said(e)
+        } else if let Some(e) = cause.downcast_ref::<hark_core::config::Error>() {
+            config_error(e)
+        } else {
+            cause.to_string()
         };
         if out.contains(&text) {
             continue;
@@ -129,6 +132,22 @@ fn said_once(err: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
+}
+
+/// A configuration error in the reader's language. What is wrong with a value is said in
+/// English, as the logs and the documentation of the keys say it; the key, the file and the
+/// variable are named either way.
+fn config_error(e: &hark_core::config::Error) -> String {
+    use hark_core::config::Error;
+    if !said::zh() {
+        return e.to_string();
+    }
+    match e {
+        Error::Read { path, source } => format!("读不到配置文件 {path}：{source}"),
+        Error::Syntax { path, message } => format!("配置文件 {path} 不是合法的 TOML：{message}"),
+        Error::Env { var, message } => format!("环境变量 {var}：{message}"),
+        Error::Key { key, message } => format!("配置项 `{key}`：{message}"),
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -382,9 +401,13 @@ async fn migrate(config: &Config, wait: Option<std::time::Duration>) -> anyhow::
     let shown = hark_core::secret::redact_url(config.database.url.expose());
     let connect = || hark_control::store::connect(config.database.url.expose(), 2);
     let pool = match wait {
-        None => connect()
-            .await
-            .with_context(|| format!("cannot reach Postgres at database.url = {shown}"))?,
+        None => connect().await.with_context(|| {
+            said!(
+                zh: "连不上 database.url = {} 的 Postgres",
+                en: "cannot reach Postgres at database.url = {}",
+                shown
+            )
+        })?,
         Some(wait) => {
             waited(
                 &format!("Postgres at database.url = {shown}"),
@@ -441,8 +464,10 @@ where
     hark_core::startup::wait_for(what, &give_up, attempt)
         .await?
         .with_context(|| {
-            format!(
-                "{what} did not answer within {} (hark migrate --wait)",
+            said!(
+                zh: "{} 在 {} 内没有应答（hark migrate --wait）",
+                en: "{} did not answer within {} (hark migrate --wait)",
+                what,
                 hark_core::domain::HumanDuration(wait)
             )
         })

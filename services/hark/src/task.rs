@@ -130,6 +130,17 @@ enum TaskCommand {
         #[arg(long, default_value_t = 30)]
         wait_timeout: u32,
     },
+    /// Pass an open question on to another person: it is asked of them from now on, and only
+    /// they answer it.
+    Delegate {
+        /// A question id, or a `#handle` as `hark task questions` prints it.
+        question: String,
+        /// The person to ask instead, as platform:user_id.
+        to: String,
+        /// Idempotency key: the same key passes it on once.
+        #[arg(long)]
+        request_id: Option<String>,
+    },
     /// Tell a task something: a running task sees it at its next round, a waiting one on resume.
     Tell {
         id: String,
@@ -763,6 +774,38 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     }
                     None => {}
                 }
+            }
+        }
+        TaskCommand::Delegate {
+            question,
+            to,
+            request_id,
+        } => {
+            let question_id = match question.strip_prefix('#') {
+                Some(handle) => open_question_by_handle(&mut api, handle).await?,
+                None => question,
+            };
+            let moved = api
+                .delegate_question(pb::DelegateQuestionRequest {
+                    question_id,
+                    to,
+                    request_id: request_id.unwrap_or_default(),
+                })
+                .await
+                .map_err(explain)?
+                .into_inner()
+                .question
+                .unwrap_or_default();
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"question_id": moved.id, "handle": moved.handle, "asked_of": moved.owner})
+                );
+            } else {
+                println!(
+                    "{}",
+                    crate::said!(zh: "已把 #{} 转交给 {}", en: "passed #{} on to {}", moved.handle, moved.owner)
+                );
             }
         }
         TaskCommand::Tell { id, text, author } => {

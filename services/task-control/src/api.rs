@@ -7,8 +7,8 @@ use futures_util::Stream;
 use hark_core::{
     bus,
     domain::{
-        Owner, QuestionId, Role, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, duration,
-        form, schedule, shape::Shape, text,
+        Owner, QuestionId, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form, schedule,
+        shape::Shape, text,
     },
     error::{Classified as _, Kind},
     secret::Secret,
@@ -17,12 +17,9 @@ use hark_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    convert,
+    cases, convert,
     shared::Shared,
-    store::{
-        self, Answer, AnswerOutcome, ChatRoute, NewSchedule, NewTask, Overlap, QuestionFilter,
-        TaskFilter, TellDelivery,
-    },
+    store::{self, Answer, AnswerOutcome, ChatRoute, QuestionFilter, TaskFilter, TellDelivery},
 };
 
 #[derive(Debug, Clone)]
@@ -33,6 +30,44 @@ pub struct Api {
 impl Api {
     pub fn new(shared: Shared) -> Self {
         Self { shared }
+    }
+
+    /// `DelegateQuestion`, recorded in the audit as passed on by `caller` (`api` over gRPC,
+    /// `console` from the web console).
+    #[tracing::instrument(skip_all)]
+    pub async fn delegate(
+        &self,
+        request: Request<pb::DelegateQuestionRequest>,
+        caller: &'static str,
+    ) -> Result<Response<pb::DelegateQuestionResponse>, Status> {
+        let request = request.into_inner();
+        let id = request
+            .question_id
+            .parse::<QuestionId>()
+            .map_err(|e| invalid("question_id", e))?;
+        let to = owner_field("to", &request.to)?.ok_or_else(|| invalid("to", "is empty"))?;
+        let request_id = key_field("request_id", &request.request_id)?;
+        let store = &self.shared.store;
+        let question = store.get_question(id).await.map_err(status_of)?;
+        let key = request_id.map(|id| format!("{caller}:delegate:{id}"));
+        let delegated = cases::delegate(
+            &self.shared,
+            &cases::Caller::Operator(caller),
+            &question,
+            &to,
+            key.as_deref(),
+        )
+        .await
+        .map_err(|e| case_status(e, None))?;
+        let question = match delegated {
+            store::Delegated::Moved { question, .. } => *question,
+            // Passed on by this request before: the question as it is now.
+            store::Delegated::Duplicate => store.get_question(id).await.map_err(status_of)?,
+        };
+        tracing::info!(question = %question.id, to = %to, "question passed on");
+        Ok(Response::new(pb::DelegateQuestionResponse {
+            question: Some(convert::question(&question)),
+        }))
     }
 
     /// `AnswerQuestion`, recorded as answered by `caller` when the request names no answerer
@@ -100,7 +135,13 @@ impl Api {
             Some(answerer) => {
                 let owner = match target {
                     Target::Question(q) => store.get_question(q).await.map_err(status_of)?.owner,
-                    Target::OpenOf(t) => store.get_task(t).await.map_err(status_of)?.owner,
+                    // The person its open question is asked of (it may have been passed on).
+                    Target::OpenOf(t) => {
+                        match store.open_question_of(t).await.map_err(status_of)? {
+                            Some(question) => question.owner,
+                            None => store.get_task(t).await.map_err(status_of)?.owner,
+                        }
+                    }
                 };
                 if answerer != owner {
                     return Err(Status::permission_denied(format!(
@@ -218,13 +259,11 @@ impl Api {
     }
 
     /// The task a request names in `field`, by full id or unique prefix.
-    async fn resolve(&self, field: &str, value: &str) -> Result<store::TaskRow, Status> {
+    async fn resolve(&self, field: &str, value: &str) -> Result<cases::Found, Status> {
         let reference = task_ref(field, value)?;
-        self.shared
-            .store
-            .resolve_task(&reference, None)
+        cases::find(&self.shared, &OPERATOR, &reference)
             .await
-            .map_err(status_of)
+            .map_err(|e| case_status(e, None))
     }
 }
 
@@ -239,24 +278,21 @@ enum Target {
 /// The one mapping from an error's kind to a gRPC status code.
 pub fn status(kind: Kind, message: String) -> Status {
     match kind {
-        Kind::Invalid => Status::invalid_argument(message),
-        Kind::NotFound => Status::not_found(message),
-        Kind::Conflict | Kind::Gone => Status::failed_precondition(message),
-        Kind::Forbidden => Status::permission_denied(message),
-        Kind::Exhausted => Status::resource_exhausted(message),
         Kind::Unavailable => {
             tracing::warn!(
                 error = message,
                 "a request found the task store unavailable"
             );
-            Status::unavailable(format!(
-                "the task store is unavailable, try again: {message}"
-            ))
+            Status::new(
+                kind.grpc_code(),
+                format!("the task store is unavailable, try again: {message}"),
+            )
         }
         Kind::Internal => {
             tracing::error!(error = message, "a request failed inside task-control");
-            Status::internal(message)
+            Status::new(kind.grpc_code(), message)
         }
+        _ => Status::new(kind.grpc_code(), message),
     }
 }
 
@@ -267,6 +303,29 @@ fn reused(id: &str, what: &str) -> Status {
          and a new request needs a new request_id",
         hark_core::domain::ids::shown(id)
     ))
+}
+
+/// Who calls through the API: its tokens are operators'.
+const OPERATOR: cases::Caller = cases::Caller::Operator("api");
+
+/// A use case's refusal as a gRPC status, naming the request's field where one is at fault.
+fn case_status(error: cases::Error, request_id: Option<&str>) -> Status {
+    use cases::Error as E;
+    match error {
+        E::CannotHaveTasks { .. } => Status::permission_denied(error.to_string()),
+        E::Goal(e) => invalid("goal", e),
+        E::Instruction(e) => invalid("instruction", e),
+        E::Priority => invalid("priority", error),
+        E::AskTimeout(e) => invalid("ask_timeout_s", e),
+        E::Reused { task } => reused(
+            request_id.unwrap_or_default(),
+            &format!("another task ({task})"),
+        ),
+        E::NotYours { .. } => Status::permission_denied(error.to_string()),
+        E::AlreadyAsked { .. } => Status::failed_precondition(error.to_string()),
+        E::OtherPlatform { .. } => invalid("to", error),
+        E::Store(e) => status_of(e),
+    }
 }
 
 /// A store error as a gRPC status.
@@ -440,19 +499,7 @@ impl TaskService for Api {
                 .map_err(|e| invalid("questionnaire", e))?,
             ),
         };
-        let goal = match &questionnaire {
-            // A questionnaire's goal is only its title.
-            Some(questions) if request.goal.trim().is_empty() => {
-                format!("a questionnaire of {} questions", questions.len())
-            }
-            _ => text_field("goal", &request.goal)?,
-        };
-        let role = self.shared.role_of(&owner);
-        if role < Role::User {
-            return Err(Status::permission_denied(format!(
-                "owner {owner} has the role {role} and cannot have tasks; add it to permission.users"
-            )));
-        }
+        let goal = request.goal;
         let chat = match request.chat {
             None => None,
             Some(chat) => {
@@ -474,28 +521,33 @@ impl TaskService for Api {
         let on_timeout = pb::TimeoutPolicy::try_from(request.on_timeout)
             .ok()
             .map(TimeoutPolicy::from_proto)
-            .ok_or_else(|| invalid("on_timeout", "unknown policy"))?
-            .unwrap_or(self.shared.config.task.on_timeout);
-        let ask_timeout = match request.ask_timeout_s {
-            0 => self.shared.config.task.ask_timeout.0,
-            s => duration::at_most(Duration::from_secs(s.into()), duration::MAX_QUESTION_WAIT)
-                .map_err(|e| invalid("ask_timeout_s", e))?,
-        };
+            .ok_or_else(|| invalid("on_timeout", "unknown policy"))?;
+        let ask_timeout =
+            (request.ask_timeout_s != 0).then(|| Duration::from_secs(request.ask_timeout_s.into()));
         let priority = i16::try_from(request.priority)
-            .ok()
-            .filter(|p| (-100..=100).contains(p))
-            .ok_or_else(|| invalid("priority", "must be between -100 and 100"))?;
+            .map_err(|_| invalid("priority", cases::Error::Priority))?;
         // A request id is its owner's own: another owner's same id is another request.
         let request_id = key_field("request_id", &request.request_id)?;
         let request_key = request_id.as_ref().map(|id| format!("api:{owner}:{id}"));
+        let create = cases::Create {
+            owner,
+            goal,
+            chat,
+            ask_timeout,
+            on_timeout,
+            priority,
+            request_key,
+            questionnaire,
+        };
+        let refused = |e| case_status(e, request_id.as_deref());
         if request.start_at.is_some() || !request.cron.is_empty() {
-            if questionnaire.is_some() {
+            if create.questionnaire.is_some() {
                 return Err(invalid(
                     "start_at",
                     "a questionnaire cannot be scheduled; create it when it is due",
                 ));
             }
-            let platform = chat.as_ref().map_or("", |c| c.platform.as_str());
+            let platform = create.chat.as_ref().map_or("", |c| c.platform.as_str());
             let timezone = match key_field("timezone", &request.timezone)? {
                 Some(zone) => zone,
                 None => self.shared.config.task.timezone_for(platform).to_owned(),
@@ -525,53 +577,22 @@ impl TaskService for Api {
             };
             let first_run = schedule::within_reach(first_run, now, &zone)
                 .map_err(|e| invalid("start_at", format!("its first run, {e}")))?;
-            let made = self
-                .shared
-                .store
-                .create_schedule(&NewSchedule {
-                    owner,
-                    goal,
-                    chat,
-                    ask_timeout,
-                    on_timeout,
-                    cron,
-                    timezone,
-                    first_run,
-                    overlap: Overlap::Skip,
-                    request_id: request_key,
-                    priority,
-                })
+            let when = cases::When {
+                cron,
+                timezone,
+                first_run,
+            };
+            let made = cases::create_schedule(&self.shared, create, when)
                 .await
-                .map_err(status_of)?;
+                .map_err(refused)?;
             return Ok(Response::new(pb::CreateTaskResponse {
                 task: None,
                 schedule: Some(convert::schedule(&made)),
             }));
         }
-        let asked = (goal.clone(), chat.as_ref().map(|c| c.stream.clone()));
-        let task = self
-            .shared
-            .store
-            .create_task(&NewTask {
-                owner,
-                goal,
-                chat,
-                ask_timeout,
-                on_timeout,
-                request_id: request_key.clone(),
-                active_limit: self.shared.config.task.max_active_per_owner,
-                questionnaire,
-                schedule: None,
-                priority,
-            })
+        let task = cases::create_task(&self.shared, create)
             .await
-            .map_err(status_of)?;
-        // A task found by its request id answers only a retry of the request that made it.
-        if let Some(id) = &request_id
-            && (task.goal != asked.0 || task.stream != asked.1)
-        {
-            return Err(reused(id, &format!("another task ({})", task.id)));
-        }
+            .map_err(refused)?;
         Ok(Response::new(pb::CreateTaskResponse {
             task: Some(convert::task(&task, None)),
             schedule: None,
@@ -635,12 +656,9 @@ impl TaskService for Api {
         let reason = note_field("reason", &request.reason)?
             .unwrap_or_else(|| "cancelled over the API".to_owned());
         let task = self.resolve("task_id", &request.task_id).await?;
-        let cancelled = self
-            .shared
-            .store
-            .cancel(task.id, "api", &reason)
+        let cancelled = cases::cancel(&self.shared, &task, &reason)
             .await
-            .map_err(status_of)?;
+            .map_err(|e| case_status(e, None))?;
         Ok(Response::new(pb::CancelTaskResponse {
             task: Some(convert::task(&cancelled, None)),
         }))
@@ -689,12 +707,9 @@ impl TaskService for Api {
         let task = self
             .resolve("task_id", &request.into_inner().task_id)
             .await?;
-        let paused = self
-            .shared
-            .store
-            .pause(task.id, "api")
+        let paused = cases::pause(&self.shared, &task)
             .await
-            .map_err(status_of)?;
+            .map_err(|e| case_status(e, None))?;
         Ok(Response::new(pb::PauseTaskResponse {
             task: Some(convert::task(&paused, None)),
         }))
@@ -708,12 +723,9 @@ impl TaskService for Api {
         let task = self
             .resolve("task_id", &request.into_inner().task_id)
             .await?;
-        let resumed = self
-            .shared
-            .store
-            .resume(task.id, "api")
+        let resumed = cases::resume(&self.shared, &task)
             .await
-            .map_err(status_of)?;
+            .map_err(|e| case_status(e, None))?;
         Ok(Response::new(pb::ResumeTaskResponse {
             task: Some(convert::task(&resumed, None)),
         }))
@@ -728,25 +740,33 @@ impl TaskService for Api {
     }
 
     #[tracing::instrument(skip_all)]
+    #[tracing::instrument(skip_all)]
+    async fn delegate_question(
+        &self,
+        request: Request<pb::DelegateQuestionRequest>,
+    ) -> Result<Response<pb::DelegateQuestionResponse>, Status> {
+        self.delegate(request, "api").await
+    }
+
     async fn tell_task(
         &self,
         request: Request<pb::TellTaskRequest>,
     ) -> Result<Response<pb::TellTaskResponse>, Status> {
         let request = request.into_inner();
-        let text = text_field("instruction", &request.instruction)?;
-        let author = note_field("author", &request.author)?.unwrap_or_else(|| "api".to_owned());
+        let author = note_field("author", &request.author)?;
         let task = self.resolve("task_id", &request.task_id).await?;
-        let (id, delivery) = self
-            .shared
-            .store
-            .tell(task.id, &text, &author)
-            .await
-            .map_err(|e| match e {
-                store::Error::WrongState { state, .. } => {
-                    Status::failed_precondition(format!("task {} already ended ({state})", task.id))
-                }
-                other => status_of(other),
-            })?;
+        let (id, delivery) =
+            cases::tell(&self.shared, &task, &request.instruction, author.as_deref())
+                .await
+                .map_err(|e| match e {
+                    cases::Error::Store(store::Error::WrongState { state, .. }) => {
+                        Status::failed_precondition(format!(
+                            "task {} already ended ({state})",
+                            task.id
+                        ))
+                    }
+                    other => case_status(other, None),
+                })?;
         let delivery = match delivery {
             TellDelivery::NextRound => pb::tell_task_response::Delivery::NextRound,
             TellDelivery::OnResume => pb::tell_task_response::Delivery::OnResume,
@@ -1052,6 +1072,13 @@ impl TaskService for Starting {
         &self,
         _: Request<pb::TellTaskRequest>,
     ) -> Result<Response<pb::TellTaskResponse>, Status> {
+        Err(starting())
+    }
+
+    async fn delegate_question(
+        &self,
+        _: Request<pb::DelegateQuestionRequest>,
+    ) -> Result<Response<pb::DelegateQuestionResponse>, Status> {
         Err(starting())
     }
 

@@ -11,6 +11,7 @@ use hark_core::{
     consume::{self, Failure},
     domain::QuestionId,
     error::{Classified as _, Kind},
+    publish,
 };
 use hark_proto::v1 as pb;
 use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
@@ -108,7 +109,7 @@ impl App {
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
         let (handoffs, claims) = tokio::sync::mpsc::unbounded_channel();
-        let parked = Arc::new(handoff::Parked::default());
+        let parked = Arc::new(crate::parked::Parked::default());
         let platforms = std::iter::once(config.gateway.onebot.platform.clone())
             .chain(config.gateway.http.platforms.iter().cloned());
         let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
@@ -129,7 +130,10 @@ impl App {
             max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
         })
         .with_questionnaire_steps()
-        .with_handoffs(parked.clone(), handoffs, config.task.lease.0)
+        .with_idle_workers(
+            Arc::new(handoff::Idle::new(parked.clone(), handoffs)),
+            config.task.lease.0,
+        )
         .with_metrics(metrics);
         Ok(Self {
             shared: Shared {
@@ -137,7 +141,7 @@ impl App {
                 nats,
                 js: js.clone(),
                 names: names.clone(),
-                commands: Arc::new(chat::limit::CommandLimiter::new(
+                commands: Arc::new(crate::limit::CommandLimiter::new(
                     config.chat.commands_per_minute,
                 )),
                 watchers: crate::watchers::Watchers::new(crate::watchers::Limits {
@@ -402,26 +406,6 @@ async fn relay(
         }
         let mut pending = Vec::with_capacity(batch.len());
         for message in batch {
-            let mut headers = async_nats::HeaderMap::new();
-            // While traces are exported, each publish is a span of the move that decided it,
-            // and the receiver continues from that span.
-            let traceparent = if hark_core::telemetry::exporting() {
-                let span = hark_core::trace::send_span(&message.subject);
-                hark_core::trace::set_parent(
-                    &span,
-                    message
-                        .trace
-                        .as_deref()
-                        .and_then(hark_core::trace::TraceContext::parse),
-                );
-                span.in_scope(hark_core::trace::outgoing)
-                    .or_else(|| message.trace.clone())
-            } else {
-                message.trace.clone()
-            };
-            if let Some(trace) = &traceparent {
-                headers.insert(hark_core::trace::HEADER, trace.as_str());
-            }
             if !message.durable {
                 // A task event reaches this process's watchers at once, without the trip
                 // through NATS; the copy that comes back is recognised by its generation.
@@ -432,6 +416,12 @@ async fn relay(
                     shared.watchers.dispatch(event);
                 }
                 // Best effort: no outbox row to forget, no ack to wait for.
+                let mut headers = async_nats::HeaderMap::new();
+                let (_span, traceparent) =
+                    publish::sending(&message.subject, message.trace.as_deref());
+                if let Some(trace) = &traceparent {
+                    headers.insert(hark_core::trace::HEADER, trace.as_str());
+                }
                 if let Err(e) = shared
                     .nats
                     .publish_with_headers(message.subject, headers, message.payload)
@@ -445,6 +435,9 @@ async fn relay(
             if message.subject == run_subject
                 && let Some(waiter) = shared.parked.take()
             {
+                // The run continues from the hand-over, as it would from the job's send.
+                let (_span, traceparent) =
+                    publish::sending(&message.subject, message.trace.as_deref());
                 tokio::spawn(handoff::hand_over(
                     shared.clone(),
                     waiter,
@@ -454,32 +447,29 @@ async fn relay(
                 ));
                 continue;
             }
-            headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
-            match shared
-                .js
-                .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
-                .await
-            {
-                Ok(ack) => pending.push((message, ack)),
+            let outgoing = publish::Outgoing {
+                subject: message.subject.clone(),
+                msg_id: &message.msg_id,
+                payload: message.payload.clone(),
+                trace: message.trace.as_deref(),
+            };
+            match publish::send(&shared.js, outgoing).await {
+                Ok(sent) => pending.push((message, sent)),
                 // Left in the outbox: the sweep publishes it.
-                Err(e) => {
-                    tracing::warn!(subject = message.subject, error = %e, "cannot publish; the sweep will retry")
-                }
+                Err(e) => tracing::warn!(error = %e, "the sweep will publish the message"),
             }
         }
         tracing::debug!(messages = pending.len(), "relayed");
         let mut published = Vec::with_capacity(pending.len());
-        for (message, ack) in pending {
-            match ack.await {
+        for (message, sent) in pending {
+            match sent.acked().await {
                 Ok(_) => {
                     if message.subject == run_subject {
                         shared.store.metrics().run_job(crate::metrics::QUEUED);
                     }
                     published.push((message.subject, message.msg_id))
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry")
-                }
+                Err(e) => tracing::warn!(error = %e, "the sweep will publish the message"),
             }
         }
         let many = {

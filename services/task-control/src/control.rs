@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use hark_core::{
     bus::ControlOp,
     codec,
-    domain::{Role, TaskId, TaskState},
+    domain::{TaskId, TaskState},
     error::Classified as _,
 };
 use hark_proto::v1 as pb;
@@ -16,9 +16,16 @@ use prost::Message;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
+    cases::{
+        self,
+        claim::{
+            HISTORY_BUDGET, INSTRUCTION_BUDGET, claim_for, pieces, refusal, refusal_of,
+            within_budget,
+        },
+    },
     convert,
     shared::Shared,
-    store::{self, AskInput, Lease},
+    store::{AskInput, Lease},
 };
 
 /// Serves control requests until `shutdown`; in-flight requests are finished first.
@@ -63,41 +70,23 @@ pub async fn serve(
                 tracing::debug!(subject = %message.subject, "control request without a reply subject");
                 return;
             };
-            let op = message.subject.as_str().rsplit('.').next().unwrap_or_default().to_owned();
+            let op = shared.store.names().control_op_of(&message.subject);
             let trace = hark_core::trace::from_headers(message.headers.as_ref());
             let started = std::time::Instant::now();
             let span = hark_core::trace::process_span(&message.subject);
             let response =
-                hark_core::trace::scope_in(span, trace, respond(&shared, &op, &message.payload))
+                hark_core::trace::scope_in(span, trace, respond(&shared, op, &message.payload))
                     .await;
-            shared.store.metrics().request(&op, started.elapsed());
+            let name = op.map_or("unknown", ControlOp::as_str);
+            shared.store.metrics().request(name, started.elapsed());
             if let Err(e) = shared.nats.publish(reply_to, response.into()).await {
-                tracing::warn!(op, error = %e, "cannot answer a control request");
+                tracing::warn!(op = name, error = %e, "cannot answer a control request");
             }
         });
     }
     let _ = requests.unsubscribe().await;
     tracker.close();
     tracker.wait().await;
-}
-
-fn refusal(reason: pb::RefusalReason, message: impl Into<String>) -> Option<pb::Refusal> {
-    Some(pb::Refusal {
-        reason: reason as i32,
-        message: message.into(),
-    })
-}
-
-/// Maps a store error onto what a worker should do about it.
-fn refusal_of(error: &store::Error) -> Option<pb::Refusal> {
-    use pb::RefusalReason as R;
-    // The precise reasons where task-control knows them; otherwise the kind's one mapping.
-    let reason = match error {
-        store::Error::Cancelled { .. } => R::Cancelled,
-        store::Error::LeaseLost { .. } => R::LeaseLost,
-        e => e.kind().refusal(),
-    };
-    refusal(reason, error.to_string())
 }
 
 fn invalid(message: impl Into<String>) -> Option<pb::Refusal> {
@@ -167,9 +156,8 @@ fn ids_of(ids: &[String]) -> Vec<uuid::Uuid> {
 }
 
 /// Answers one request; the result is the encoded response.
-pub async fn respond(shared: &Shared, op: &str, payload: &[u8]) -> Vec<u8> {
+pub async fn respond(shared: &Shared, op: Option<ControlOp>, payload: &[u8]) -> Vec<u8> {
     let lease_ms = shared.config.task.lease.0;
-    let op = ControlOp::ALL.into_iter().find(|o| o.as_str() == op);
     match op {
         Some(ControlOp::Claim) => claim(shared, payload, lease_ms).await.encode_to_vec(),
         Some(ControlOp::Heartbeat) => heartbeat(shared, payload, lease_ms).await.encode_to_vec(),
@@ -231,89 +219,6 @@ async fn claim(shared: &Shared, payload: &[u8], lease: Duration) -> pb::ClaimRes
             refusal,
             ..Default::default()
         },
-    }
-}
-
-/// A claim refused for `reason`.
-pub fn refused(reason: pb::RefusalReason, message: impl Into<String>) -> pb::ClaimResponse {
-    pb::ClaimResponse {
-        refusal: refusal(reason, message),
-        ..Default::default()
-    }
-}
-
-/// Claims `task`, pending at `generation`, for `worker` (see [`store::Store::claim`]), and says
-/// what the worker needs to run it: the claim response a worker's claim request gets, and what
-/// a task handed to a polling worker carries.
-pub async fn claim_for(
-    shared: &Shared,
-    task: TaskId,
-    generation: i64,
-    worker: &str,
-    lease: Duration,
-) -> pb::ClaimResponse {
-    let result = shared
-        .store
-        .claim(task, generation, worker, lease)
-        .await
-        .map_err(|e| refusal_of(&e));
-    match result {
-        Err(refusal) => pb::ClaimResponse {
-            refusal,
-            ..Default::default()
-        },
-        Ok(claimed) => claim_response(shared, claimed, lease),
-    }
-}
-
-/// What a worker needs to run a task its claim won.
-pub fn claim_response(
-    shared: &Shared,
-    claimed: store::Claimed,
-    lease: Duration,
-) -> pb::ClaimResponse {
-    tracing::debug!(task = %claimed.task.id, "claim won");
-    let role = shared.role_of(&claimed.task.owner);
-    let (rounds, more_rounds) = pieces(&claimed.rounds, 0, HISTORY_BUDGET);
-    let instructions = within_budget(
-        claimed.instructions.into_iter().map(convert::instruction),
-        INSTRUCTION_BUDGET,
-    );
-    pb::ClaimResponse {
-        rounds,
-        more_rounds,
-        refusal: None,
-        lease: Some(pb::Lease {
-            task_id: claimed.lease.task.to_string(),
-            generation: claimed.lease.generation as u64,
-            worker_id: claimed.lease.worker_id.clone(),
-        }),
-        lease_ms: lease.as_millis() as u32,
-        task: Some(pb::TaskSpec {
-            id: claimed.task.id.to_string(),
-            owner: claimed.task.owner.to_string(),
-            owner_role: role.as_str().to_owned(),
-            goal: claimed.task.goal.clone(),
-            chat: claimed.task.chat().map(|c| convert::route(&c)),
-            // Questions are answered in the chat or with AnswerQuestion; only a task whose
-            // owner may not use ask_user has no way to be answered.
-            can_ask: role >= Role::User,
-            attempt: claimed.task.attempt as u32,
-            questionnaire: claimed
-                .task
-                .questionnaire()
-                .iter()
-                .map(convert::form_question)
-                .collect(),
-        }),
-        resume: claimed.resume.map(|r| pb::Resume {
-            question_id: r.question_id.to_string(),
-            tool_call_id: r.tool_call_id,
-            expired: r.expired,
-            text: r.text,
-            asked_traceparent: r.asked_trace.unwrap_or_default(),
-        }),
-        instructions,
     }
 }
 
@@ -477,62 +382,6 @@ async fn release(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refus
     Ok(())
 }
 
-/// The most bytes of checkpoint one response carries, well below NATS's payload limit (1 MiB by
-/// default), whatever else it carries.
-pub const HISTORY_BUDGET: usize = 512 * 1024;
-/// The most bytes of told instructions one response carries; more come with later heartbeats.
-pub const INSTRUCTION_BUDGET: usize = 192 * 1024;
-
-/// The next piece of a checkpoint: the rounds of `rounds` (each after the last one received
-/// whole) from `offset` bytes into the first, whole rounds while they fit in `budget` bytes,
-/// and a part of one when even that does not fit. At least some bytes are always sent. Returns
-/// the pieces and whether more follow.
-pub fn pieces(rounds: &[store::RoundRow], offset: usize, budget: usize) -> (Vec<pb::Round>, bool) {
-    let mut out = Vec::new();
-    let mut used = 0;
-    let mut offset = offset;
-    for round in rounds {
-        let bytes = serde_json::to_vec(&round.messages.0).unwrap_or_else(|_| b"[]".to_vec());
-        let rest = bytes.get(offset..).unwrap_or_default();
-        let room = budget.saturating_sub(used);
-        if rest.len() <= room {
-            used += rest.len();
-            out.push(pb::Round {
-                number: round.round as u32,
-                messages_json: rest.to_vec(),
-                partial: false,
-            });
-            offset = 0;
-            continue;
-        }
-        // It does not fit: a piece of it if nothing else was sent, else it waits for the next.
-        if out.is_empty() {
-            out.push(pb::Round {
-                number: round.round as u32,
-                messages_json: rest[..room.max(1).min(rest.len())].to_vec(),
-                partial: true,
-            });
-        }
-        return (out, true);
-    }
-    (out, false)
-}
-
-/// As many of `items` as fit in `budget` bytes, at least one.
-fn within_budget<M: Message>(items: impl Iterator<Item = M>, budget: usize) -> Vec<M> {
-    let mut used = 0;
-    let mut out = Vec::new();
-    for item in items {
-        let size = item.encoded_len();
-        if !out.is_empty() && used + size > budget {
-            break;
-        }
-        used += size;
-        out.push(item);
-    }
-    out
-}
-
 async fn history(shared: &Shared, payload: &[u8]) -> pb::HistoryResponse {
     let result = async {
         let request: pb::HistoryRequest = decode(payload)?;
@@ -565,39 +414,37 @@ async fn subtask(shared: &Shared, payload: &[u8]) -> pb::SubtaskResponse {
     let result = async {
         let request: pb::SubtaskRequest = decode(payload)?;
         let lease = lease_of(request.lease.as_ref())?;
-        let goal =
-            hark_core::domain::text::text(&request.goal, hark_core::domain::text::MAX_TEXT_BYTES)
-                .map_err(|e| invalid(format!("goal {e}")))?
-                .to_owned();
         let parent = shared
             .store
             .held(&lease)
             .await
             .map_err(|e| refusal_of(&e))?;
-        let config = &shared.config.task;
-        shared
-            .store
-            .create_task(&store::NewTask {
-                owner: parent.owner.clone(),
-                goal: strip_nul(goal),
-                chat: parent.chat(),
-                ask_timeout: config.ask_timeout.0,
-                on_timeout: config.on_timeout,
-                request_id: (!request.idempotency_key.is_empty())
-                    .then(|| format!("subtask:{}", request.idempotency_key)),
-                active_limit: config.max_active_per_owner,
-                questionnaire: None,
-                schedule: None,
-                priority: parent.priority,
-            })
-            .await
-            .map_err(|e| refusal_of(&e))
+        let create = cases::Create {
+            owner: parent.owner.clone(),
+            goal: strip_nul(request.goal),
+            chat: parent.chat(),
+            ask_timeout: None,
+            on_timeout: None,
+            priority: parent.priority,
+            request_key: (!request.idempotency_key.is_empty())
+                .then(|| format!("subtask:{}", request.idempotency_key)),
+            questionnaire: None,
+        };
+        match cases::create_task(shared, create).await {
+            Ok(task) => Ok(task.id),
+            // A tool call run again after a crash asks again under its key: the task it made
+            // is its answer.
+            Err(cases::Error::Reused { task }) => Ok(task),
+            Err(cases::Error::Goal(e)) => Err(invalid(format!("goal {e}"))),
+            Err(cases::Error::Store(e)) => Err(refusal_of(&e)),
+            Err(e) => Err(refusal(e.kind().refusal(), e.to_string())),
+        }
     }
     .await;
     match result {
         Ok(task) => pb::SubtaskResponse {
             refusal: None,
-            task_id: task.id.to_string(),
+            task_id: task.to_string(),
         },
         Err(refusal) => pb::SubtaskResponse {
             refusal,
@@ -664,74 +511,4 @@ async fn send(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn round(number: i32, bytes: usize) -> store::RoundRow {
-        // A JSON array holding one string: two brackets and two quotes around the text.
-        store::RoundRow {
-            round: number,
-            messages: sqlx::types::Json(serde_json::json!(["x".repeat(bytes - 4)])),
-        }
-    }
-
-    /// Reassembles what the pieces carry, as a worker does, asking again while more follow.
-    fn fetch_all(rounds: &[store::RoundRow], budget: usize) -> (Vec<(u32, Vec<u8>)>, usize) {
-        let mut whole: Vec<(u32, Vec<u8>)> = Vec::new();
-        let mut partial: Vec<u8> = Vec::new();
-        let mut requests = 0;
-        loop {
-            let after = whole.last().map_or(0, |(n, _)| *n);
-            let remaining: Vec<store::RoundRow> = rounds
-                .iter()
-                .filter(|r| r.round as u32 > after)
-                .cloned()
-                .collect();
-            let (pieces, more) = pieces(&remaining, partial.len(), budget);
-            requests += 1;
-            let size: usize = pieces.iter().map(|p| p.messages_json.len()).sum();
-            assert!(size <= budget.max(1), "{size} bytes in one response");
-            for piece in pieces {
-                partial.extend(piece.messages_json);
-                if !piece.partial {
-                    whole.push((piece.number, std::mem::take(&mut partial)));
-                }
-            }
-            if !more {
-                return (whole, requests);
-            }
-            assert!(requests < 1000, "no progress");
-        }
-    }
-
-    #[test]
-    fn any_history_arrives_whole_in_pieces_that_each_fit() {
-        let rounds = vec![
-            round(1, 100),
-            round(2, 3000),
-            round(3, 10),
-            round(4, 999),
-            round(5, 1000),
-        ];
-        for budget in [7, 100, 999, 1000, 2500, 10_000] {
-            let (got, requests) = fetch_all(&rounds, budget);
-            let expected: Vec<(u32, Vec<u8>)> = rounds
-                .iter()
-                .map(|r| {
-                    (
-                        r.round as u32,
-                        serde_json::to_vec(&r.messages.0).expect("json"),
-                    )
-                })
-                .collect();
-            assert_eq!(got, expected, "budget {budget}");
-            if budget >= 10_000 {
-                assert_eq!(requests, 1);
-            }
-        }
-        assert_eq!(pieces(&[], 0, 10), (vec![], false));
-    }
 }

@@ -1,11 +1,11 @@
-//! Rows of the store as `hark.v1` messages.
+//! Rows as `hark.v1` messages.
 
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
 use hark_core::domain::{TaskState, form::FormQuestion, shape::Shape};
 
-use crate::store::{ChatRoute, Instruction, QuestionRow, TaskRow};
+use crate::rows::{Asked, ChatRoute, Instruction, QuestionRow, ScheduleRow, TaskRow};
 
 /// The most of a task's output an event carries; beyond it the event says it was cut.
 pub const EVENT_RESULT_MAX: usize = 64 * 1024;
@@ -88,7 +88,7 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
     }
 }
 
-pub fn schedule(row: &crate::store::ScheduleRow) -> pb::Schedule {
+pub fn schedule(row: &ScheduleRow) -> pb::Schedule {
     pb::Schedule {
         id: row.id.to_string(),
         owner: row.owner.to_string(),
@@ -96,7 +96,7 @@ pub fn schedule(row: &crate::store::ScheduleRow) -> pb::Schedule {
         chat: row.chat().map(|c| route(&c)),
         cron: row.cron.clone().unwrap_or_default(),
         timezone: row.timezone.clone(),
-        state: row.state.clone(),
+        state: row.state.as_str().to_owned(),
         next_run_at: row.next_run.map(timestamp),
         runs: row.runs.max(0) as u32,
         skipped: row.skipped.max(0) as u32,
@@ -161,17 +161,6 @@ pub fn shaped(shape: &Shape) -> pb::Question {
         fields,
         ..Default::default()
     }
-}
-
-/// A question just asked of `task`'s owner, as the statement that asked it created it.
-#[derive(Debug, Clone, Copy)]
-pub struct Asked<'a> {
-    pub id: hark_core::domain::QuestionId,
-    pub handle: &'a str,
-    pub text: &'a str,
-    pub context: &'a str,
-    pub shape: &'a Shape,
-    pub deadline: Option<OffsetDateTime>,
 }
 
 pub fn asked(task: &TaskRow, q: Asked<'_>) -> pb::Question {

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::{
     render,
-    store::{ChatRoute, OutboxMessage, TaskRow},
+    store::{ChatRoute, OutboxMessage, QuestionRow, TaskRow},
     texts::Languages,
 };
 
@@ -136,6 +136,60 @@ impl Effects {
         question: Option<QuestionId>,
         reply_to: Option<&str>,
     ) -> Vec<OutboxMessage> {
+        self.chat_mentioning(route, text, question, reply_to, &[])
+    }
+
+    /// The chat message that asks `question`, passed on by `by`, of its new askee: in a group it
+    /// mentions them.
+    pub fn passed_on(
+        &self,
+        question: &QuestionRow,
+        task: &TaskRow,
+        by: &str,
+    ) -> Vec<OutboxMessage> {
+        let Some(route) = ChatRoute::of(
+            &question.platform,
+            &question.bot_id,
+            &question.stream,
+            &None,
+        ) else {
+            return Vec::new();
+        };
+        let asked = self.asking(
+            &route.platform,
+            task.id,
+            &question.handle,
+            &question.text,
+            &question.context,
+            &question.shape(),
+        );
+        let in_group = route
+            .stream
+            .parse::<hark_core::domain::StreamId>()
+            .is_ok_and(|s| s.is_group());
+        let mentions = if in_group {
+            vec![question.owner.user_id().to_owned()]
+        } else {
+            Vec::new()
+        };
+        let texts = self.languages.of(&route.platform);
+        self.chat_mentioning(
+            &route,
+            &texts.passed_to_you(&asked, by),
+            Some(question.id),
+            None,
+            &mentions,
+        )
+    }
+
+    fn chat_mentioning(
+        &self,
+        route: &ChatRoute,
+        text: &str,
+        question: Option<QuestionId>,
+        reply_to: Option<&str>,
+        mentions: &[String],
+    ) -> Vec<OutboxMessage> {
         let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
             tracing::warn!(
                 platform = route.platform,
@@ -164,6 +218,7 @@ impl Effects {
                     text: piece,
                     reply_to_message_id: reply_to.unwrap_or_default().to_owned(),
                     question_id: question.map(|q| q.to_string()).unwrap_or_default(),
+                    mentions: mentions.to_vec(),
                     ..Default::default()
                 };
                 OutboxMessage {
@@ -189,14 +244,27 @@ impl Effects {
         context: &str,
         shape: &Shape,
     ) -> Vec<OutboxMessage> {
-        let texts = self.languages.of(&route.platform);
-        let label = self.languages.context_label(texts);
-        let text = texts.question(task, handle, text, context, label, shape);
+        let text = self.asking(&route.platform, task, handle, text, context, shape);
         self.chat(
             route,
             &text,
             Some(question),
             route.origin_message_id.as_deref(),
         )
+    }
+
+    /// The text that asks a question in a chat on `platform`, in its language.
+    fn asking(
+        &self,
+        platform: &str,
+        task: TaskId,
+        handle: &str,
+        text: &str,
+        context: &str,
+        shape: &Shape,
+    ) -> String {
+        let texts = self.languages.of(platform);
+        let label = self.languages.context_label(texts);
+        texts.question(task, handle, text, context, label, shape)
     }
 }

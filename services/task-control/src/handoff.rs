@@ -14,155 +14,96 @@
 //! while no worker waits, go through the run queue as before.
 
 use std::{
-    collections::VecDeque,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use futures_util::StreamExt as _;
-use hark_core::{bus, codec, domain::TaskId, error::Kind};
+use hark_core::{codec, domain::TaskId, error::Kind, publish};
 use hark_proto::v1 as pb;
 use prost::Message as _;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use crate::{control, shared::Shared, store::OutboxMessage};
+use crate::{
+    cases::claim,
+    parked::{MAX_WAIT, Parked, Waiter},
+    shared::Shared,
+    store::{self, OutboxMessage},
+};
 
 /// How long a worker has to acknowledge a task handed to it.
 pub const ACK_WAIT: Duration = Duration::from_secs(5);
-/// The longest a poll is held, whatever it asks.
-const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Outbox rows whose messages were delivered, for the relay to delete with its next batch:
 /// `(subject, msg_id)`.
 pub type Delivered = Arc<Mutex<Vec<(String, String)>>>;
 
-/// The workers waiting at this replica for a run job, oldest first.
-#[derive(Debug, Default)]
-pub struct Parked {
-    waiting: Mutex<VecDeque<Waiter>>,
-    /// Workers that said they stop, and when: a poll of theirs that arrives after that (it was
-    /// sent before, or read after the word) is not parked.
-    stopped: Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    next: AtomicU64,
-}
-
-/// A worker's poll, held until a job comes or its wait ends.
-#[derive(Debug)]
-pub struct Waiter {
-    id: u64,
-    worker: String,
-    /// Where the poll's reply goes.
-    reply: async_nats::Subject,
-    /// When the poll's wait ends.
-    until: std::time::Instant,
-    /// Dropped when the waiter is taken, which ends the poll's own wait at once.
-    _taken: oneshot::Sender<()>,
-}
-
-impl Parked {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiter>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Parks a poll of `worker`; `None` when the worker said it stops.
-    fn park(
-        &self,
-        worker: String,
-        reply: async_nats::Subject,
-        wait: Duration,
-    ) -> Option<(u64, oneshot::Receiver<()>)> {
-        if self.has_stopped(&worker) {
-            return None;
-        }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (taken, gone) = oneshot::channel();
-        self.lock().push_back(Waiter {
-            id,
-            worker,
-            reply,
-            until: std::time::Instant::now() + wait,
-            _taken: taken,
-        });
-        Some((id, gone))
-    }
-
-    fn has_stopped(&self, worker: &str) -> bool {
-        let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
-        stopped
-            .get(worker)
-            .is_some_and(|since| since.elapsed() < MAX_WAIT)
-    }
-
-    /// Removes the poll `id`; whether it was still waiting (its reply is then the caller's).
-    fn unpark(&self, id: u64) -> Option<Waiter> {
-        let mut waiting = self.lock();
-        let at = waiting.iter().position(|w| w.id == id)?;
-        waiting.remove(at)
-    }
-
-    /// Forgets the polls of `worker`, which stops; how many there were.
-    pub fn withdraw(&self, worker: &str) -> usize {
-        {
-            // Remembered for as long as a poll of the worker may still arrive; a worker that
-            // comes back under the same id after that polls as usual.
-            let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
-            stopped.retain(|_, since| since.elapsed() < MAX_WAIT);
-            stopped.insert(worker.to_owned(), std::time::Instant::now());
-        }
-        let mut waiting = self.lock();
-        let before = waiting.len();
-        waiting.retain(|w| w.worker != worker);
-        before - waiting.len()
-    }
-
-    /// Gives back a poll taken for a job that went elsewhere: it waited longest, so it is first.
-    pub fn put_back(&self, waiter: Waiter) {
-        self.lock().push_front(waiter);
-    }
-
-    /// The worker that has waited longest, taken for a job.
-    /// Polls whose wait ended are passed over: one given back after its wait ended has nobody
-    /// holding it any more.
-    pub fn take(&self) -> Option<Waiter> {
-        let mut waiting = self.lock();
-        while let Some(waiter) = waiting.pop_front() {
-            if waiter.until > std::time::Instant::now() {
-                return Some(waiter);
-            }
-        }
-        None
-    }
-
-    /// How many workers wait here.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Waiter {
-    /// The polling worker.
-    pub fn worker(&self) -> &str {
-        &self.worker
-    }
-}
-
 /// A task an answer claimed for a polling worker in its own statement, to hand over.
 #[derive(Debug)]
 pub struct Handoff {
     pub waiter: Waiter,
-    pub claimed: crate::store::Claimed,
+    pub claimed: store::Claimed,
     /// The run job the claim stands for (never published).
     pub job: pb::RunJob,
     /// The trace the run continues: the answer's.
     pub trace: Option<String>,
+}
+
+/// The workers polling this replica, as the store's answers take them: a claim an answer wins
+/// for one is sent to [`hand_over_claims`].
+#[derive(Debug)]
+pub struct Idle {
+    parked: Arc<Parked>,
+    claims: tokio::sync::mpsc::UnboundedSender<Handoff>,
+}
+
+impl Idle {
+    pub fn new(parked: Arc<Parked>, claims: tokio::sync::mpsc::UnboundedSender<Handoff>) -> Self {
+        Self { parked, claims }
+    }
+}
+
+impl store::IdleWorkers for Idle {
+    fn take(&self) -> Option<Box<dyn store::IdleWorker>> {
+        let waiter = self.parked.take()?;
+        Some(Box::new(Taken {
+            waiter,
+            parked: self.parked.clone(),
+            claims: self.claims.clone(),
+        }))
+    }
+}
+
+/// A polling worker an answer took.
+struct Taken {
+    waiter: Waiter,
+    parked: Arc<Parked>,
+    claims: tokio::sync::mpsc::UnboundedSender<Handoff>,
+}
+
+impl store::IdleWorker for Taken {
+    fn worker(&self) -> &str {
+        self.waiter.worker()
+    }
+
+    fn put_back(self: Box<Self>) {
+        self.parked.put_back(self.waiter);
+    }
+
+    fn hand(self: Box<Self>, claimed: store::Claimed, job: pb::RunJob, trace: Option<String>) {
+        let handoff = Handoff {
+            waiter: self.waiter,
+            claimed,
+            job,
+            trace,
+        };
+        if let Err(unsent) = self.claims.send(handoff) {
+            // Nobody hands it over (the process stops): the lease lapses and the task is
+            // recovered, as after a crash here.
+            tracing::warn!(task = %unsent.0.job.task_id, "a claimed task could not be handed over");
+        }
+    }
 }
 
 /// Hands over the tasks answers claimed for polling workers, until the answers stop.
@@ -172,7 +113,7 @@ pub async fn hand_over_claims(
 ) {
     while let Some(handoff) = claims.recv().await {
         let lease = shared.config.task.lease.0;
-        let claim = control::claim_response(&shared, handoff.claimed, lease);
+        let claim = claim::claim_response(&shared, handoff.claimed, lease);
         shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
         tokio::spawn(deliver(
             shared.clone(),
@@ -284,7 +225,7 @@ pub async fn hand_over(
         }
     };
     let started = std::time::Instant::now();
-    let claim = claim(&shared, &job, &waiter.worker).await;
+    let claim = claim(&shared, &job, waiter.worker()).await;
     shared.store.metrics().request("claim", started.elapsed());
     if claim.lease.is_none() || claim.refusal.is_some() {
         let kind = claim
@@ -345,11 +286,11 @@ async fn claim(shared: &Shared, job: &pb::RunJob, worker: &str) -> pb::ClaimResp
     let task: TaskId = match job.task_id.parse() {
         Ok(task) => task,
         Err(e) => {
-            return control::refused(pb::RefusalReason::Invalid, format!("{e}"));
+            return claim::refused(pb::RefusalReason::Invalid, format!("{e}"));
         }
     };
     let generation = i64::try_from(job.generation).unwrap_or(i64::MAX);
-    control::claim_for(shared, task, generation, worker, shared.config.task.lease.0).await
+    claim::claim_for(shared, task, generation, worker, shared.config.task.lease.0).await
 }
 
 /// Queues a handed-over task again: the worker never took it.
@@ -393,24 +334,18 @@ async fn publish(
     traceparent: Option<String>,
     delivered: Delivered,
 ) {
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(bus::MSG_ID_HEADER, message.msg_id.as_str());
-    if let Some(trace) = &traceparent {
-        headers.insert(hark_core::trace::HEADER, trace.as_str());
-    }
-    let sent = shared
-        .js
-        .publish_with_headers(message.subject.clone(), headers, message.payload.clone())
-        .await;
-    match sent {
-        Ok(ack) => match ack.await {
-            Ok(_) => {
-                shared.store.metrics().run_job(crate::metrics::QUEUED);
-                done(&delivered, message)
-            }
-            Err(e) => tracing::warn!(error = %e, "publish not acknowledged; the sweep will retry"),
-        },
-        Err(e) => tracing::warn!(error = %e, "cannot publish; the sweep will retry"),
+    let job = publish::Outgoing {
+        subject: message.subject.clone(),
+        msg_id: &message.msg_id,
+        payload: message.payload.clone(),
+        trace: traceparent.as_deref(),
+    };
+    match publish::publish(&shared.js, job).await {
+        Ok(_) => {
+            shared.store.metrics().run_job(crate::metrics::QUEUED);
+            done(&delivered, message)
+        }
+        Err(e) => tracing::warn!(error = %e, "the sweep will publish the run job"),
     }
 }
 
@@ -419,80 +354,4 @@ fn done(delivered: &Delivered, message: OutboxMessage) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push((message.subject, message.msg_id));
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn subject(s: &str) -> async_nats::Subject {
-        async_nats::Subject::from(s)
-    }
-
-    #[test]
-    fn a_stopping_worker_s_polls_are_forgotten_and_no_others() {
-        let parked = Parked::default();
-        let _a = parked.park("w1".into(), subject("r1"), MAX_WAIT);
-        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
-        let _c = parked.park("w1".into(), subject("r3"), MAX_WAIT);
-        assert_eq!(parked.withdraw("w1"), 2);
-        assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
-        assert!(parked.is_empty());
-        // A poll it sent before it stopped, read only now, is not parked.
-        assert!(parked.park("w1".into(), subject("r4"), MAX_WAIT).is_none());
-        assert!(parked.park("w2".into(), subject("r5"), MAX_WAIT).is_some());
-    }
-
-    #[test]
-    fn a_poll_whose_wait_ended_is_passed_over_even_when_given_back() {
-        let parked = Parked::default();
-        let _a = parked.park("w1".into(), subject("r1"), Duration::ZERO);
-        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
-        let taken = parked.take().expect("w2 waits");
-        assert_eq!(taken.worker, "w2");
-        parked.put_back(taken);
-        assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
-        assert!(parked.take().is_none());
-    }
-
-    #[test]
-    fn the_worker_that_waited_longest_is_taken_first() {
-        let parked = Parked::default();
-        let _a = parked.park("w1".into(), subject("r1"), MAX_WAIT);
-        let _b = parked.park("w2".into(), subject("r2"), MAX_WAIT);
-        assert_eq!(parked.take().map(|w| w.worker), Some("w1".into()));
-        assert_eq!(parked.take().map(|w| w.worker), Some("w2".into()));
-        assert!(parked.take().is_none());
-    }
-
-    #[test]
-    fn a_poll_whose_wait_ended_is_no_longer_taken_and_a_taken_one_is_not_unparked() {
-        let parked = Parked::default();
-        let (a, _ga) = parked
-            .park("w1".into(), subject("r1"), MAX_WAIT)
-            .expect("parked");
-        let (b, mut gb) = parked
-            .park("w2".into(), subject("r2"), MAX_WAIT)
-            .expect("parked");
-        assert!(
-            parked.unpark(a).is_some(),
-            "its wait ended first: its reply is the poll's"
-        );
-        let taken = parked.take().expect("w2 waits");
-        assert_eq!(taken.worker, "w2");
-        assert!(
-            parked.unpark(b).is_none(),
-            "taken: its reply is the hand-over's"
-        );
-        assert!(matches!(
-            gb.try_recv(),
-            Err(oneshot::error::TryRecvError::Empty)
-        ));
-        drop(taken);
-        assert!(
-            matches!(gb.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
-            "the poll learns it was taken"
-        );
-        assert!(parked.is_empty());
-    }
 }

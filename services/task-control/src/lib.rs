@@ -1,5 +1,7 @@
 //! task-control: the only writer of hark's task state.
 //!
+//! - [`cases`] holds what can be asked of hark, each once (authorise, validate, decide, apply);
+//!   chat, the API, the console and control requests all call it.
 //! - [`store`] is the Postgres store: tasks, checkpoints, questions, instructions, the audit of
 //!   transitions, applied inbound ids and the outbox, with every state change a compare-and-set.
 //! - [`chat`] interprets inbound chat messages: commands, and answers routed to open questions.
@@ -17,6 +19,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cases;
 pub mod chat;
 pub mod console;
 pub mod control;
@@ -24,8 +27,11 @@ pub mod convert;
 pub mod effects;
 pub mod events;
 pub mod handoff;
+pub mod limit;
 pub mod metrics;
+pub mod parked;
 pub mod render;
+pub mod rows;
 pub mod shared;
 pub mod store;
 pub mod texts;

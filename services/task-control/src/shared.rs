@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use async_nats::jetstream;
 use hark_core::{
-    bus::{self, Names},
+    bus::Names,
     codec,
     config::Config,
     domain::{Owner, Role},
+    publish,
 };
 use hark_proto::v1 as pb;
 
@@ -22,13 +23,13 @@ pub struct Shared {
     pub names: Names,
     pub config: Arc<Config>,
     /// How many chat commands each sender may give (`chat.commands_per_minute`).
-    pub commands: Arc<crate::chat::limit::CommandLimiter>,
+    pub commands: Arc<crate::limit::CommandLimiter>,
     /// The `WatchTask` streams of this process and the events they wait for.
     pub watchers: Arc<crate::watchers::Watchers>,
     /// This role's metrics, registered with the process's registry while it lives.
     pub metrics: Arc<crate::metrics::Scraped>,
     /// Workers polling this replica, to whom the relay hands run jobs directly.
-    pub parked: Arc<crate::handoff::Parked>,
+    pub parked: Arc<crate::parked::Parked>,
     /// Where messages that can never be handled are set aside.
     pub dead: hark_core::consume::DeadLetters,
     /// Whether this replica's consumers consume; its gRPC health reports one that does not.
@@ -76,9 +77,13 @@ impl Shared {
                 reply_to_message_id: reply_to.to_owned(),
                 ..Default::default()
             };
-            if let Err(e) =
-                bus::publish(&self.js, subject.clone(), &id, codec::encode(message)).await
-            {
+            let reply = publish::Outgoing {
+                subject: subject.clone(),
+                msg_id: &id,
+                payload: codec::encode(message),
+                trace: None,
+            };
+            if let Err(e) = publish::publish(&self.js, reply).await {
                 tracing::warn!(error = %e, "cannot send a chat reply");
             }
         }

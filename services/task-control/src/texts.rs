@@ -168,6 +168,23 @@ impl Texts {
             Shape::Confirm => {
                 pick!(self, zh: "（回复 是 或 否）", en: "(reply yes or no)").to_owned()
             }
+            Shape::Approval { choices, arguments } => {
+                let deny = choices.get(1).map_or("2", String::as_str);
+                let mut how = format!(
+                    "{}\n{}",
+                    numbered(choices),
+                    pick!(self,
+                        zh: format!("（回复序号或选项；{deny}时可在后面写上理由）"),
+                        en: format!("(reply with a number or a choice; after {deny}, a reason may follow)"))
+                );
+                if let Some(first) = arguments.first() {
+                    how.push('\n');
+                    how.push_str(&pick!(self,
+                        zh: format!("要改参数后再批准，每行回复一项，如 `{first}: 新的值`（可改：{}）", arguments.join("、")),
+                        en: format!("To change arguments and approve, reply one per line, e.g. `{first}: new value` ({})", arguments.join(", "))));
+                }
+                how
+            }
             Shape::Form { fields } => {
                 let mut lines: Vec<String> = fields
                     .iter()
@@ -319,6 +336,44 @@ impl Texts {
             en: format!("Question #{handle} of task {} is closed: {why}. Your message was not passed on.", task.short()))
     }
 
+    /// A question passed on to its new askee by `by`: the question as it is asked, and who
+    /// passed it on.
+    pub fn passed_to_you(&self, asked: &str, by: &str) -> String {
+        pick!(self,
+            zh: format!("{asked}\n（{by} 把这个问题转交给了你，直接回复就是回答）"),
+            en: format!("{asked}\n(passed on to you by {by}: reply here to answer)"))
+    }
+
+    pub fn passed_on(&self, handle: &str, to: &str) -> String {
+        pick!(self,
+            zh: format!("已把 #{handle} 转交给 {to}，现在由对方回答。"),
+            en: format!("Passed #{handle} on to {to}: they answer it now."))
+    }
+
+    pub fn not_yours_to_pass_on(&self, handle: &str) -> String {
+        pick!(self,
+            zh: format!("只有被问的人或任务的主人才能转交 #{handle}。"),
+            en: format!("Only the person asked, or the task's owner, can pass #{handle} on."))
+    }
+
+    pub fn already_asked(&self, handle: &str, askee: &str) -> String {
+        pick!(self,
+            zh: format!("#{handle} 本来就是问 {askee} 的。"),
+            en: format!("#{handle} is already asked of {askee}."))
+    }
+
+    pub fn passed_meanwhile(&self, handle: &str, askee: &str) -> String {
+        pick!(self,
+            zh: format!("#{handle} 刚刚已被转交，现在由 {askee} 回答。"),
+            en: format!("#{handle} was passed on meanwhile: {askee} answers it now."))
+    }
+
+    pub fn nothing_to_pass_on(&self) -> String {
+        pick!(self,
+            zh: "你在这里没有可以转交的问题。请引用那条问题消息，或写上它的 #编号。".into(),
+            en: "You have no open question here to pass on. Quote the question, or name it with its #handle.".into())
+    }
+
     pub fn answer_refused(&self, handle: &str, why: &str) -> String {
         pick!(self,
             zh: format!("你对 #{handle} 的回答无法接收（{why}），没有转交，问题仍然打开。"),
@@ -361,7 +416,7 @@ impl Texts {
     /// The hint for an answer that does not fit its question, which stays open.
     pub fn misfit(&self, handle: &str, shape: &Shape, misfit: &Misfit) -> String {
         let why = match misfit {
-            Misfit::NotAChoice | Misfit::NotYesOrNo => String::new(),
+            Misfit::NotAChoice | Misfit::NotYesOrNo | Misfit::NotAnApproval => String::new(),
             Misfit::Missing(field) => {
                 pick!(self, zh: format!("缺少 {field}。"), en: format!("`{field}` is missing. "))
             }
@@ -394,6 +449,12 @@ impl Texts {
         pick!(self,
             zh: format!("任务目标无法接收（{why}），没有创建任务。"),
             en: format!("The goal {why}; no task was created."))
+    }
+
+    pub fn not_created(&self, why: &str) -> String {
+        pick!(self,
+            zh: format!("没有创建任务：{why}"),
+            en: format!("No task was created: {why}"))
     }
 
     pub fn created(&self, task: TaskId, goal: &str) -> String {
@@ -703,7 +764,8 @@ impl Texts {
              {word} pause <编号> / {word} resume <编号> — 暂停任务，再让它继续\n\
              {word} history <编号> — 最近几轮和问题\n\
              {word} tell <编号> <指示> — 给任务补充指示\n\
-             中文命令也可以：/任务 新建、列表、状态、取消、暂停、继续、历史、告诉、帮助。\n\
+             {word} delegate [#编号] @某人 — 把问你的问题转交给别人（也可以直接发 /转交 @某人）\n\
+             中文命令也可以：/任务 新建、列表、状态、取消、暂停、继续、历史、告诉、转交、帮助。\n\
              回答问题：直接在这里回复；有多个问题时，引用其中一个，或在开头写上它的 #编号。"
         ),
         en: format!(
@@ -714,6 +776,7 @@ impl Texts {
              {word} pause <id> / {word} resume <id> — hold a task still, and let it go on\n\
              {word} history <id> — its last rounds and questions\n\
              {word} tell <id> <instruction> — tell a task something\n\
+             {word} delegate [#handle] @someone — pass a question you were asked on to someone else (or just /delegate @someone)\n\
              To answer a question, just reply here; with several open, quote one or start with its #handle."
         ))
     }
@@ -728,6 +791,8 @@ impl Texts {
                     .replace("<id>", "<编号>")
                     .replace("<instruction>", "<指示>")
                     .replace("<goal>", "<目标>")
+                    .replace("#handle", "#编号")
+                    .replace("@someone", "@某人")
             ),
         }
     }
@@ -772,6 +837,37 @@ mod tests {
         });
         assert_eq!(english.of("qq").language(), Language::En);
         assert_eq!(english.context_label(english.of("qq")), "Context:");
+    }
+
+    #[test]
+    fn an_approval_says_how_to_deny_with_a_reason_and_how_to_change_arguments() {
+        let approval = Shape::Approval {
+            choices: vec!["批准".into(), "拒绝".into(), "本任务内都批准".into()],
+            arguments: vec!["path".into(), "mode".into()],
+        };
+        let zh = ZH.how_to_answer(&approval);
+        assert!(
+            zh.starts_with("1) 批准  2) 拒绝  3) 本任务内都批准\n"),
+            "{zh}"
+        );
+        assert!(zh.contains("拒绝时可在后面写上理由"), "{zh}");
+        assert!(zh.contains("`path: 新的值`（可改：path、mode）"), "{zh}");
+        let en = EN.how_to_answer(&Shape::Approval {
+            choices: vec!["approve".into(), "deny".into(), "always".into()],
+            arguments: vec![],
+        });
+        assert!(
+            en.ends_with("(reply with a number or a choice; after deny, a reason may follow)"),
+            "{en}"
+        );
+        assert!(
+            ZH.passed_to_you("[任务 x · #a1] 哪天？", "qq:100")
+                .ends_with("（qq:100 把这个问题转交给了你，直接回复就是回答）")
+        );
+        assert_eq!(
+            ZH.passed_on("a1", "qq:200"),
+            "已把 #a1 转交给 qq:200，现在由对方回答。"
+        );
     }
 
     #[test]

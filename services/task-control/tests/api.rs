@@ -1098,3 +1098,103 @@ async fn reflection_serves_the_public_api_and_not_the_workers_schema() {
     );
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_question_passed_on_over_grpc_is_answered_by_its_new_askee_only() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    let task = api
+        .create_task(create("api:alice", "pick a colour"))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    tc.claim_and_ask("Red or blue?", 0).await;
+    let question = tc
+        .store
+        .open_question_of(task.id.parse().expect("id"))
+        .await
+        .expect("read")
+        .expect("open");
+    let delegate = |to: &str, request_id: &str| pb::DelegateQuestionRequest {
+        question_id: question.id.to_string(),
+        to: to.into(),
+        request_id: request_id.into(),
+    };
+
+    // No person, or the one already asked, is refused.
+    let nobody = api
+        .delegate_question(delegate("bob", ""))
+        .await
+        .expect_err("no platform");
+    assert_eq!(nobody.code(), Code::InvalidArgument, "{nobody:?}");
+    assert!(nobody.message().starts_with("to:"), "{}", nobody.message());
+    let same = api
+        .delegate_question(delegate("api:alice", ""))
+        .await
+        .expect_err("already asked");
+    assert_eq!(same.code(), Code::FailedPrecondition, "{same:?}");
+
+    let moved = api
+        .delegate_question(delegate("api:bob", "pass-1"))
+        .await
+        .expect("passed on")
+        .into_inner()
+        .question
+        .expect("question");
+    assert_eq!(moved.owner, "api:bob");
+    // The same request again: the same answer, nothing moved twice.
+    let again = api
+        .delegate_question(delegate("api:bob", "pass-1"))
+        .await
+        .expect("retried")
+        .into_inner()
+        .question
+        .expect("question");
+    assert_eq!(again.owner, "api:bob");
+    let audit = tc
+        .store
+        .transitions_of(question.task_id)
+        .await
+        .expect("audit");
+    assert_eq!(audit.iter().filter(|t| t.event == "delegate").count(), 1);
+
+    // The one passed over cannot answer it, by question or by task; the new askee can.
+    for (question_id, task_id) in [
+        (question.id.to_string(), String::new()),
+        (String::new(), task.id.clone()),
+    ] {
+        let refused = api
+            .answer_question(pb::AnswerQuestionRequest {
+                question_id,
+                task_id,
+                answer: "red".into(),
+                answerer: "api:alice".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("passed over");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    let answered = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.id.clone(),
+            answer: "blue".into(),
+            answerer: "api:bob".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(answered.question.expect("q").answerer, "api:bob");
+
+    // A closed question is not passed on.
+    let closed = api
+        .delegate_question(delegate("api:carol", ""))
+        .await
+        .expect_err("closed");
+    assert_eq!(closed.code(), Code::FailedPrecondition, "{closed:?}");
+    assert!(closed.message().contains("closed"), "{}", closed.message());
+    tc.stop().await;
+}

@@ -408,3 +408,57 @@ async fn remind_now_reaches_the_chat_and_the_event_stream_goes_on_after_a_reconn
     assert_eq!(bogus.status(), 400);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_question_is_passed_on_from_the_console_and_asked_of_the_new_person() {
+    let tc = TestControl::start().await;
+    let base = tc.console.clone().expect("the console listens");
+    let client = http();
+    let task = ask_in_group(&tc).await;
+    tc.out_containing("Noodles or rice?").await;
+    let question = tc
+        .store
+        .open_question_of(task.id.parse().expect("id"))
+        .await
+        .expect("read")
+        .expect("open");
+    let url = format!("{base}/api/questions/{}/delegate", question.id);
+
+    let nobody = client
+        .post(&url)
+        .json(&json!({"to": "nobody"}))
+        .send()
+        .await
+        .expect("refused");
+    assert_eq!(nobody.status(), 400);
+    let said: Value = nobody.json().await.expect("json");
+    assert!(
+        said["error"].as_str().is_some_and(|e| e.starts_with("to:")),
+        "{said}"
+    );
+
+    let moved = client
+        .post(&url)
+        .json(&json!({"to": format!("{PLATFORM}:200")}))
+        .send()
+        .await
+        .expect("passed on");
+    assert_eq!(moved.status(), 200);
+    let shown: Value = moved.json().await.expect("json");
+    assert_eq!(shown["question"]["owner"], format!("{PLATFORM}:200"));
+    let asked = tc.out_containing("passed on to you by console").await;
+    assert!(asked.text.contains("Noodles or rice?"), "{}", asked.text);
+    assert_eq!(asked.mentions, ["200"]);
+    let audit = tc
+        .store
+        .transitions_of(question.task_id)
+        .await
+        .expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|t| t.event == "delegate" && t.actor == "console"),
+        "{audit:?}"
+    );
+    tc.stop().await;
+}

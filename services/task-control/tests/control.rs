@@ -100,11 +100,14 @@ async fn answers_route_by_quote_then_by_handle_then_oldest_first() {
             platform_message_id: platform_id.clone(),
             ..Default::default()
         };
-        hark_core::bus::publish(
+        hark_core::publish::publish(
             &tc.js,
-            tc.names.chat_receipt(),
-            &shown.id,
-            codec::encode(receipt),
+            hark_core::publish::Outgoing {
+                subject: tc.names.chat_receipt(),
+                msg_id: &shown.id,
+                payload: codec::encode(receipt),
+                trace: None,
+            },
         )
         .await
         .expect("receipt published");
@@ -998,5 +1001,123 @@ async fn times_too_far_ahead_are_refused_in_the_chat_and_the_next_message_is_ser
     }
     tc.say(GROUP, "1", "/task list").await;
     tc.out_containing("No tasks").await;
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_question_passed_on_is_asked_of_the_person_mentioned_who_alone_answers_it() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "plan the outing").await;
+    let (_, handle) = tc.claim_and_ask("Which day?", 0).await;
+    tc.out_containing("Which day?").await;
+
+    // Someone else cannot pass it on, even naming it.
+    tc.say_mentioning(GROUP, "300", &format!("/delegate #{handle} @Bob"), &["200"])
+        .await;
+    let refused = tc.out_containing("can pass").await;
+    assert!(
+        refused.text.contains(&format!("#{handle}")),
+        "{}",
+        refused.text
+    );
+
+    // The person asked passes it on to the one they mention.
+    let passing = tc
+        .say_mentioning(GROUP, "100", "/task delegate @Bob", &["200"])
+        .await;
+    let acked = format!("Passed #{handle} on to qq:200");
+    let [asked, _] = <[_; 2]>::try_from(
+        tc.outs_containing(&["passed on to you by qq:100", &acked])
+            .await,
+    )
+    .expect("two messages");
+    assert!(asked.text.contains("Which day?"), "{}", asked.text);
+    assert_eq!(
+        asked.mentions,
+        ["200"],
+        "the group sees whom it is asked of"
+    );
+    assert!(
+        !asked.question_id.is_empty(),
+        "its receipt routes quotes to it"
+    );
+
+    // The same message again passes nothing on twice.
+    tc.say_again_mentioning(GROUP, "100", "/task delegate @Bob", &["200"], &passing)
+        .await;
+    let meanwhile = tc.settle(GROUP, "100").await;
+    assert!(meanwhile.is_empty(), "{meanwhile:?}");
+
+    // The one passed over no longer answers it; the one asked does.
+    tc.say(GROUP, "100", "Monday").await;
+    let meanwhile = tc.settle(GROUP, "100").await;
+    assert!(meanwhile.is_empty(), "{meanwhile:?}");
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::WaitingInput);
+
+    tc.say(GROUP, "200", "Friday").await;
+    let job = tc.next_job().await;
+    assert_eq!(job.reason, pb::RunReason::ResumeReply as i32);
+    let claimed = tc.claim(&job, "w2").await;
+    assert_eq!(claimed.resume.expect("resumed").text, "Friday");
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    assert_eq!(questions[0].answerer.as_deref(), Some("qq:200"));
+    let delegations: Vec<_> = tc
+        .store
+        .transitions_of(task_id(&id))
+        .await
+        .expect("audit")
+        .into_iter()
+        .filter(|t| t.event == "delegate")
+        .collect();
+    assert_eq!(delegations.len(), 1, "{delegations:?}");
+    assert_eq!(delegations[0].actor, "qq:100");
+    assert_eq!(delegations[0].detail, format!("#{handle} to qq:200"));
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_question_asked_in_private_is_passed_on_to_the_new_askees_own_chat() {
+    let tc = TestControl::start().await;
+    let id = tc
+        .new_task_in_chat("private:100", "100", "book a table")
+        .await;
+    let (_, handle) = tc.claim_and_ask("For how many?", 0).await;
+    tc.out_containing("For how many?").await;
+
+    // A person of another platform cannot be asked in this chat.
+    tc.say("private:100", "100", &format!("/转交 #{handle} web:200"))
+        .await;
+    tc.out_containing("web:200 is not on qq").await;
+    tc.say("private:100", "100", &format!("/转交 #{handle} qq:200"))
+        .await;
+    let acked = format!("Passed #{handle} on to qq:200");
+    let outs = tc.outs_containing(&["passed on to you", &acked]).await;
+    let route = outs[0].route.clone().expect("route");
+    assert_eq!(route.stream, "private:200");
+    assert!(outs[0].mentions.is_empty());
+    assert_eq!(outs[1].route.as_ref().expect("route").stream, "private:100");
+
+    // The question left the old chat; passing it to whom it is asked of now is refused.
+    tc.say(
+        "private:100",
+        "100",
+        &format!("/task delegate #{handle} @200"),
+    )
+    .await;
+    tc.out_containing("no open question here").await;
+    tc.say("private:200", "200", "/task delegate qq:200").await;
+    tc.out_containing("already asked of qq:200").await;
+
+    tc.say("private:200", "200", "4").await;
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    assert_eq!(claimed.resume.expect("resumed").text, "4");
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::Running);
     tc.stop().await;
 }

@@ -184,13 +184,13 @@ async fn a_one_off_schedule_runs_once_and_a_cancelled_one_never() {
         .await
         .expect("schedule");
     let gone = store.cancel_schedule(cancelled.id).await.expect("cancel");
-    assert_eq!(gone.state, "cancelled");
+    assert_eq!(gone.state.as_str(), "cancelled");
     assert!(store.cancel_schedule(cancelled.id).await.is_err());
     let started = store.start_due_schedules(100, 0).await.expect("sweep");
     assert_eq!(started.len(), 1);
     assert_eq!(started[0].schedule_id, Some(once.id));
     let done = schedule(store, once.id).await;
-    assert_eq!(done.state, "done");
+    assert_eq!(done.state.as_str(), "done");
     assert!(done.next_run.is_none());
     assert!(tasks_of(store, cancelled.id).await.is_empty());
     db.drop().await;

@@ -1353,3 +1353,78 @@ async fn a_task_of_a_higher_priority_is_claimed_first_and_every_job_still_finds_
     ));
     db.drop().await;
 }
+
+/// The names each column's CHECK constraint allows, as the migrations left them.
+async fn allowed_by_the_migrations(db: &TestDb, table: &str, column: &str) -> Vec<String> {
+    let definitions: Vec<String> = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+         JOIN pg_class t ON t.oid = c.conrelid
+         WHERE t.relname = $1 AND c.contype = 'c'",
+    )
+    .bind(table)
+    .fetch_all(db.store.pool())
+    .await
+    .expect("constraints");
+    let list = definitions
+        .iter()
+        .find(|d| d.contains(&format!("(({column} = ANY")))
+        .unwrap_or_else(|| panic!("no CHECK of {table}.{column} among {definitions:?}"));
+    let mut names: Vec<String> = list
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_names_the_migrations_allow_are_the_domains_names() {
+    use hark_core::domain::schedule::{Overlap, ScheduleState};
+    let db = TestDb::new().await;
+    let sorted = |mut names: Vec<&str>| {
+        names.sort();
+        names.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let cases = [
+        (
+            "tasks",
+            "state",
+            sorted(TaskState::ALL.map(TaskState::as_str).to_vec()),
+        ),
+        (
+            "tasks",
+            "on_timeout",
+            sorted(TimeoutPolicy::ALL.map(TimeoutPolicy::as_str).to_vec()),
+        ),
+        (
+            "questions",
+            "outcome",
+            sorted(QuestionOutcome::ALL.map(QuestionOutcome::as_str).to_vec()),
+        ),
+        (
+            "schedules",
+            "state",
+            sorted(ScheduleState::ALL.map(ScheduleState::as_str).to_vec()),
+        ),
+        (
+            "schedules",
+            "on_timeout",
+            sorted(TimeoutPolicy::ALL.map(TimeoutPolicy::as_str).to_vec()),
+        ),
+        (
+            "schedules",
+            "overlap",
+            sorted(Overlap::ALL.map(Overlap::as_str).to_vec()),
+        ),
+    ];
+    for (table, column, named) in cases {
+        assert_eq!(
+            allowed_by_the_migrations(&db, table, column).await,
+            named,
+            "{table}.{column}"
+        );
+    }
+    db.drop().await;
+}

@@ -11,14 +11,7 @@ use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
 use hark_worker::{llm, scripted::ScriptedLlm, worker::Worker};
 use tokio_util::sync::CancellationToken;
 
-pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
-
-pub fn postgres_url() -> String {
-    std::env::var("HARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
+pub use hark_testkit::nats_url;
 
 #[derive(Debug)]
 pub struct Bed {
@@ -29,8 +22,10 @@ pub struct Bed {
     pub grpc: String,
     pub nats: async_nats::Client,
     /// The workers polling task-control for jobs handed over directly.
-    pub parked: std::sync::Arc<hark_control::handoff::Parked>,
-    database: String,
+    pub parked: std::sync::Arc<hark_control::parked::Parked>,
+    /// Removed by [`Bed::stop`], or when this is dropped (a panic too).
+    database: hark_testkit::Database,
+    namespace: hark_testkit::Namespace,
     control_stop: CancellationToken,
     control: tokio::task::JoinHandle<()>,
     /// Each worker runs on a runtime of its own, so that killing it drops every task it has.
@@ -41,12 +36,12 @@ pub struct Bed {
 
 impl Bed {
     pub async fn start(llm: ScriptedLlm, tweak: impl FnOnce(&mut Config)) -> Self {
-        let tag = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
-        let database = format!("hark_wtest_{tag}");
+        let database = hark_testkit::Database::new();
+        let namespace = hark_testkit::Namespace::new();
         let mut config = Config::default();
-        config.database.url = format!("{}/{database}", postgres_url()).into();
+        config.database.url = database.url().into();
         config.nats.url = nats_url().into();
-        config.nats.namespace = format!("w{tag}");
+        config.nats.namespace = namespace.name.clone();
         config.control.grpc_listen = "127.0.0.1:0".parse().expect("addr");
         config.control.http_listen = "127.0.0.1:0".into();
         config.llm.base_url = llm.base_url();
@@ -79,6 +74,7 @@ impl Bed {
             nats,
             parked,
             database,
+            namespace,
             control_stop,
             control,
             workers: Vec::new(),
@@ -181,6 +177,11 @@ impl Bed {
     }
 
     pub async fn answer(&self, id: &str, text: &str) {
+        self.try_answer(id, text).await.expect("answered");
+    }
+
+    /// Answers the open question of task `id`, as a client would; the status when refused.
+    pub async fn try_answer(&self, id: &str, text: &str) -> Result<(), tonic::Status> {
         self.client()
             .await
             .answer_question(pb::AnswerQuestionRequest {
@@ -189,7 +190,7 @@ impl Bed {
                 ..Default::default()
             })
             .await
-            .expect("answered");
+            .map(|_| ())
     }
 
     /// Waits until `count` workers poll task-control.
@@ -230,16 +231,9 @@ impl Bed {
         }
         self.control_stop.cancel();
         let _ = self.control.await;
-        let js = async_nats::jetstream::new(self.nats.clone());
-        for config in self.names.stream_configs() {
-            let _ = js.delete_stream(&config.name).await;
-        }
+        self.namespace.remove().await;
         self.store.pool().close().await;
-        if let Ok(admin) = sqlx::PgPool::connect(&format!("{}/postgres", postgres_url())).await {
-            let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database);
-            let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&admin).await;
-            admin.close().await;
-        }
+        self.database.remove().await;
     }
 }
 

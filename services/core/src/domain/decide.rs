@@ -111,6 +111,8 @@ pub enum Command<'a> {
     },
     Pause,
     Resume,
+    /// Someone passes the open question on to another person; the task does not move.
+    Delegate,
 }
 
 impl Command<'_> {
@@ -129,6 +131,7 @@ impl Command<'_> {
             Command::Cancel { .. } => Event::Cancel,
             Command::Pause => Event::Pause,
             Command::Resume => Event::Resume,
+            Command::Delegate => Event::Delegate,
         }
     }
 }
@@ -396,6 +399,13 @@ pub fn decide(
                 })],
             )
         }
+        (
+            S::WaitingInput { .. }
+            | S::Paused {
+                question: Some(_), ..
+            },
+            C::Delegate,
+        ) => to(from, Vec::new()),
         (S::WaitingInput { question }, C::Nudge) => {
             let left = match question.deadline {
                 Some(deadline) if now >= deadline => return Err(Refusal::NotDue),
@@ -578,6 +588,7 @@ mod tests {
             Command::Cancel { reason: "" },
             Command::Pause,
             Command::Resume,
+            Command::Delegate,
         ]
     }
 
@@ -604,7 +615,15 @@ mod tests {
             (s, C::Pause) if *s == running(false) => T::Running,
             (s, C::Resume) if *s == running(true) => T::Running,
             (State::WaitingInput { .. }, C::Answer | C::Expire) => T::Pending,
-            (State::WaitingInput { .. }, C::Remind { .. } | C::Nudge) => T::WaitingInput,
+            (State::WaitingInput { .. }, C::Remind { .. } | C::Nudge | C::Delegate) => {
+                T::WaitingInput
+            }
+            (
+                State::Paused {
+                    question: Some(_), ..
+                },
+                C::Delegate,
+            ) => T::Paused,
             (State::WaitingInput { .. }, C::Cancel { .. }) => T::Cancelled,
             (State::WaitingInput { .. }, C::Pause) => T::Paused,
             (

@@ -220,10 +220,12 @@ pub enum Event {
     Resume,
     /// The owner was reminded of the open question; the task does not move.
     Remind,
+    /// The open question was passed on to another person; the task does not move.
+    Delegate,
 }
 
 impl Event {
-    pub const ALL: [Event; 14] = [
+    pub const ALL: [Event; 15] = [
         Event::Claim,
         Event::Ask,
         Event::Answer,
@@ -238,6 +240,7 @@ impl Event {
         Event::Pause,
         Event::Resume,
         Event::Remind,
+        Event::Delegate,
     ];
 
     /// A short name for logs and the audit table.
@@ -257,6 +260,7 @@ impl Event {
             Event::Pause => "pause",
             Event::Resume => "resume",
             Event::Remind => "remind",
+            Event::Delegate => "delegate",
         }
     }
 }

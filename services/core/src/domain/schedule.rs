@@ -257,6 +257,94 @@ pub fn shown_in(at: OffsetDateTime, zone: &str) -> String {
     shown(at, &time_zone(zone).unwrap_or(TimeZone::UTC))
 }
 
+/// Where a schedule stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScheduleState {
+    /// It runs at its next run time.
+    Active,
+    /// A one-off that ran.
+    Done,
+    Cancelled,
+}
+
+impl ScheduleState {
+    pub const ALL: [ScheduleState; 3] = [
+        ScheduleState::Active,
+        ScheduleState::Done,
+        ScheduleState::Cancelled,
+    ];
+
+    /// The name stored in Postgres and shown to people.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleState::Active => "active",
+            ScheduleState::Done => "done",
+            ScheduleState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What a run does while the task of the run before has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Overlap {
+    /// Skip the run.
+    #[default]
+    Skip,
+    /// Start it anyway.
+    Allow,
+}
+
+impl Overlap {
+    pub const ALL: [Overlap; 2] = [Overlap::Skip, Overlap::Allow];
+
+    /// The name stored in Postgres.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Skip => "skip",
+            Overlap::Allow => "allow",
+        }
+    }
+}
+
+/// A stored name that is not one of a schedule's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not one of {1}")]
+pub struct UnknownName(pub String, pub &'static str);
+
+macro_rules! named {
+    ($($ty:ty => $names:literal),* $(,)?) => {$(
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = UnknownName;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                <$ty>::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| UnknownName(super::ids::shown(s), $names))
+            }
+        }
+
+        impl TryFrom<String> for $ty {
+            type Error = UnknownName;
+
+            fn try_from(s: String) -> Result<Self, Self::Error> {
+                s.parse()
+            }
+        }
+    )*};
+}
+
+named!(
+    ScheduleState => "active, done, cancelled",
+    Overlap => "skip, allow",
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,14 @@ pub enum Shape {
     Confirm,
     /// A value per field.
     Form { fields: Vec<Field> },
+    /// An approval of a call: one of its three `choices` (approve, deny, approve for the rest of
+    /// the task, in the asker's language), a denial with a reason after it, or changed
+    /// `arguments` as `key: value` lines, which approve the call with them.
+    Approval {
+        choices: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        arguments: Vec<String>,
+    },
 }
 
 /// One field of a form.
@@ -147,6 +155,8 @@ pub enum Misfit {
     BadField { field: String, why: String },
     #[error("`{0}` is not a field of this form")]
     UnknownField(String),
+    #[error("it is not approve, deny (with a reason after it), or changed arguments")]
+    NotAnApproval,
 }
 
 /// Why a shape was refused when a question was asked.
@@ -158,6 +168,8 @@ pub enum ShapeError {
     NoChoices,
     #[error("a form needs between 1 and {MAX_FIELDS} fields")]
     Fields,
+    #[error("an approval has three choices: approve, deny, approve for the rest of the task")]
+    ApprovalChoices,
     #[error("field {index}: {why}")]
     Field { index: usize, why: String },
 }
@@ -188,6 +200,16 @@ impl Shape {
                 Ok(Self::Choice { choices, multiple })
             }
             "confirm" => Ok(Self::Confirm),
+            "approval" => {
+                let choices = form::choices(choices)?;
+                if choices.len() != 3 {
+                    return Err(ShapeError::ApprovalChoices);
+                }
+                Ok(Self::Approval {
+                    choices,
+                    arguments: fields.into_iter().map(|f| f.key).collect(),
+                })
+            }
             "form" => {
                 if fields.is_empty() || fields.len() > MAX_FIELDS {
                     return Err(ShapeError::Fields);
@@ -242,6 +264,14 @@ impl Shape {
             matches!(self, Self::Choice { multiple: true, .. }),
             match self {
                 Self::Form { fields } => fields.iter().map(Field::to_proto).collect(),
+                Self::Approval { arguments, .. } => arguments
+                    .iter()
+                    .map(|key| pb::FormField {
+                        key: key.clone(),
+                        r#type: "string".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
                 _ => Vec::new(),
             },
         )
@@ -315,6 +345,16 @@ impl Shape {
                     .collect();
                 format!("a value per field: {}", fields.join(", "))
             }
+            Self::Approval { choices, arguments } => format!(
+                "one of {}, a reason after {}, or `key: value` lines changing {}",
+                form::numbered(choices),
+                choices.get(1).map_or("2", String::as_str),
+                if arguments.is_empty() {
+                    "no argument (it has none)".to_owned()
+                } else {
+                    arguments.join(", ")
+                }
+            ),
         }
     }
 
@@ -337,13 +377,14 @@ impl Shape {
             Self::Choice { .. } => "choice",
             Self::Confirm => "confirm",
             Self::Form { .. } => "form",
+            Self::Approval { .. } => "approval",
         }
     }
 
     /// The choices it offers; empty unless it is a choice.
     pub fn choices(&self) -> &[String] {
         match self {
-            Self::Choice { choices, .. } => choices,
+            Self::Choice { choices, .. } | Self::Approval { choices, .. } => choices,
             _ => &[],
         }
     }
@@ -382,6 +423,7 @@ impl Shape {
             }
             Self::Confirm => yes_or_no(answer).map(Value::Bool).ok_or(Misfit::NotYesOrNo),
             Self::Form { fields } => read_form(fields, answer).map(Value::Object),
+            Self::Approval { choices, arguments } => read_approval(choices, arguments, answer),
         }
     }
 
@@ -398,8 +440,12 @@ impl Shape {
                 self.read(&parts.join(","))
             }
             (Self::Form { .. }, Value::Object(_)) => self.read(&value.to_string()),
+            (Self::Approval { arguments, .. }, Value::Object(_)) => {
+                check_approval(arguments, value)
+            }
             (_, Value::String(text)) => self.read(text),
             (Self::Confirm, _) => Err(Misfit::NotYesOrNo),
+            (Self::Approval { .. }, _) => Err(Misfit::NotAnApproval),
             _ => Err(Misfit::NotAChoice),
         }
     }
@@ -433,9 +479,151 @@ impl Shape {
             ) => v["choice"].clone(),
             (Self::Choice { multiple: true, .. }, Some(v)) => v["choices"].clone(),
             (Self::Confirm, Some(v)) => v["confirmed"].clone(),
-            (Self::Form { .. }, Some(v)) => v,
+            (Self::Form { .. } | Self::Approval { .. }, Some(v)) => v,
         }
     }
+}
+
+/// The words of an approval, as a person types them (lowercase), longest first within each.
+const APPROVE_FOR_TASK: [&str; 5] = [
+    "approve for the rest of this task",
+    "本任务内都批准",
+    "always",
+    "总是批准",
+    "3",
+];
+const APPROVE: [&str; 12] = [
+    "approve", "approved", "批准", "同意", "可以", "好的", "是的", "yes", "ok", "好", "是", "1",
+];
+const DENY: [&str; 12] = [
+    "不同意",
+    "不要",
+    "拒绝",
+    "不行",
+    "deny",
+    "denied",
+    "reject",
+    "no",
+    "否",
+    "不",
+    "n",
+    "2",
+];
+
+/// What a person decided about a call: the value is `{"decision": "approve" |
+/// "approve_for_task" | "deny"}`, with the `reason` of a denial and the changed `arguments` of an
+/// edited approval when given.
+fn read_approval(choices: &[String], arguments: &[String], answer: &str) -> Result<Value, Misfit> {
+    let text = answer.trim();
+    let label = |i: usize| choices.get(i).map_or("", String::as_str);
+    if let Ok(value @ Value::Object(_)) = serde_json::from_str::<Value>(text) {
+        return check_approval(arguments, &value);
+    }
+    // Only changed arguments: approved with them.
+    if let Some(changed) = changed_arguments(arguments, text)? {
+        return Ok(json!({"decision": "approve", "arguments": changed}));
+    }
+    let lower = text.to_lowercase();
+    let lower = lower.trim_end_matches(['.', '。', '!', '！']);
+    if APPROVE_FOR_TASK.contains(&lower) || lower == label(2).to_lowercase() {
+        return Ok(json!({"decision": "approve_for_task"}));
+    }
+    let approve: Vec<&str> = std::iter::once(label(0)).chain(APPROVE).collect();
+    let deny: Vec<&str> = std::iter::once(label(1)).chain(DENY).collect();
+    if let Some(rest) = after_word(&approve, text) {
+        return match changed_arguments(arguments, rest)? {
+            _ if rest.is_empty() => Ok(json!({"decision": "approve"})),
+            Some(changed) => Ok(json!({"decision": "approve", "arguments": changed})),
+            None => Err(Misfit::NotAnApproval),
+        };
+    }
+    if let Some(reason) = after_word(&deny, text) {
+        return Ok(match reason {
+            "" => json!({"decision": "deny"}),
+            reason => json!({"decision": "deny", "reason": reason}),
+        });
+    }
+    Err(Misfit::NotAnApproval)
+}
+
+/// What follows one of `words` at the start of `text`, after a separator; `None` when it does
+/// not start with one. A Chinese word needs no separator after it (`拒绝太贵了`).
+fn after_word<'a>(words: &[&str], text: &'a str) -> Option<&'a str> {
+    words.iter().filter(|w| !w.is_empty()).find_map(|word| {
+        let head = text.get(..word.len())?;
+        if !head.eq_ignore_ascii_case(word) {
+            return None;
+        }
+        let rest = &text[word.len()..];
+        let separated = rest.is_empty()
+            || !word.is_ascii()
+            || rest.starts_with(|c: char| c.is_whitespace() || ":：,，;；-—.。".contains(c));
+        separated.then(|| {
+            rest.trim_start_matches(|c: char| c.is_whitespace() || ":：,，;；-—.。".contains(c))
+                .trim_end()
+        })
+    })
+}
+
+/// `text` as changed arguments: one `key: value` per line, each key one of `arguments`. `None`
+/// when its first line is no such change; a later line that is none is refused.
+fn changed_arguments(
+    arguments: &[String],
+    text: &str,
+) -> Result<Option<Map<String, Value>>, Misfit> {
+    let mut changed = Map::new();
+    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let known = line
+            .split_once([':', '：', '='])
+            .map(|(key, value)| (key.trim(), value.trim()))
+            .filter(|(key, _)| arguments.iter().any(|a| a == key));
+        match known {
+            Some((key, value)) => {
+                // A value that reads as JSON (a number, true, a list) is taken as it reads.
+                let value = serde_json::from_str::<Value>(value)
+                    .ok()
+                    .filter(|v| !v.is_string())
+                    .unwrap_or_else(|| Value::String(value.to_owned()));
+                changed.insert(key.to_owned(), value);
+            }
+            None if i == 0 => return Ok(None),
+            None => {
+                let key = line.split_once([':', '：', '=']).map_or(line, |(k, _)| k);
+                return Err(Misfit::UnknownField(key.trim().to_owned()));
+            }
+        }
+    }
+    Ok((!changed.is_empty()).then_some(changed))
+}
+
+/// An approval given as JSON: `{"decision": …, "reason"?: …, "arguments"?: {…}}`.
+fn check_approval(arguments: &[String], value: &Value) -> Result<Value, Misfit> {
+    let decision = value["decision"].as_str().unwrap_or_default();
+    let mut out = Map::new();
+    match decision {
+        "approve" | "approve_for_task" | "deny" => {
+            out.insert("decision".into(), json!(decision));
+        }
+        _ => return Err(Misfit::NotAnApproval),
+    }
+    if let Some(reason) = value.get("reason").filter(|r| !r.is_null()) {
+        let reason = reason.as_str().ok_or(Misfit::NotAnApproval)?;
+        if decision != "deny" {
+            return Err(Misfit::NotAnApproval);
+        }
+        out.insert("reason".into(), json!(reason));
+    }
+    if let Some(changed) = value.get("arguments").filter(|a| !a.is_null()) {
+        let changed = changed.as_object().ok_or(Misfit::NotAnApproval)?;
+        if decision == "deny" {
+            return Err(Misfit::NotAnApproval);
+        }
+        if let Some(unknown) = changed.keys().find(|k| !arguments.contains(k)) {
+            return Err(Misfit::UnknownField(unknown.clone()));
+        }
+        out.insert("arguments".into(), Value::Object(changed.clone()));
+    }
+    Ok(Value::Object(out))
 }
 
 /// The choices of a schema property, with their titles: an `enum` (titled by `enumNames`), or
@@ -653,6 +841,89 @@ mod tests {
             Shape::of("choice", &[], false, vec![]),
             Err(ShapeError::NoChoices)
         ));
+    }
+
+    #[test]
+    fn an_approval_takes_a_choice_a_denial_with_its_reason_or_changed_arguments() {
+        let approval = Shape::of(
+            "approval",
+            &choices(&["批准", "拒绝", "本任务内都批准"]),
+            false,
+            vec![
+                field("path", FieldKind::String, true),
+                field("count", FieldKind::Integer, false),
+            ],
+        )
+        .expect("an approval");
+        let read = |answer: &str| approval.read(answer);
+        for (answer, decision) in [
+            ("1", "approve"),
+            ("批准", "approve"),
+            ("Approve.", "approve"),
+            ("好的", "approve"),
+            ("3", "approve_for_task"),
+            ("本任务内都批准", "approve_for_task"),
+            ("2", "deny"),
+            ("不要", "deny"),
+            ("deny", "deny"),
+        ] {
+            assert_eq!(read(answer), Ok(json!({"decision": decision})), "{answer}");
+        }
+        assert_eq!(
+            read("拒绝：太贵了"),
+            Ok(json!({"decision": "deny", "reason": "太贵了"}))
+        );
+        assert_eq!(
+            read("拒绝太贵了"),
+            Ok(json!({"decision": "deny", "reason": "太贵了"}))
+        );
+        assert_eq!(
+            read("deny - not on a Friday"),
+            Ok(json!({"decision": "deny", "reason": "not on a Friday"}))
+        );
+        assert_eq!(
+            read("path: /tmp/b\ncount: 3"),
+            Ok(json!({"decision": "approve", "arguments": {"path": "/tmp/b", "count": 3}}))
+        );
+        assert_eq!(
+            read("批准\npath：/tmp/c"),
+            Ok(json!({"decision": "approve", "arguments": {"path": "/tmp/c"}}))
+        );
+        assert_eq!(
+            read("path: /tmp/b\nsize: 3"),
+            Err(Misfit::UnknownField("size".into()))
+        );
+        assert_eq!(read("maybe"), Err(Misfit::NotAnApproval));
+        assert_eq!(read("nope"), Err(Misfit::NotAnApproval));
+        assert_eq!(read("批准\nwhatever"), Err(Misfit::NotAnApproval));
+        // Over the API, as JSON.
+        assert_eq!(
+            approval.check(&json!({"decision": "deny", "reason": "no"})),
+            Ok(json!({"decision": "deny", "reason": "no"}))
+        );
+        assert_eq!(
+            approval.check(&json!({"decision": "deny", "arguments": {"path": "/x"}})),
+            Err(Misfit::NotAnApproval)
+        );
+        assert_eq!(
+            approval.check(&json!({"decision": "approve", "arguments": {"mode": "x"}})),
+            Err(Misfit::UnknownField("mode".into()))
+        );
+        // What the agent reads, and back.
+        let value = json!({"decision": "deny", "reason": "太贵了"});
+        assert_eq!(approval.value_of(&approval.for_model(&value)), value);
+        // Carried as its kind, its choices and its arguments as fields.
+        let (kind, shown, _, fields) = approval.to_proto();
+        assert_eq!(kind, "approval");
+        assert_eq!(shown, ["批准", "拒绝", "本任务内都批准"]);
+        assert_eq!(
+            Shape::from_proto(&kind, &shown, false, &fields),
+            Ok(approval.clone())
+        );
+        assert_eq!(
+            Shape::of("approval", &choices(&["yes", "no"]), false, vec![]),
+            Err(ShapeError::ApprovalChoices)
+        );
     }
 
     #[test]

@@ -5,14 +5,14 @@
 use async_nats::jetstream;
 use hark_core::bus::{self, Names};
 
-pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
+pub use hark_testkit::nats_url;
 
-/// The streams of a namespace of one test's own, created; [`TestBus::stop`] deletes them.
+/// The streams of a namespace of one test's own, created; [`TestBus::stop`] deletes them, and
+/// so does dropping it (a panic too).
 pub struct TestBus {
     pub js: jetstream::Context,
     pub names: Names,
+    namespace: hark_testkit::Namespace,
 }
 
 impl TestBus {
@@ -21,15 +21,17 @@ impl TestBus {
             "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
         );
         let js = jetstream::new(client);
-        let ns = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-        let names = Names::new(ns.parse().expect("namespace"));
+        let namespace = hark_testkit::Namespace::new();
+        let names = Names::new(namespace.name.parse().expect("namespace"));
         bus::ensure(&js, &names).await.expect("streams are created");
-        Self { js, names }
+        Self {
+            js,
+            names,
+            namespace,
+        }
     }
 
     pub async fn stop(self) {
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
+        self.namespace.remove().await;
     }
 }

@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -12,9 +12,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{event::Frame, platform::OneBot};
+use super::{Door, event::Frame, platform::OneBot};
 use crate::{
-    hub::Hub,
     inbound, outbound,
     platform::{Inbound, Platform as _},
 };
@@ -219,20 +218,22 @@ impl Limiter {
 
 /// Registers a new connection of a bot, replacing (and closing) its previous one, and starts
 /// delivering its outbound messages. Returns the bot and the frames to write to the socket.
-pub fn attach(hub: &Arc<Hub>, platform: &str, self_id: &str) -> (Arc<Bot>, mpsc::Receiver<String>) {
+pub fn attach(door: &Door, platform: &str, self_id: &str) -> (Arc<Bot>, mpsc::Receiver<String>) {
+    let hub = &door.hub;
     let (out, rx) = mpsc::channel(64);
     let bot = Arc::new(Bot {
         platform: platform.to_owned(),
         self_id: self_id.to_owned(),
-        connection: hub.connections.fetch_add(1, Ordering::Relaxed),
+        connection: door.bots.next_connection(),
         out,
         pending: Mutex::default(),
         closed: hub.shutdown.child_token(),
         last_seen: Mutex::new(Instant::now()),
         closing: Mutex::new(None),
     });
-    let previous = hub
-        .lock_bots()
+    let previous = door
+        .bots
+        .lock()
         .insert((platform.to_owned(), self_id.to_owned()), bot.clone());
     if previous.is_none() {
         hub.metrics.bots.of(platform).add(1);
@@ -262,9 +263,9 @@ pub fn attach(hub: &Arc<Hub>, platform: &str, self_id: &str) -> (Arc<Bot>, mpsc:
     (bot, rx)
 }
 
-fn detach(hub: &Hub, bot: &Bot) {
-    let key = (bot.platform.clone(), bot.self_id.clone());
-    let mut bots = hub.lock_bots();
+fn detach(door: &Door, bot: &Bot) {
+    let (hub, key) = (&door.hub, (bot.platform.clone(), bot.self_id.clone()));
+    let mut bots = door.bots.lock();
     if bots
         .get(&key)
         .is_some_and(|b| b.connection == bot.connection)
@@ -279,7 +280,8 @@ fn detach(hub: &Hub, bot: &Bot) {
 /// Handles a connection's inbound frames until it closes or is replaced. Bad frames are
 /// logged and dropped; the connection stays up. Messages go, in order, to the connection's
 /// ingest task, which spools them.
-pub async fn serve(hub: Arc<Hub>, bot: Arc<Bot>, mut incoming: mpsc::Receiver<Incoming>) {
+pub async fn serve(door: Door, bot: Arc<Bot>, mut incoming: mpsc::Receiver<Incoming>) {
+    let hub = door.hub.clone();
     let (messages, ingesting) = mpsc::channel(256);
     let platform = Arc::new(OneBot::new(bot.clone(), hub.settings.send_timeout));
     let ingest = tokio::spawn(inbound::ingest(hub.clone(), platform.clone(), ingesting));
@@ -376,7 +378,7 @@ pub async fn serve(hub: Arc<Hub>, bot: Arc<Bot>, mut incoming: mpsc::Receiver<In
             }
         }
     }
-    detach(&hub, &bot);
+    detach(&door, &bot);
     // What was read is spooled before the connection's task ends.
     drop(messages);
     let _ = ingest.await;

@@ -128,6 +128,12 @@ pub fn send_action(message: &pb::OutboundMessage) -> Result<(&'static str, Value
     if !message.reply_to_message_id.is_empty() {
         segments.push(json!({"type": "reply", "data": {"id": message.reply_to_message_id}}));
     }
+    if kind == "group" {
+        for user in &message.mentions {
+            segments.push(json!({"type": "at", "data": {"qq": id(user)}}));
+            segments.push(json!({"type": "text", "data": {"text": " "}}));
+        }
+    }
     segments.push(json!({"type": "text", "data": {"text": message.text}}));
     match kind {
         "group" => Ok((
@@ -162,6 +168,31 @@ mod tests {
             json!({"type": "reply", "data": {"id": "-5"}})
         );
         assert_eq!(params["message"][1]["data"]["text"], "hi");
+    }
+
+    #[test]
+    fn a_group_message_mentions_whom_it_names_and_a_private_one_does_not() {
+        let mut message = pb::OutboundMessage {
+            route: Some(crate::platform::route("qq", "42", "group:777")),
+            text: "which one?".into(),
+            mentions: vec!["10002".into()],
+            ..Default::default()
+        };
+        let (_, params) = send_action(&message).expect("action");
+        assert_eq!(
+            params["message"],
+            json!([
+                {"type": "at", "data": {"qq": 10002}},
+                {"type": "text", "data": {"text": " "}},
+                {"type": "text", "data": {"text": "which one?"}},
+            ])
+        );
+        message.route = Some(crate::platform::route("qq", "42", "private:10002"));
+        let (_, params) = send_action(&message).expect("action");
+        assert_eq!(
+            params["message"],
+            json!([{"type": "text", "data": {"text": "which one?"}}])
+        );
     }
 
     #[test]

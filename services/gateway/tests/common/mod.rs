@@ -11,9 +11,7 @@ use hark_core::{bus::Names, codec, config::Config};
 use hark_gateway::{app::App, hub::Hub};
 use tokio_util::sync::CancellationToken;
 
-pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
+pub use hark_testkit::nats_url;
 
 /// A config for a gateway of its own: a fresh namespace and spool, any free port.
 pub fn config() -> Config {
@@ -24,7 +22,7 @@ pub fn config() -> Config {
         .try_init();
     let mut config = Config::default();
     config.nats.url = nats_url().into();
-    config.nats.namespace = format!("g{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    config.nats.namespace = hark_testkit::unique_namespace();
     config.gateway.listen = "127.0.0.1:0".parse().expect("addr");
     config.gateway.spool_dir = std::env::temp_dir()
         .join(format!("hark-gw-test-{}", uuid::Uuid::new_v4().simple()))
@@ -40,6 +38,8 @@ pub struct Running {
     pub names: Names,
     pub js: jetstream::Context,
     pub stop: CancellationToken,
+    /// Its streams are deleted when this is dropped, also when a test panics.
+    _namespace: hark_testkit::Namespace,
 }
 
 impl Running {
@@ -57,6 +57,7 @@ impl Running {
             names: Names::new(config.nats.namespace.parse().expect("ns")),
             js: jetstream::new(async_nats::connect(nats_url()).await.expect("nats")),
             stop,
+            _namespace: hark_testkit::Namespace::adopt(nats_url(), config.nats.namespace.clone()),
         }
     }
 

@@ -27,8 +27,20 @@ pub enum Command {
     Resume(TaskRef),
     History(TaskRef),
     Tell(TaskRef, String),
+    /// Pass an open question on: the one quoted, the one `handle` names, or the sender's only
+    /// one; to the person mentioned, or to `to` (`@id` or `platform:id`).
+    Delegate {
+        handle: Option<String>,
+        to: Option<String>,
+    },
     Help,
 }
+
+/// The usage of `delegate`.
+pub const DELEGATE_USAGE: &str = "delegate [#handle] @someone";
+
+/// The words that pass a question on by themselves, as `<command> delegate` does.
+pub const DELEGATE_WORDS: [&str; 2] = ["/delegate", "/转交"];
 
 /// When a task made by `new` runs, if not now: `--in 30m`, `--at 2026-12-24T09:00`, or every
 /// time `--cron "0 9 * * 1-5"` names.
@@ -37,6 +49,22 @@ pub enum When {
     In(HumanDuration),
     At(String),
     Cron(String),
+}
+
+/// Whether `text` passes a question on by itself (`/delegate @someone`, `/转交@某人`: in QQ a
+/// mention may follow the word without a space), and the rest of it if so.
+pub fn strip_delegate(text: &str) -> Option<&str> {
+    let trimmed = text.trim_start();
+    DELEGATE_WORDS.iter().find_map(|word| {
+        let head = trimmed
+            .get(..word.len())
+            .filter(|head| head.eq_ignore_ascii_case(word))?;
+        let rest = &trimmed[head.len()..];
+        let ends = rest.is_empty()
+            || rest.starts_with(char::is_whitespace)
+            || rest.starts_with(['@', '＠']);
+        ends.then(|| rest.trim())
+    })
 }
 
 /// Whether `text` starts with one of the command `words`, and the rest of it if so.
@@ -103,6 +131,19 @@ pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
                 return Err(t.usage(word, "tell <id> <instruction>"));
             }
             Ok(Command::Tell(task, text))
+        }
+        "delegate" | "pass" | "转交" => {
+            let mut handle = None;
+            let mut to = None;
+            // A mention's name may hold spaces: words after the person are its name.
+            for token in rest.split_whitespace() {
+                match token.strip_prefix('#') {
+                    Some(h) if handle.is_none() && !h.is_empty() => handle = Some(h.to_owned()),
+                    _ if to.is_none() => to = Some(token.to_owned()),
+                    _ => {}
+                }
+            }
+            Ok(Command::Delegate { handle, to })
         }
         other => Err(t.unknown_command(word, &hark_core::domain::ids::shown(other))),
     }
@@ -315,6 +356,43 @@ mod tests {
 
     fn words() -> Vec<String> {
         vec!["/task".into(), "/mt".into()]
+    }
+
+    #[test]
+    fn delegate_takes_a_handle_and_a_person_in_any_order() {
+        assert_eq!(
+            parse("delegate #a3f9 @10002", "/task", EN),
+            Ok(Command::Delegate {
+                handle: Some("a3f9".into()),
+                to: Some("@10002".into())
+            })
+        );
+        assert_eq!(
+            parse("转交 qq:10002 #a3f9", "/task", ZH),
+            Ok(Command::Delegate {
+                handle: Some("a3f9".into()),
+                to: Some("qq:10002".into())
+            })
+        );
+        // A mention carries the person; the text then holds only its name.
+        assert_eq!(
+            parse("delegate", "/task", EN),
+            Ok(Command::Delegate {
+                handle: None,
+                to: None
+            })
+        );
+        assert_eq!(
+            parse("delegate @member 200", "/task", ZH),
+            Ok(Command::Delegate {
+                handle: None,
+                to: Some("@member".into())
+            })
+        );
+        assert_eq!(strip_delegate("/转交@张三"), Some("@张三"));
+        assert_eq!(strip_delegate(" /Delegate @bob"), Some("@bob"));
+        assert_eq!(strip_delegate("/转交给他"), None);
+        assert_eq!(strip_delegate("/delegated"), None);
     }
 
     #[test]

@@ -7,7 +7,6 @@
 //! task's owner may answer; nobody else's message ever does.
 
 pub mod command;
-pub mod limit;
 pub mod route;
 
 use hark_core::{
@@ -17,18 +16,15 @@ use hark_core::{
 use hark_proto::v1 as pb;
 
 use crate::{
+    cases,
     shared::Shared,
     store::{
-        self, Answer, AnswerOutcome, AnswerTarget, ChatRoute, NewTask, QuestionRow, TaskFilter,
-        TaskRow, TellDelivery,
+        self, Answer, AnswerOutcome, AnswerTarget, ChatRoute, QuestionRow, TaskFilter, TaskRow,
+        TellDelivery,
     },
-};
-use command::Command;
-
-use crate::{
-    store::{NewSchedule, Overlap},
     texts::Texts,
 };
+use command::Command;
 
 /// Rows `/task list` shows at most.
 const LIST_ROWS: i64 = 20;
@@ -45,6 +41,8 @@ struct Inbound {
     quoted_text: String,
     quoted_sender: String,
     message_id: String,
+    /// The user ids the message mentions (not the bot).
+    mentions: Vec<String>,
     /// When the gateway read it.
     received_at: Option<time::OffsetDateTime>,
 }
@@ -70,6 +68,7 @@ impl Inbound {
             quoted_text: msg.quoted_text,
             quoted_sender: msg.quoted_sender,
             message_id: msg.message_id,
+            mentions: msg.mentions,
             received_at: msg.received_at.and_then(|t| {
                 time::OffsetDateTime::from_unix_timestamp_nanos(
                     i128::from(t.seconds) * 1_000_000_000 + i128::from(t.nanos),
@@ -120,11 +119,14 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
     let words: Vec<String> = std::iter::once(chat.command.clone())
         .chain(chat.command_aliases.iter().cloned())
         .collect();
-    if let Some(args) = command::strip_command(&inbound.text, &words) {
+    let command = command::strip_command(&inbound.text, &words)
+        .map(str::to_owned)
+        .or_else(|| command::strip_delegate(&inbound.text).map(|rest| format!("delegate {rest}")));
+    if let Some(args) = command.as_deref() {
         if let Some(sender) = inbound.owner() {
             match shared.commands.check(&sender, std::time::Instant::now()) {
-                limit::Verdict::Allow => {}
-                limit::Verdict::RefuseAndTell => {
+                crate::limit::Verdict::Allow => {}
+                crate::limit::Verdict::RefuseAndTell => {
                     tracing::info!(%sender, "refusing commands over chat.commands_per_minute");
                     let text = shared
                         .texts(&inbound.platform)
@@ -132,7 +134,7 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
                     say(shared, &inbound, &text).await;
                     return Ok(());
                 }
-                limit::Verdict::RefuseQuietly => return Ok(()),
+                crate::limit::Verdict::RefuseQuietly => return Ok(()),
             }
         }
         let reply = match command::parse(args, &chat.command, shared.texts(&inbound.platform)) {
@@ -347,54 +349,28 @@ async fn run_command(
             priority,
             goal,
         } => {
-            if role < Role::User {
-                return Ok(Some(t.cannot_create(role, sender.as_str())));
-            }
-            if let Err(e) = text::text(&goal, text::MAX_TEXT_BYTES) {
-                return Ok(Some(t.goal_refused(&e.to_string())));
-            }
-            if let Some(when) = when {
-                let new = NewSchedule {
-                    owner: sender.clone(),
-                    goal,
-                    chat: Some(inbound.route()),
-                    ask_timeout: timeout.map_or(shared.config.task.ask_timeout.0, |t| t.0),
-                    on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
-                    cron: None,
-                    timezone: shared
-                        .config
-                        .task
-                        .timezone_for(&inbound.platform)
-                        .to_owned(),
-                    first_run: time::OffsetDateTime::now_utc(),
-                    overlap: Overlap::Skip,
-                    request_id: inbound.key(),
-                    priority: priority.unwrap_or(0),
-                };
-                return Ok(Some(schedule_task(shared, t, new, when).await?));
-            }
-            let limit = shared.config.task.max_active_per_owner;
-            let created = shared
-                .store
-                .create_task(&NewTask {
-                    owner: sender.clone(),
-                    goal,
-                    chat: Some(inbound.route()),
-                    ask_timeout: timeout.map_or(shared.config.task.ask_timeout.0, |t| t.0),
-                    on_timeout: on_timeout.unwrap_or(shared.config.task.on_timeout),
-                    request_id: inbound.key(),
-                    active_limit: limit,
-                    questionnaire: None,
-                    schedule: None,
-                    priority: priority.unwrap_or(0),
-                })
-                .await;
-            match created {
-                Ok(task) => t.created(task.id, &task.goal),
-                Err(store::Error::TooManyActive { active, .. }) => {
-                    t.too_many_active(active, limit, word)
+            let create = cases::Create {
+                owner: sender.clone(),
+                goal,
+                chat: Some(inbound.route()),
+                ask_timeout: timeout.map(|t| t.0),
+                on_timeout,
+                priority: priority.unwrap_or(0),
+                request_key: inbound.key(),
+                questionnaire: None,
+            };
+            let created = match when {
+                Some(when) => {
+                    let timezone = shared.config.task.timezone_for(&inbound.platform);
+                    schedule_task(shared, t, create, timezone, when).await
                 }
-                Err(e) => return Err(e),
+                None => cases::create_task(shared, create)
+                    .await
+                    .map(|task| t.created(task.id, &task.goal)),
+            };
+            match created {
+                Ok(said) => said,
+                Err(e) => refused_creation(t, e, word, shared.config.task.max_active_per_owner)?,
             }
         }
         Command::List { all, state } => {
@@ -465,7 +441,10 @@ async fn run_command(
                 Ok(task) if task.state.is_terminal() => t.already_ended(task.id, task.state),
                 Ok(task) => {
                     let reason = t.cancelled_by(sender.as_str());
-                    match shared.store.cancel(task.id, sender.as_str(), &reason).await {
+                    match cases::cancel(shared, &task, &reason)
+                        .await
+                        .map_err(into_store)
+                    {
                         Ok(_) => {
                             // The task's own chat is told by the cancellation itself.
                             let same_chat = task.stream.as_deref() == Some(inbound.stream.as_str())
@@ -486,7 +465,7 @@ async fn run_command(
         Command::Pause(reference) => {
             match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(text) => text,
-                Ok(task) => match shared.store.pause(task.id, sender.as_str()).await {
+                Ok(task) => match cases::pause(shared, &task).await.map_err(into_store) {
                     Ok(now) if now.state == TaskState::Paused => t.paused(now.id, word),
                     Ok(now) => t.pause_requested(now.id, word),
                     Err(store::Error::Already { state, .. }) => t.already(task.id, state),
@@ -498,7 +477,7 @@ async fn run_command(
         Command::Resume(reference) => {
             match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(text) => text,
-                Ok(task) => match shared.store.resume(task.id, sender.as_str()).await {
+                Ok(task) => match cases::resume(shared, &task).await.map_err(into_store) {
                     Ok(now) => t.resumed(now.id, now.state == TaskState::WaitingInput),
                     Err(store::Error::Already { .. } | store::Error::WrongState { .. }) => {
                         t.not_paused(task.id, task.state)
@@ -507,10 +486,10 @@ async fn run_command(
                 },
             }
         }
+        Command::Delegate { handle, to } => {
+            return delegate(shared, inbound, &sender, role, handle, to).await;
+        }
         Command::Tell(reference, instruction) => {
-            if let Err(e) = text::text(&instruction, text::MAX_TEXT_BYTES) {
-                return Ok(Some(t.instruction_refused(&e.to_string())));
-            }
             match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(reply) => reply,
                 Ok(task) => {
@@ -519,23 +498,112 @@ async fn run_command(
                     {
                         return Ok(None);
                     }
-                    match shared
-                        .store
-                        .tell(task.id, &instruction, sender.as_str())
-                        .await
-                    {
+                    match cases::tell(shared, &task, &instruction, None).await {
                         Ok((_, TellDelivery::NextRound)) => t.told(task.id, true),
                         Ok((_, TellDelivery::OnResume)) => t.told(task.id, false),
-                        Err(store::Error::WrongState { state, .. }) => {
+                        Err(cases::Error::Instruction(e)) => t.instruction_refused(&e.to_string()),
+                        Err(cases::Error::Store(store::Error::WrongState { state, .. })) => {
                             t.already_ended(task.id, state)
                         }
-                        Err(e) => return Err(e),
+                        Err(e) => return Err(into_store(e)),
                     }
                 }
             }
         }
     };
     Ok(Some(reply))
+}
+
+/// `delegate`: passes an open question of this chat on to someone else. The question is the one
+/// quoted, the one `handle` names, or the sender's only open one here; the person is the one
+/// mentioned, or `to`.
+async fn delegate(
+    shared: &Shared,
+    inbound: &Inbound,
+    sender: &Owner,
+    role: Role,
+    handle: Option<String>,
+    to: Option<String>,
+) -> Result<Option<String>, store::Error> {
+    let t = shared.texts(&inbound.platform);
+    let word = &shared.config.chat.command;
+    let key = inbound.key();
+    // Applied before: the question has moved, so what it named is not found again.
+    if let Some(key) = &key
+        && shared.store.was_applied(key).await?
+    {
+        return Ok(None);
+    }
+    let to = match inbound.mentions.iter().find(|m| m.as_str() != "all") {
+        Some(user) => Owner::new(&inbound.platform, user).ok(),
+        None => to.as_deref().and_then(|to| person(&inbound.platform, to)),
+    };
+    let Some(to) = to else {
+        return Ok(Some(t.usage(word, command::DELEGATE_USAGE)));
+    };
+    let store = &shared.store;
+    let stream = inbound.stream.as_str();
+    let question = if !inbound.quoted.is_empty() {
+        store
+            .question_by_chat_message(&inbound.platform, stream, &inbound.quoted)
+            .await?
+    } else if let Some(handle) = &handle {
+        store
+            .question_by_handle(&inbound.platform, stream, handle)
+            .await?
+    } else {
+        let open = store
+            .open_questions_for_sender(&inbound.platform, stream, &inbound.user_id, None)
+            .await?;
+        match open.as_slice() {
+            [] => None,
+            [one] => Some(one.question.clone()),
+            many => {
+                let open: Vec<(String, String)> = many
+                    .iter()
+                    .map(|o| (o.question.handle.clone(), o.question.text.clone()))
+                    .collect();
+                return Ok(Some(t.ask_which(&open)));
+            }
+        }
+    };
+    let Some(question) = question else {
+        return Ok(Some(t.nothing_to_pass_on()));
+    };
+    let caller = cases::Caller::Person {
+        owner: sender.clone(),
+        role,
+    };
+    let reply = match cases::delegate(shared, &caller, &question, &to, key.as_deref()).await {
+        Ok(store::Delegated::Moved { question, .. }) => {
+            tracing::info!(question = %question.id, to = %to, "question passed on");
+            t.passed_on(&question.handle, to.as_str())
+        }
+        Ok(store::Delegated::Duplicate) => return Ok(None),
+        Err(cases::Error::NotYours { handle }) => t.not_yours_to_pass_on(&handle),
+        Err(cases::Error::AlreadyAsked { handle, askee }) => {
+            t.already_asked(&handle, askee.as_str())
+        }
+        Err(cases::Error::Store(store::Error::Moved { handle, askee })) => {
+            t.passed_meanwhile(&handle, &askee)
+        }
+        Err(cases::Error::Store(store::Error::QuestionClosed { outcome, .. })) => {
+            t.closed(question.task_id, &question.handle, outcome)
+        }
+        Err(e @ cases::Error::OtherPlatform { .. }) => e.to_string(),
+        Err(e) => return Err(into_store(e)),
+    };
+    Ok(Some(reply))
+}
+
+/// The person `to` names in a chat on `platform`: `@id`, `id`, or `platform:id`.
+fn person(platform: &str, to: &str) -> Option<Owner> {
+    let to = to.trim_start_matches(['@', '＠']);
+    if to.contains(':') {
+        to.parse().ok()
+    } else {
+        Owner::new(platform, to).ok()
+    }
 }
 
 /// Finds a task the sender may see and act on: their own, or any for an admin. The `Err` side
@@ -546,15 +614,21 @@ async fn visible_task(
     reference: &TaskRef,
     sender: &Owner,
     role: Role,
-) -> Result<Result<TaskRow, String>, store::Error> {
-    // A prefix is resolved only among the tasks the sender may see, so that nobody learns of
-    // other people's tasks by probing prefixes.
-    let visible_to = (role < Role::Admin).then_some(sender);
-    match shared.store.resolve_task(reference, visible_to).await {
-        Ok(task) if task.owner == *sender || role == Role::Admin => Ok(Ok(task)),
-        Ok(_) | Err(store::Error::TaskNotFound(_)) => Ok(Err(t.no_task(&display_ref(reference)))),
-        Err(store::Error::AmbiguousTask { prefix, count }) => Ok(Err(t.ambiguous(&prefix, count))),
-        Err(e) => Err(e),
+) -> Result<Result<cases::Found, String>, store::Error> {
+    let caller = cases::Caller::Person {
+        owner: sender.clone(),
+        role,
+    };
+    match cases::find(shared, &caller, reference).await {
+        Ok(task) => Ok(Ok(task)),
+        Err(cases::Error::Store(store::Error::TaskNotFound(_))) => {
+            Ok(Err(t.no_task(&display_ref(reference))))
+        }
+        Err(cases::Error::Store(store::Error::AmbiguousTask { prefix, count })) => {
+            Ok(Err(t.ambiguous(&prefix, count)))
+        }
+        // Finding refuses nothing of its own: anything else is the store's.
+        Err(e) => Err(into_store(e)),
     }
 }
 
@@ -599,19 +673,55 @@ async fn history_text(shared: &Shared, t: Texts, task: &TaskRow) -> Result<Strin
 }
 
 /// Makes the schedule `new` says, running `when`; the reply says when it first runs.
+/// A move's error as the store's: moving a found task refuses nothing of its own.
+fn into_store(error: cases::Error) -> store::Error {
+    match error {
+        cases::Error::Store(e) => e,
+        other => store::Error::Internal(other.to_string()),
+    }
+}
+
+/// What the chat says when a creation is refused; a store error that is no refusal is
+/// returned, to be retried or logged.
+fn refused_creation(
+    t: Texts,
+    error: cases::Error,
+    word: &str,
+    limit: u32,
+) -> Result<String, store::Error> {
+    use cases::Error as E;
+    Ok(match error {
+        E::CannotHaveTasks { owner, role } => t.cannot_create(role, owner.as_str()),
+        E::Goal(e) => t.goal_refused(&e.to_string()),
+        E::Store(store::Error::TooManyActive { active, .. }) => {
+            t.too_many_active(active, limit, word)
+        }
+        E::Store(e) => return Err(e),
+        e @ (E::Priority
+        | E::AskTimeout(_)
+        | E::Reused { .. }
+        | E::Instruction(_)
+        | E::NotYours { .. }
+        | E::AlreadyAsked { .. }
+        | E::OtherPlatform { .. }) => t.not_created(&e.to_string()),
+    })
+}
+
 async fn schedule_task(
     shared: &Shared,
     t: Texts,
-    mut new: NewSchedule,
+    create: cases::Create,
+    timezone: &str,
     when: command::When,
-) -> Result<String, store::Error> {
-    let zone = match schedule::time_zone(&new.timezone) {
+) -> Result<String, cases::Error> {
+    let zone = match schedule::time_zone(timezone) {
         Ok(zone) => zone,
         Err(e) => {
             return Ok(t.schedule_refused(&format!("{e} (task.timezone)")));
         }
     };
-    let now = new.first_run;
+    let now = time::OffsetDateTime::now_utc();
+    let mut recurring = None;
     let first = match when {
         command::When::In(after) => now
             .checked_add(after.0.try_into().unwrap_or(time::Duration::MAX))
@@ -633,15 +743,20 @@ async fn schedule_task(
                 let next = cron
                     .next_after(now, &zone)
                     .ok_or_else(|| format!("`{cron}` never runs"));
-                new.cron = Some(cron);
+                recurring = Some(cron);
                 next
             }),
     };
-    new.first_run = match first {
+    let first_run = match first {
         Ok(at) => at,
         Err(why) => return Ok(t.schedule_refused(&why)),
     };
-    let made = shared.store.create_schedule(&new).await?;
+    let when = cases::When {
+        cron: recurring,
+        timezone: timezone.to_owned(),
+        first_run,
+    };
+    let made = cases::create_schedule(shared, create, when).await?;
     let next = made
         .next_run
         .map(|at| schedule::shown(at, &zone))

@@ -32,6 +32,7 @@ use axum::{
 use futures_util::{Stream, StreamExt as _};
 use hark_core::{
     domain::{QuestionId, TaskId, TaskState},
+    error::Kind,
     secret::Secret,
 };
 use hark_proto::v1::{self as pb, task_service_server::TaskService as _};
@@ -111,6 +112,7 @@ fn router(shared: Shared) -> Router {
         .route("/questions", get(questions))
         .route("/questions/{id}/answer", post(answer))
         .route("/questions/{id}/remind", post(remind))
+        .route("/questions/{id}/delegate", post(delegate))
         .route("/tasks", get(tasks).post(create))
         .route("/tasks/{id}", get(task))
         .route("/tasks/{id}/{action}", post(act))
@@ -212,14 +214,9 @@ fn error(status: StatusCode, message: impl Into<String>) -> Failure {
 /// A refusal of the API as the page reads it: the status a browser knows, and the message.
 fn refused(status: Status) -> Failure {
     let code = match status.code() {
-        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::FailedPrecondition | Code::Aborted => StatusCode::CONFLICT,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        // Not signed in is no error of a task: the browser signs in again.
         Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
+        code => Kind::of_grpc(code).http_status(),
     };
     error(code, status.message())
 }
@@ -564,6 +561,38 @@ async fn answer(
     Ok(Json(json!({
         "task": answered.task.as_ref().map_or(Value::Null, json::task),
         "question": answered.question.as_ref().map_or(Value::Null, json::question),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DelegateBody {
+    /// `platform:user_id` of the person to ask instead.
+    to: String,
+}
+
+/// `POST /api/questions/{id}/delegate` with `{"to": "qq:10002"}`: the question is asked of that
+/// person from now on (see `DelegateQuestion`).
+async fn delegate(
+    State(console): State<Console>,
+    Path(id): Path<String>,
+    Body(body): Body<DelegateBody>,
+) -> Answered {
+    let moved = console
+        .api
+        .delegate(
+            tonic::Request::new(pb::DelegateQuestionRequest {
+                question_id: id,
+                to: body.to,
+                request_id: String::new(),
+            }),
+            "console",
+        )
+        .await
+        .map_err(refused)?
+        .into_inner();
+    Ok(Json(json!({
+        "question": moved.question.as_ref().map_or(Value::Null, json::question),
     })))
 }
 

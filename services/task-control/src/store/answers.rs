@@ -9,28 +9,33 @@ use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use time::OffsetDateTime;
 
-use super::{Error, QuestionRow, Store, TaskRow, batch::Move};
+use super::{Answer, Error, QuestionRow, Store, TaskRow, batch::Move};
 
-/// Where an answer hands the claim of its task to a polling worker (see
-/// [`Store::with_handoffs`]).
-#[derive(Debug, Clone)]
-pub(super) struct Handoffs {
-    pub(super) parked: std::sync::Arc<crate::handoff::Parked>,
-    pub(super) sink: tokio::sync::mpsc::UnboundedSender<crate::handoff::Handoff>,
-    /// The lease a claim grants (`task.lease`).
-    pub(super) lease: std::time::Duration,
+/// Workers waiting for a job, to whom an answer hands its task's claim in its own statement
+/// (see [`Store::with_idle_workers`]). The store only takes one and gives it back or hands it
+/// the claim; how a worker waits and is handed a claim is the caller's.
+pub trait IdleWorkers: Send + Sync + std::fmt::Debug {
+    /// The worker that has waited longest, taken; `None` when none waits.
+    fn take(&self) -> Option<Box<dyn IdleWorker>>;
 }
 
-/// An answer to apply.
+/// A worker taken from [`IdleWorkers`], to be given back or handed a claim.
+pub trait IdleWorker: Send {
+    /// The worker's id, which the claim names.
+    fn worker(&self) -> &str;
+    /// Nothing was claimed for it: it waits again, first.
+    fn put_back(self: Box<Self>);
+    /// Its claim of a task committed: `job` is the run job the claim stands for (never
+    /// published), `trace` the context the run continues.
+    fn hand(self: Box<Self>, claimed: super::Claimed, job: pb::RunJob, trace: Option<String>);
+}
+
+/// Where answers hand claims (see [`Store::with_idle_workers`]).
 #[derive(Debug, Clone)]
-pub struct Answer {
-    /// `platform:user_id`, or the API caller.
-    pub answerer: String,
-    pub text: String,
-    /// A structured answer given as JSON (over the API), read instead of `text`.
-    pub json: Option<serde_json::Value>,
-    /// The inbound message (or request) id; the same key applied twice changes nothing.
-    pub inbound_key: Option<String>,
+pub(super) struct Handoffs {
+    pub(super) idle: std::sync::Arc<dyn IdleWorkers>,
+    /// The lease a claim grants (`task.lease`).
+    pub(super) lease: std::time::Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -114,13 +119,17 @@ impl Store {
     /// key of its question, so one applied twice (by two replicas, or again after a crash)
     /// changes nothing. Returns how many were answered.
     pub async fn settle_subtasks(&self, limit: i64) -> Result<usize, Error> {
-        let due: Vec<SubtaskEnded> = sqlx::query_as(
+        let due: Vec<SubtaskEnded> = sqlx::query_as(concat!(
             "SELECT q.id, t.id, t.state, t.result, t.error
                  FROM questions q JOIN tasks t ON t.id = q.waits_for
-                 WHERE q.outcome = 'open' AND q.waits_for IS NOT NULL
-                   AND t.state IN ('completed', 'failed', 'cancelled')
+                 WHERE q.outcome = ",
+            sql_outcome!(open),
+            " AND q.waits_for IS NOT NULL
+                   AND t.state IN (",
+            ended_states!(),
+            ")
                  LIMIT $1",
-        )
+        ))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
@@ -425,7 +434,7 @@ impl Store {
         let Some(handoffs) = &self.handoffs else {
             return Ok(None);
         };
-        let Some(waiter) = handoffs.parked.take() else {
+        let Some(waiter) = handoffs.idle.take() else {
             return Ok(None);
         };
         let task = question.task_id;
@@ -450,7 +459,7 @@ impl Store {
         let row = match row {
             Ok(Some(row)) => row,
             other => {
-                handoffs.parked.put_back(waiter);
+                waiter.put_back();
                 return other.map(|_| None);
             }
         };
@@ -469,17 +478,7 @@ impl Store {
             reason: pb::RunReason::ResumeReply as i32,
             ..Default::default()
         };
-        let handoff = crate::handoff::Handoff {
-            waiter,
-            claimed,
-            job,
-            trace: hark_core::trace::outgoing(),
-        };
-        if let Err(unsent) = handoffs.sink.send(handoff) {
-            // Nobody hands it over (the process stops): the lease lapses and the task is
-            // recovered, as after a crash here.
-            tracing::warn!(task = %unsent.0.job.task_id, "a claimed task could not be handed over");
-        }
+        waiter.hand(claimed, job, hark_core::trace::outgoing());
         Ok(Some(task_row))
     }
 
@@ -516,9 +515,9 @@ impl Store {
             task_columns!(),
             "
             ), answered AS (
-                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = $4,
+                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = $4,
                                        answer = $5, inbound_message_id = $6
-                FROM t WHERE q.id = $3 AND q.outcome = 'open'
+                FROM t WHERE q.id = $3 AND q.outcome = ", sql_outcome!(open), "
                 RETURNING q.id, q.tool_call_id, q.round, q.traceparent
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
@@ -533,7 +532,7 @@ impl Store {
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', a.id, 'tool_call_id', a.tool_call_id, 'round', a.round,
-                        'outcome', 'answered', 'answer', $5::text, 'since_closed_ms', 0,
+                        'outcome', ", sql_outcome!(answered), ", 'answer', $5::text, 'since_closed_ms', 0,
                         'traceparent', a.traceparent)
                  FROM answered a) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
@@ -581,7 +580,8 @@ impl Store {
         })
     }
 
-    async fn was_applied(&self, key: &str) -> Result<bool, Error> {
+    /// Whether the inbound message (or request) `key` was applied before.
+    pub async fn was_applied(&self, key: &str) -> Result<bool, Error> {
         Ok(
             sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM applied_inbound WHERE key = $1)")
                 .bind(key)

@@ -244,7 +244,7 @@ impl AskRequest {
     fn asked(&self, task: &TaskRow, deadline: Option<time::OffsetDateTime>) -> pb::Question {
         crate::convert::asked(
             task,
-            crate::convert::Asked {
+            crate::rows::Asked {
                 id: self.question,
                 handle: &self.handle,
                 text: &self.input.question,
@@ -741,7 +741,9 @@ impl Store {
                  (SELECT ",
             question_columns!(),
             " FROM questions
-                  WHERE task_id = l.l_task AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1)
+                  WHERE task_id = l.l_task AND outcome = ",
+            sql_outcome!(open),
+            " ORDER BY asked_at DESC LIMIT 1)
                  LIMIT 1
              ) q
              JOIN tasks t ON t.id = q.task_id"
@@ -786,9 +788,9 @@ impl Store {
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
                 SELECT id, c_from, state, $14, generation, c_answerer, '' FROM t
             ), answered AS (
-                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
+                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_text, inbound_message_id = t.c_inbound
-                FROM t WHERE q.id = t.c_question AND q.outcome = 'open'
+                FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
@@ -873,8 +875,8 @@ impl Store {
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
                 SELECT id, $22, state, $23, generation, c_worker, c_text FROM t
             ), closed AS (
-                UPDATE questions q SET outcome = 'superseded', closed_at = now()
-                FROM t WHERE q.task_id = t.id AND q.outcome = 'open'
+                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
+                FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
                 SELECT id, c_round, c_messages FROM t
@@ -889,7 +891,7 @@ impl Store {
                                        deadline)
                 SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
                        platform, bot_id, stream, c_choices, c_traceparent, c_waits_for,
-                       CASE WHEN on_timeout = 'never' THEN NULL
+                       CASE WHEN on_timeout = ", sql_policy!(never), " THEN NULL
                             WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
                        END
@@ -950,7 +952,7 @@ impl Store {
         let rows: Vec<BatchRow> = out
             .bind_to(query)
             .bind(column(batch, |r| {
-                super::rows::StoredShape::of(&r.input.shape)
+                crate::rows::StoredShape::of(&r.input.shape)
             }))
             .bind(asked(false)?)
             .bind(asked(true)?)

@@ -1,7 +1,7 @@
 //! What chat routing reads and marks: the open questions a sender may answer, a question by its
 //! handle or by the message that carried it, applied inbound messages, and told instructions.
 
-use hark_core::domain::{Event, Owner, QuestionId, TaskId};
+use hark_core::domain::{Event, Owner, QuestionId, TaskId, TaskState};
 use uuid::Uuid;
 
 use super::{AnswerTarget, Error, QuestionRow, Store};
@@ -37,8 +37,8 @@ impl Store {
         .bind(author)
         .fetch_optional(&self.pool)
         .await?;
-        match state.as_deref() {
-            Some("running") => Ok((id, TellDelivery::NextRound)),
+        match state.as_deref().map(str::parse::<TaskState>) {
+            Some(Ok(TaskState::Running)) => Ok((id, TellDelivery::NextRound)),
             Some(_) => Ok((id, TellDelivery::OnResume)),
             None => {
                 let current = self.get_task(task).await?;
@@ -73,7 +73,7 @@ impl Store {
                             EXISTS (SELECT 1 FROM applied_inbound WHERE key = $4) AS applied
                      FROM (SELECT ",
                     question_columns!(),
-                    " FROM questions WHERE outcome = 'open' AND stream = $2 AND waits_for IS NULL AND ",
+                    " FROM questions WHERE outcome = ", sql_outcome!(open), " AND stream = $2 AND waits_for IS NULL AND ",
                     $filter,
                     ") q
                      JOIN tasks t ON t.id = q.task_id

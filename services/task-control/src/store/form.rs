@@ -35,9 +35,9 @@ macro_rules! answered_and_audit {
     ($detail:literal) => {
         concat!(
             "answered AS (
-                UPDATE questions q SET outcome = 'answered', closed_at = now(), answerer = t.c_answerer,
+                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_answer, inbound_message_id = t.c_inbound
-                FROM t WHERE q.id = t.c_answered AND q.outcome = 'open'
+                FROM t WHERE q.id = t.c_answered AND q.outcome = ", sql_outcome!(open), "
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
@@ -340,7 +340,7 @@ impl Store {
                         }
                         FormAsked::Won(row, deadline) => {
                             let shape = next.shape();
-                            let asked = crate::convert::Asked {
+                            let asked = crate::rows::Asked {
                                 id,
                                 handle: &handle,
                                 text: &next.text,
@@ -409,7 +409,7 @@ impl Store {
                                        platform, bot_id, stream, choices, deadline)
                 SELECT c_question, id, c_handle, c_text, '', c_call, c_round, owner, platform, bot_id,
                        stream, c_choices,
-                       CASE WHEN on_timeout = 'never' THEN NULL
+                       CASE WHEN on_timeout = ", sql_policy!(never), " THEN NULL
                             WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
                        END
                 FROM t RETURNING task_id, deadline
@@ -430,7 +430,7 @@ impl Store {
             .bind(column(batch, |r| r.text.as_str()))
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
-            .bind(column(batch, |r| super::rows::StoredShape::of(&r.shape)));
+            .bind(column(batch, |r| crate::rows::StoredShape::of(&r.shape)));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");

@@ -58,6 +58,64 @@ macro_rules! sql_state {
     };
 }
 
+/// A question's outcome as a SQL literal, as [`sql_state`] is for task states.
+macro_rules! sql_outcome {
+    (open) => {
+        "'open'"
+    };
+    (answered) => {
+        "'answered'"
+    };
+    (expired) => {
+        "'expired'"
+    };
+    (cancelled) => {
+        "'cancelled'"
+    };
+    (superseded) => {
+        "'superseded'"
+    };
+}
+
+/// What a question's expiry does, as a SQL literal.
+macro_rules! sql_policy {
+    (resume) => {
+        "'resume'"
+    };
+    (fail) => {
+        "'fail'"
+    };
+    (never) => {
+        "'never'"
+    };
+}
+
+/// A schedule's state as a SQL literal.
+macro_rules! sql_schedule {
+    (active) => {
+        "'active'"
+    };
+    (done) => {
+        "'done'"
+    };
+    (cancelled) => {
+        "'cancelled'"
+    };
+}
+
+/// The states of a task that has ended, as a SQL list.
+macro_rules! ended_states {
+    () => {
+        concat!(
+            sql_state!(completed),
+            ", ",
+            sql_state!(failed),
+            ", ",
+            sql_state!(cancelled)
+        )
+    };
+}
+
 /// An event's name as a SQL literal, as [`sql_state`] is for states.
 macro_rules! sql_event {
     (create) => {
@@ -120,12 +178,12 @@ mod apply;
 mod batch;
 mod chat;
 mod connect;
+mod delegate;
 mod form;
 mod ops;
 mod outbox;
 mod reads;
 mod retention;
-mod rows;
 mod schedules;
 mod timers;
 mod upkeep;
@@ -133,15 +191,20 @@ mod worker;
 
 use apply::{Cas, CasRow, columns};
 
-pub use answers::{Answer, AnswerOutcome, AnswerTarget};
+pub use crate::rows::{
+    Answer, ChatRoute, Instruction, Lease, QuestionRow, RoundRow, ScheduleRow, TaskRow,
+    TransitionRow,
+};
+pub use answers::{AnswerOutcome, AnswerTarget, IdleWorker, IdleWorkers};
 pub use chat::TellDelivery;
 pub use connect::{connect, migrate, probe};
+pub use delegate::{Delegated, Delegation};
+pub use hark_core::domain::schedule::Overlap;
 pub use ops::NewTask;
 pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
-pub use rows::{ChatRoute, Instruction, Lease, QuestionRow, RoundRow, TaskRow, TransitionRow};
-pub use schedules::{NewSchedule, Overlap, ScheduleRow};
+pub use schedules::NewSchedule;
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 pub use worker::{AskInput, Claimed, Resume};
 
@@ -213,6 +276,8 @@ pub enum Error {
         id: String,
         outcome: QuestionOutcome,
     },
+    #[error("question #{handle} was passed on meanwhile: it is asked of {askee} now")]
+    Moved { handle: String, askee: String },
     #[error("task {task} is already {state}")]
     Already { task: String, state: TaskState },
     #[error("task {task} is {state}: it cannot take `{event}`")]
@@ -286,6 +351,7 @@ impl hark_core::error::Classified for Error {
             | Error::ScheduleEnded(_)
             | Error::Already { .. }
             | Error::QuestionClosed { .. }
+            | Error::Moved { .. }
             | Error::WrongState { .. } => Kind::Conflict,
             Error::LeaseLost { .. } | Error::Cancelled { .. } | Error::StaleJob { .. } => {
                 Kind::Gone
@@ -370,6 +436,97 @@ mod tests {
             assert_eq!(literal, format!("'{}'", event.as_str()));
         }
         assert_eq!(sql_event!(create), "'create'");
+    }
+
+    #[test]
+    fn the_outcome_policy_and_schedule_names_in_sql_are_the_domains_own() {
+        use hark_core::domain::{
+            QuestionOutcome, TimeoutPolicy,
+            schedule::{Overlap, ScheduleState},
+        };
+        let quoted = |names: Vec<&str>| -> Vec<String> {
+            names.into_iter().map(|n| format!("'{n}'")).collect()
+        };
+        assert_eq!(
+            [
+                sql_outcome!(open),
+                sql_outcome!(answered),
+                sql_outcome!(expired),
+                sql_outcome!(cancelled),
+                sql_outcome!(superseded),
+            ]
+            .to_vec(),
+            quoted(QuestionOutcome::ALL.map(QuestionOutcome::as_str).to_vec())
+        );
+        assert_eq!(
+            [sql_policy!(resume), sql_policy!(fail), sql_policy!(never)].to_vec(),
+            quoted(TimeoutPolicy::ALL.map(TimeoutPolicy::as_str).to_vec())
+        );
+        assert_eq!(
+            [
+                sql_schedule!(active),
+                sql_schedule!(done),
+                sql_schedule!(cancelled)
+            ]
+            .to_vec(),
+            quoted(ScheduleState::ALL.map(ScheduleState::as_str).to_vec())
+        );
+        assert_eq!(Overlap::ALL.map(Overlap::as_str), ["skip", "allow"]);
+        let ended: Vec<&str> = ended_states!()
+            .split(", ")
+            .map(|s| s.trim_matches('\''))
+            .collect();
+        let terminal: Vec<&str> = TaskState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(TaskState::as_str)
+            .collect();
+        assert_eq!(ended, terminal);
+    }
+
+    /// The sources of task-control, but for this module: none writes a state, outcome, policy
+    /// or schedule name as a SQL literal of its own.
+    #[test]
+    fn no_statement_spells_a_name_that_this_module_owns() {
+        use hark_core::domain::{
+            QuestionOutcome, TimeoutPolicy,
+            schedule::{Overlap, ScheduleState},
+        };
+        let mut names: Vec<&str> = TaskState::ALL.map(TaskState::as_str).to_vec();
+        names.extend(QuestionOutcome::ALL.map(QuestionOutcome::as_str));
+        names.extend(TimeoutPolicy::ALL.map(TimeoutPolicy::as_str));
+        names.extend(ScheduleState::ALL.map(ScheduleState::as_str));
+        names.extend(Overlap::ALL.map(Overlap::as_str));
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root.clone()];
+        let mut found = Vec::new();
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(
+                    std::fs::read_dir(&path)
+                        .expect("src")
+                        .flatten()
+                        .map(|e| e.path()),
+                );
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("store/mod.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("source");
+            for (n, line) in text.lines().enumerate() {
+                for name in &names {
+                    if line.contains(&format!("'{name}'")) {
+                        found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "spelt outside store/mod.rs:\n{}",
+            found.join("\n")
+        );
     }
 
     #[test]
@@ -551,6 +708,11 @@ impl Store {
         self
     }
 
+    /// What decisions' effects become: the messages a move sends.
+    pub fn effects(&self) -> &crate::effects::Effects {
+        &self.effects
+    }
+
     /// What the store counts and times (kept by its effects, which count every move).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         self.effects.metrics()
@@ -568,19 +730,14 @@ impl Store {
         self
     }
 
-    /// Lets an answer claim its task for a worker polling in `parked`, under a lease of
-    /// `lease`, and send the claim to `handoffs` to be handed over.
-    pub fn with_handoffs(
+    /// Lets an answer claim its task, under a lease of `lease`, for a worker of `idle` in its
+    /// own statement, and hand the worker that claim.
+    pub fn with_idle_workers(
         mut self,
-        parked: std::sync::Arc<crate::handoff::Parked>,
-        handoffs: tokio::sync::mpsc::UnboundedSender<crate::handoff::Handoff>,
+        idle: std::sync::Arc<dyn IdleWorkers>,
         lease: std::time::Duration,
     ) -> Self {
-        self.handoffs = Some(answers::Handoffs {
-            parked,
-            sink: handoffs,
-            lease,
-        });
+        self.handoffs = Some(answers::Handoffs { idle, lease });
         self
     }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use hark_core::publish;
 
 use super::{Error, Store};
 
@@ -83,27 +84,25 @@ impl Store {
         }
         let mut pending = Vec::with_capacity(batch.len());
         for entry in &batch {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(hark_core::bus::MSG_ID_HEADER, entry.msg_id.as_str());
-            if let Some(trace) = &entry.traceparent {
-                headers.insert(hark_core::trace::HEADER, trace.as_str());
-            }
-            match js
-                .publish_with_headers(entry.subject.clone(), headers, entry.payload.clone().into())
-                .await
-            {
-                Ok(ack) => pending.push((entry.id, ack)),
+            let outgoing = publish::Outgoing {
+                subject: entry.subject.clone(),
+                msg_id: &entry.msg_id,
+                payload: entry.payload.clone().into(),
+                trace: entry.traceparent.as_deref(),
+            };
+            match publish::send(js, outgoing).await {
+                Ok(sent) => pending.push((entry.id, sent)),
                 Err(e) => {
-                    tracing::warn!(subject = entry.subject, error = %e, "cannot publish outbox message; will retry");
+                    tracing::warn!(error = %e, "the sweep will try the outbox message again");
                     break;
                 }
             }
         }
         let mut done = Vec::with_capacity(pending.len());
-        for (id, ack) in pending {
-            match ack.await {
+        for (id, sent) in pending {
+            match sent.acked().await {
                 Ok(_) => done.push(id),
-                Err(e) => tracing::warn!(error = %e, "outbox message not acknowledged; will retry"),
+                Err(e) => tracing::warn!(error = %e, "the sweep will try the outbox message again"),
             }
         }
         sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")

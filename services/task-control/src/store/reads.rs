@@ -215,7 +215,9 @@ impl Store {
              WHERE ($1::text IS NULL OR owner = $1)
                AND ($2::text IS NULL OR platform = $2)
                AND ($3::text IS NULL OR stream = $3)
-               AND ($4 OR outcome = 'open')
+               AND ($4 OR outcome = ",
+            sql_outcome!(open),
+            ")
                AND ($5::uuid IS NULL OR id > $5)
              ORDER BY id LIMIT $6"
         ))
@@ -234,7 +236,9 @@ impl Store {
         Ok(sqlx::query_as::<_, QuestionRow>(concat!(
             "SELECT ",
             question_columns!(),
-            " FROM questions WHERE task_id = $1 AND outcome = 'open' ORDER BY asked_at DESC LIMIT 1"
+            " FROM questions WHERE task_id = $1 AND outcome = ",
+            sql_outcome!(open),
+            " ORDER BY asked_at DESC LIMIT 1"
         ))
         .bind(task.as_uuid())
         .fetch_optional(&self.pool)

@@ -62,16 +62,18 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
-        let schedules = sqlx::query(
+        let schedules = sqlx::query(concat!(
             "WITH due AS (
                 SELECT id FROM schedules
-                WHERE state <> 'active' AND ended_at < now() - $1 * interval '1 millisecond'
+                WHERE state <> ",
+            sql_schedule!(active),
+            " AND ended_at < now() - $1 * interval '1 millisecond'
                 ORDER BY ended_at
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
             )
             DELETE FROM schedules USING due WHERE schedules.id = due.id",
-        )
+        ))
         .bind(keep_ms)
         .bind(limit)
         .execute(&self.pool)

@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Owner, TaskId, TaskRef, TimeoutPolicy,
-    schedule::{self, Cron},
+    Owner, TaskRef, TimeoutPolicy,
+    schedule::{self, Cron, Overlap},
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{ChatRoute, Error, NewTask, Store, TaskRow};
+use super::{ChatRoute, Error, NewTask, ScheduleRow, Store, TaskRow};
 
 /// A schedule to create.
 #[derive(Debug, Clone)]
@@ -32,71 +32,6 @@ pub struct NewSchedule {
     pub request_id: Option<String>,
     /// The priority of each run's task.
     pub priority: i16,
-}
-
-/// What a run does while the task of the run before has not ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overlap {
-    /// Skip the run.
-    #[default]
-    Skip,
-    /// Start it anyway.
-    Allow,
-}
-
-impl Overlap {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Overlap::Skip => "skip",
-            Overlap::Allow => "allow",
-        }
-    }
-}
-
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ScheduleRow {
-    pub id: Uuid,
-    #[sqlx(try_from = "String")]
-    pub owner: Owner,
-    pub platform: Option<String>,
-    pub bot_id: Option<String>,
-    pub stream: Option<String>,
-    pub origin_message_id: Option<String>,
-    pub goal: String,
-    #[sqlx(try_from = "String")]
-    pub on_timeout: TimeoutPolicy,
-    pub ask_timeout_s: i32,
-    pub cron: Option<String>,
-    pub timezone: String,
-    pub overlap: String,
-    /// `active`, `done` (a one-off that ran) or `cancelled`.
-    pub state: String,
-    pub next_run: Option<OffsetDateTime>,
-    pub runs: i32,
-    pub skipped: i32,
-    pub last_task: Option<Uuid>,
-    pub created_at: OffsetDateTime,
-    pub priority: i16,
-}
-
-impl ScheduleRow {
-    /// Its id in the short form people type, like a task's.
-    pub fn short(&self) -> String {
-        TaskId::from_uuid(self.id).short()
-    }
-
-    pub fn chat(&self) -> Option<ChatRoute> {
-        ChatRoute::of(
-            &self.platform,
-            &self.bot_id,
-            &self.stream,
-            &self.origin_message_id,
-        )
-    }
-
-    pub fn is_active(&self) -> bool {
-        self.state == "active"
-    }
 }
 
 const COLUMNS: &str = "id, owner, platform, bot_id, stream, origin_message_id, goal, on_timeout, \
@@ -155,9 +90,10 @@ impl Store {
         Ok(
             sqlx::query_as::<_, ScheduleRow>(sqlx::AssertSqlSafe(format!(
                 "SELECT {COLUMNS} FROM schedules
-             WHERE ($1::text IS NULL OR owner = $1) AND ($2 OR state = 'active')
-             ORDER BY state = 'active' DESC, created_at DESC
-             LIMIT $3"
+             WHERE ($1::text IS NULL OR owner = $1) AND ($2 OR state = {active})
+             ORDER BY state = {active} DESC, created_at DESC
+             LIMIT $3",
+                active = sql_schedule!(active)
             )))
             .bind(owner.map(Owner::as_str))
             .bind(include_ended)
@@ -202,8 +138,10 @@ impl Store {
     /// Cancels a schedule: no run starts after this. A task a run already started goes on.
     pub async fn cancel_schedule(&self, id: Uuid) -> Result<ScheduleRow, Error> {
         let cancelled = sqlx::query_as::<_, ScheduleRow>(sqlx::AssertSqlSafe(format!(
-            "UPDATE schedules SET state = 'cancelled', next_run = NULL, ended_at = now()
-             WHERE id = $1 AND state = 'active' RETURNING {COLUMNS}"
+            "UPDATE schedules SET state = {cancelled}, next_run = NULL, ended_at = now()
+             WHERE id = $1 AND state = {active} RETURNING {COLUMNS}",
+            cancelled = sql_schedule!(cancelled),
+            active = sql_schedule!(active)
         )))
         .bind(id)
         .fetch_optional(&self.pool)
@@ -228,10 +166,11 @@ impl Store {
             "SELECT {COLUMNS}, now() AS db_now,
                     EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.last_task AND t.state IN ({})) AS last_active
              FROM schedules s
-             WHERE state = 'active' AND next_run <= now()
+             WHERE state = {} AND next_run <= now()
              ORDER BY next_run LIMIT $1
              FOR UPDATE SKIP LOCKED",
-            active_states!()
+            active_states!(),
+            sql_schedule!(active)
         )))
         .bind(limit)
         .fetch_all(&mut *tx)
@@ -244,7 +183,7 @@ impl Store {
         } in due
         {
             let Some(run_at) = s.next_run else { continue };
-            let skip = last_active && s.overlap == Overlap::Skip.as_str();
+            let skip = last_active && s.overlap == Overlap::Skip;
             let task = if skip {
                 tracing::info!(schedule = %s.id, "skipping a run: the task of the one before has not ended");
                 None
@@ -289,14 +228,18 @@ impl Store {
                 }
                 None => None,
             };
-            sqlx::query(
+            sqlx::query(concat!(
                 "UPDATE schedules SET next_run = $2,
-                     state = CASE WHEN $2::timestamptz IS NULL THEN 'done' ELSE 'active' END,
+                     state = CASE WHEN $2::timestamptz IS NULL THEN ",
+                sql_schedule!(done),
+                " ELSE ",
+                sql_schedule!(active),
+                " END,
                      ended_at = CASE WHEN $2::timestamptz IS NULL THEN now() END,
                      runs = runs + $3, skipped = skipped + $4,
                      last_task = coalesce($5, last_task)
                  WHERE id = $1",
-            )
+            ))
             .bind(s.id)
             .bind(next)
             .bind(i32::from(task.is_some()))

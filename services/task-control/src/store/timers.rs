@@ -83,17 +83,19 @@ impl Store {
     pub async fn expire_due(&self, limit: i64) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, DueQuestion>(
+        let due = sqlx::query_as::<_, DueQuestion>(concat!(
             "SELECT q.handle, q.text, q.asked_at, q.deadline, t.id AS task_id, t.generation,
                     t.attempt, t.on_timeout, t.platform, t.bot_id, t.stream, q.chat_message_id,
                     now() AS db_now
              FROM questions q JOIN tasks t ON t.id = q.task_id
-             WHERE q.outcome = 'open' AND q.deadline IS NOT NULL AND q.deadline <= now()
+             WHERE q.outcome = ",
+            sql_outcome!(open),
+            " AND q.deadline IS NOT NULL AND q.deadline <= now()
                AND t.state = $2
              ORDER BY q.deadline
              LIMIT $1
              FOR UPDATE OF t SKIP LOCKED",
-        )
+        ))
         .bind(limit)
         .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
@@ -154,7 +156,9 @@ impl Store {
             "UPDATE questions SET reminded_at = now()
              WHERE id IN (
                  SELECT id FROM questions q
-                 WHERE outcome = 'open' AND reminded_at IS NULL AND deadline IS NOT NULL
+                 WHERE outcome = ",
+            sql_outcome!(open),
+            " AND reminded_at IS NULL AND deadline IS NOT NULL
                    AND stream IS NOT NULL AND deadline > now()
                    AND deadline - $1 * interval '1 millisecond' <= now()
                    AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $3)
@@ -184,7 +188,9 @@ impl Store {
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let reminded = sqlx::query_as::<_, Reminded>(concat!(
             "UPDATE questions q SET reminded_at = now()
-             WHERE id = $1 AND outcome = 'open' AND stream IS NOT NULL
+             WHERE id = $1 AND outcome = ",
+            sql_outcome!(open),
+            " AND stream IS NOT NULL
                AND (deadline IS NULL OR deadline > now())
                AND (reminded_at IS NULL OR reminded_at <= now() - make_interval(secs => $3))
                AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $2)

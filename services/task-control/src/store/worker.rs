@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Handle, QuestionId, TaskId, TaskState,
+    Handle, QuestionId, QuestionOutcome, TaskId, TaskState,
     decide::{self, Command},
     shape::Shape,
 };
@@ -58,12 +58,12 @@ pub struct AskInput {
 fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
     let id: QuestionId = question["id"].as_str()?.parse().ok()?;
     let tool_call_id = question["tool_call_id"].as_str()?.to_owned();
-    let (expired, text) = match question["outcome"].as_str()? {
-        "answered" => (
+    let (expired, text) = match question["outcome"].as_str()?.parse().ok()? {
+        QuestionOutcome::Answered => (
             false,
             question["answer"].as_str().unwrap_or_default().to_owned(),
         ),
-        "expired" => {
+        QuestionOutcome::Expired => {
             let waited = Duration::from_millis(
                 u64::try_from(question["waited_ms"].as_i64().unwrap_or(0)).unwrap_or(0),
             );
@@ -370,7 +370,7 @@ impl Store {
             // The question as the statement created it.
             let question = QuestionRow::asked(
                 &row.task,
-                crate::convert::Asked {
+                crate::rows::Asked {
                     id: question_id,
                     handle: &handle,
                     text: &input.question,

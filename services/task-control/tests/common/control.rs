@@ -47,12 +47,12 @@ async fn next_traced<M: codec::Versioned>(
     ))
 }
 
-pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
+pub use hark_testkit::nats_url;
 
 pub struct TestControl {
     pub store: Store,
+    /// What the running task-control's doors share, for calling its use cases directly.
+    pub shared: hark_control::shared::Shared,
     pub watchers: std::sync::Arc<hark_control::watchers::Watchers>,
     pub names: Names,
     pub nats: async_nats::Client,
@@ -92,6 +92,7 @@ impl TestControl {
         let grpc = format!("http://{}", app.grpc_addr());
         let console = app.console_addr().map(|a| format!("http://{a}"));
         let store = app.shared().store.clone();
+        let shared = app.shared().clone();
         let watchers = app.shared().watchers.clone();
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
@@ -120,6 +121,7 @@ impl TestControl {
             .expect("worker consumer");
         Self {
             store,
+            shared,
             watchers,
             names,
             nats,
@@ -135,12 +137,10 @@ impl TestControl {
         }
     }
 
+    /// Stops task-control, then removes its database and its namespace's streams.
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = self.handle.await;
-        for config in self.names.stream_configs() {
-            let _ = self.js.delete_stream(&config.name).await;
-        }
         self.db.drop().await;
     }
 
@@ -208,11 +208,14 @@ impl TestControl {
             platform_message_id: platform_id.into(),
             ..Default::default()
         };
-        bus::publish(
+        hark_core::publish::publish(
             &self.js,
-            self.names.chat_receipt(),
-            &receipt.outbound_id,
-            codec::encode(receipt.clone()),
+            hark_core::publish::Outgoing {
+                subject: self.names.chat_receipt(),
+                msg_id: &receipt.outbound_id,
+                payload: codec::encode(receipt.clone()),
+                trace: None,
+            },
         )
         .await
         .expect("receipt published");
@@ -220,6 +223,42 @@ impl TestControl {
 
     /// Sends `text` from `user` in `stream` as the platform message `id`, keyed as the gateway
     /// keys it.
+    /// Says `text` mentioning `mentions` (user ids), as a QQ @ does; returns the message id.
+    pub async fn say_mentioning(
+        &self,
+        stream: &str,
+        user: &str,
+        text: &str,
+        mentions: &[&str],
+    ) -> String {
+        let id = self.message_id();
+        let message = pb::ChatMessage {
+            mentions: mentions.iter().map(|m| (*m).to_owned()).collect(),
+            ..chat_message(stream, user, text, "", &id)
+        };
+        self.publish_message(message, &Names::chat_in_msg_id(PLATFORM, BOT, stream, &id))
+            .await;
+        id
+    }
+
+    /// Publishes `message` again under its own dedup id, as a redelivery does (a new NATS
+    /// message with the same chat message id).
+    pub async fn say_again_mentioning(
+        &self,
+        stream: &str,
+        user: &str,
+        text: &str,
+        mentions: &[&str],
+        id: &str,
+    ) {
+        let message = pb::ChatMessage {
+            mentions: mentions.iter().map(|m| (*m).to_owned()).collect(),
+            ..chat_message(stream, user, text, "", id)
+        };
+        // Another NATS message id, so that JetStream does not drop it: hark's own key must.
+        self.publish_message(message, &format!("again:{id}")).await;
+    }
+
     pub async fn say_as(&self, stream: &str, user: &str, text: &str, id: &str) {
         self.publish_chat(
             stream,
@@ -246,11 +285,14 @@ impl TestControl {
     }
 
     async fn publish_message(&self, message: pb::ChatMessage, dedup: &str) {
-        bus::publish(
+        hark_core::publish::publish(
             &self.js,
-            self.names.chat_in(PLATFORM).expect("subject"),
-            dedup,
-            codec::encode(message),
+            hark_core::publish::Outgoing {
+                subject: self.names.chat_in(PLATFORM).expect("subject"),
+                msg_id: dedup,
+                payload: codec::encode(message),
+                trace: None,
+            },
         )
         .await
         .expect("chat message published");
@@ -276,6 +318,30 @@ impl TestControl {
             }
         }
         panic!("no outbound message contained {needle:?}");
+    }
+
+    /// Reads outbound messages until one contains each of `needles`, in whatever order they
+    /// come; returns them in the order of `needles`.
+    pub async fn outs_containing(&self, needles: &[&str]) -> Vec<pb::OutboundMessage> {
+        let mut found: Vec<Option<pb::OutboundMessage>> = vec![None; needles.len()];
+        for _ in 0..50 {
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+            let out = self.next_out().await;
+            if let Some(i) =
+                (0..needles.len()).find(|&i| found[i].is_none() && out.text.contains(needles[i]))
+            {
+                found[i] = Some(out);
+            }
+        }
+        found
+            .into_iter()
+            .zip(needles)
+            .map(|(out, needle)| {
+                out.unwrap_or_else(|| panic!("no outbound message contained {needle:?}"))
+            })
+            .collect()
     }
 
     /// Sends a command from `user` that is answered at once, and returns every outbound message
@@ -475,13 +541,11 @@ impl TestControl {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        for _ in 0..200 {
-            if check().await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("timed out waiting until {what}");
+        hark_testkit::eventually(what, Duration::from_secs(10), || {
+            let holds = check();
+            async move { holds.await.then_some(()) }
+        })
+        .await
     }
 }
 

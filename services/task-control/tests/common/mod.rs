@@ -5,29 +5,28 @@
 use hark_control::store::{self, Store};
 use hark_core::bus::Names;
 
-pub fn server_url() -> String {
-    std::env::var("HARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
+pub use hark_testkit::postgres_url as server_url;
 
+/// A database and a NATS namespace of one test's own: [`TestDb::drop`] removes both, and so
+/// does dropping it (a panic too).
 pub struct TestDb {
     pub store: Store,
     pub name: String,
+    database: hark_testkit::Database,
+    namespace: hark_testkit::Namespace,
 }
 
 impl TestDb {
     /// Creates a database of its own (through the same code production uses) and migrates it.
     pub async fn new() -> Self {
-        let name = format!(
-            "hark_test_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        let url = format!("{}/{name}", server_url());
-        let pool = store::connect(&url, 20)
+        let database = hark_testkit::Database::new();
+        let namespace = hark_testkit::Namespace::new();
+        let name = database.name.clone();
+        let pool = store::connect(&database.url(), 20)
             .await
             .expect("Postgres must answer on HARK_TEST_DATABASE_URL or 127.0.0.1:5432");
         store::migrate(&pool).await.expect("migrations run");
-        let names = Names::new(format!("t{}", &name[10..]).parse().expect("namespace"));
+        let names = Names::new(namespace.name.parse().expect("namespace"));
         Self {
             store: Store::new(
                 pool,
@@ -35,20 +34,15 @@ impl TestDb {
                 hark_control::texts::Languages::new(&Default::default()),
             ),
             name,
+            database,
+            namespace,
         }
     }
 
     pub async fn drop(self) {
         self.store.pool().close().await;
-        let admin = sqlx::PgPool::connect(&format!("{}/postgres", server_url()))
-            .await
-            .expect("admin connection");
-        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(&admin)
-            .await
-            .expect("test database dropped");
-        admin.close().await;
+        self.database.remove().await;
+        self.namespace.remove().await;
     }
 }
 

@@ -12,6 +12,8 @@ const TEXTS = {
     owner: "Owner", task_owner: "Owner", chat: "Chat", task: "Task", asked: "asked {0} ago", no_deadline: "no deadline",
     closes_in: "closes in {0}", closed: "deadline passed", no_chat: "no chat",
     send: "Send", answer_placeholder: "Your answer", yes: "Yes", no: "No",
+    pass_on: "Pass on", pass_on_to: "Pass this question on to (platform:user_id, e.g. qq:10002):", passed_on: "Passed on to",
+    approval_placeholder: "Or deny with a reason (\"deny: too risky\"), or change arguments and approve: one `key: value` per line",
     remind: "Remind now", reminded: "Reminded.", cancel: "Cancel task", cancel_reason: "Cancelled from the console",
     confirm_cancel: "Cancel this task?",
     state: "State", any_state: "any state", goal: "Goal", updated: "Updated", filter: "Filter",
@@ -37,6 +39,8 @@ const TEXTS = {
     owner: "提问对象", task_owner: "所有者", chat: "会话", task: "任务", asked: "{0}前提问", no_deadline: "无截止时间",
     closes_in: "{0}后截止", closed: "已过截止时间", no_chat: "无会话",
     send: "发送", answer_placeholder: "你的回答", yes: "是", no: "否",
+    pass_on: "转交", pass_on_to: "把这个问题转交给（平台:用户号，如 qq:10002）：", passed_on: "已转交给",
+    approval_placeholder: "或者拒绝并写上理由（“拒绝：太冒险”），或者改参数后批准：每行一项 `参数: 值`",
     remind: "立即提醒", reminded: "已提醒。", cancel: "取消任务", cancel_reason: "在控制台取消",
     confirm_cancel: "取消这个任务？",
     state: "状态", any_state: "全部状态", goal: "目标", updated: "更新", filter: "筛选",
@@ -382,6 +386,7 @@ function questionCard(q) {
     note,
     h("div", { class: "row" },
       q.chat ? h("button", { type: "button", class: "link", onclick: () => api(`/questions/${q.id}/remind`, {}).then(() => { note.textContent = t("reminded"); }).catch((e) => { note.textContent = e.message; }) }, t("remind")) : null,
+      h("button", { type: "button", class: "link", onclick: () => { const to = prompt(t("pass_on_to")); if (to && to.trim()) api(`/questions/${q.id}/delegate`, { to: to.trim() }).then((r) => { note.textContent = `${t("passed_on")} ${r.question.owner}`; }).catch((e) => { note.textContent = e.message; }); } }, t("pass_on")),
       h("button", { type: "button", class: "link danger", onclick: () => { if (confirm(t("confirm_cancel"))) done(api(`/tasks/${q.task_id}/cancel`, { reason: t("cancel_reason") })); } }, t("cancel")),
     ),
   );
@@ -403,6 +408,14 @@ function answerForm(q, send) {
     return h("form", { class: "answer", onsubmit: (ev) => { ev.preventDefault(); send({ value: boxes.filter((b) => b.checked).map((b) => b.value) }); } },
       h("div", { class: "row" }, q.choices.map((c, i) => h("label", {}, boxes[i], " ", c))),
       h("button", { class: "primary" }, t("send")));
+  }
+  if (q.kind === "approval") {
+    const text = h("textarea", { placeholder: t("approval_placeholder"), name: "answer" });
+    return h("div", { class: "answer" },
+      h("div", { class: "row" },
+        q.choices.map((c) => h("button", { type: "button", class: "choice", onclick: () => send({ value: c }) }, c))),
+      h("form", { onsubmit: (ev) => { ev.preventDefault(); if (text.value.trim()) send({ answer: text.value }); } },
+        text, h("div", { class: "row" }, h("button", { class: "primary" }, t("send")))));
   }
   if (q.kind === "form") {
     const inputs = q.fields.map((f) => [f, fieldInput(f)]);

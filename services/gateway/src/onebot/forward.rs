@@ -1,7 +1,7 @@
 //! OneBot forward mode: hark dials the bot's own WebSocket server (NapCat's `websocketServers`)
 //! and keeps the connection, reconnecting with backoff.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -10,20 +10,21 @@ use tokio_tungstenite::tungstenite::{
     Message, client::IntoClientRequest, protocol::WebSocketConfig,
 };
 
-use crate::{
-    hub::Hub,
-    onebot::conn::{self, Frames, Incoming, write_frames},
+use crate::onebot::{
+    Door,
+    conn::{self, Frames, Incoming, write_frames},
 };
 
 /// Keeps one forward connection up until shutdown.
-pub async fn keep_connected(hub: Arc<Hub>, url: String) {
+pub async fn keep_connected(door: Door, url: String) {
+    let hub = &door.hub;
     let shown = hark_core::secret::redact_url(&url);
     let mut backoff = Duration::from_secs(1);
     loop {
         if hub.shutdown.is_cancelled() {
             return;
         }
-        match connect_once(&hub, &url, &shown).await {
+        match connect_once(&door, &url, &shown).await {
             Ok(()) => backoff = Duration::from_secs(1),
             Err(e) => {
                 tracing::warn!(url = shown, error = %e, ?backoff, "forward OneBot connection failed; reconnecting")
@@ -37,7 +38,8 @@ pub async fn keep_connected(hub: Arc<Hub>, url: String) {
     }
 }
 
-async fn connect_once(hub: &Arc<Hub>, url: &str, shown: &str) -> Result<(), String> {
+async fn connect_once(door: &Door, url: &str, shown: &str) -> Result<(), String> {
+    let hub = &door.hub;
     let mut request = url.into_client_request().map_err(|e| e.to_string())?;
     if !hub.settings.access_token.is_empty() {
         let value = format!("Bearer {}", hub.settings.access_token.expose())
@@ -78,7 +80,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str, shown: &str) -> Result<(), Stri
     tracing::info!(url = shown, bot = self_id, "forward OneBot connection up");
 
     let platform = hub.settings.platform.clone();
-    let (bot, outgoing) = conn::attach(hub, &platform, &self_id);
+    let (bot, outgoing) = conn::attach(door, &platform, &self_id);
     let (tx, rx) = mpsc::channel(256);
     let _ = tx.send(Incoming::Text(first_text)).await;
     let writer = tokio::spawn(write_frames(
@@ -122,7 +124,7 @@ async fn connect_once(hub: &Arc<Hub>, url: &str, shown: &str) -> Result<(), Stri
             .send(Incoming::Closed("the bot closed the connection".into()))
             .await;
     });
-    conn::serve(hub.clone(), bot, rx).await;
+    conn::serve(door.clone(), bot, rx).await;
     reader.abort();
     let _ = writer.await;
     Ok(())

@@ -1,7 +1,11 @@
-//! Rows as they come out of Postgres, already parsed into domain types.
+//! Rows as they come out of Postgres, already parsed into domain types, and the few plain values
+//! that go into them. The store reads and writes them; [`crate::convert`] turns them into
+//! `hark.v1` messages.
 
 use hark_core::domain::{
-    Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy, form::FormQuestion,
+    Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    form::FormQuestion,
+    schedule::{Overlap, ScheduleState},
     shape::Shape,
 };
 use sqlx::types::Json;
@@ -192,7 +196,7 @@ impl QuestionRow {
     /// statement left it).
     pub fn asked(
         task: &TaskRow,
-        q: crate::convert::Asked<'_>,
+        q: Asked<'_>,
         tool_call_id: &str,
         round: i32,
         waits_for: Option<TaskId>,
@@ -236,7 +240,7 @@ impl QuestionRow {
     }
 
     /// The question as a statement that applied `answer` at `at` left it.
-    pub fn answered_with(&mut self, answer: &super::Answer, at: OffsetDateTime) {
+    pub fn answered_with(&mut self, answer: &Answer, at: OffsetDateTime) {
         self.outcome = QuestionOutcome::Answered;
         self.closed_at = Some(at);
         self.answerer = Some(answer.answerer.clone());
@@ -281,4 +285,74 @@ pub struct Lease {
     pub task: TaskId,
     pub generation: i64,
     pub worker_id: String,
+}
+
+/// A question just asked of `task`'s owner, as the statement that asked it created it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub id: hark_core::domain::QuestionId,
+    pub handle: &'a str,
+    pub text: &'a str,
+    pub context: &'a str,
+    pub shape: &'a Shape,
+    pub deadline: Option<OffsetDateTime>,
+}
+
+/// An answer to apply.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// `platform:user_id`, or the API caller.
+    pub answerer: String,
+    pub text: String,
+    /// A structured answer given as JSON (over the API), read instead of `text`.
+    pub json: Option<serde_json::Value>,
+    /// The inbound message (or request) id; the same key applied twice changes nothing.
+    pub inbound_key: Option<String>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ScheduleRow {
+    pub id: Uuid,
+    #[sqlx(try_from = "String")]
+    pub owner: Owner,
+    pub platform: Option<String>,
+    pub bot_id: Option<String>,
+    pub stream: Option<String>,
+    pub origin_message_id: Option<String>,
+    pub goal: String,
+    #[sqlx(try_from = "String")]
+    pub on_timeout: TimeoutPolicy,
+    pub ask_timeout_s: i32,
+    pub cron: Option<String>,
+    pub timezone: String,
+    #[sqlx(try_from = "String")]
+    pub overlap: Overlap,
+    #[sqlx(try_from = "String")]
+    pub state: ScheduleState,
+    pub next_run: Option<OffsetDateTime>,
+    pub runs: i32,
+    pub skipped: i32,
+    pub last_task: Option<Uuid>,
+    pub created_at: OffsetDateTime,
+    pub priority: i16,
+}
+
+impl ScheduleRow {
+    /// Its id in the short form people type, like a task's.
+    pub fn short(&self) -> String {
+        TaskId::from_uuid(self.id).short()
+    }
+
+    pub fn chat(&self) -> Option<ChatRoute> {
+        ChatRoute::of(
+            &self.platform,
+            &self.bot_id,
+            &self.stream,
+            &self.origin_message_id,
+        )
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.state == ScheduleState::Active
+    }
 }

@@ -1,7 +1,7 @@
 //! The OneBot v11 reverse WebSocket server (the bot dials in), Universal role, at
 //! `/onebot/v11/ws` and the other paths NoneBot serves.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use axum::{
     extract::{
@@ -15,9 +15,9 @@ use futures_util::StreamExt;
 use hark_core::secret::Secret;
 use tokio::sync::mpsc;
 
-use crate::{
-    hub::Hub,
-    onebot::conn::{self, Frames, Incoming, write_frames},
+use crate::onebot::{
+    Door,
+    conn::{self, Frames, Incoming, write_frames},
 };
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -41,7 +41,7 @@ pub fn authorized(expected: &Secret, headers: &HeaderMap, query: &HashMap<String
 }
 
 pub async fn upgrade(
-    State(hub): State<Arc<Hub>>,
+    State(door): State<Door>,
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
     ws: WebSocketUpgrade,
@@ -60,6 +60,7 @@ pub async fn upgrade(
         )
             .into_response();
     }
+    let hub = &door.hub;
     // A bot with a token of its own connects only with it; no other token speaks as it.
     let expected = hub.settings.token_of(&self_id);
     if !expected.is_some_and(|token| authorized(token, &headers, &query)) {
@@ -90,12 +91,13 @@ pub async fn upgrade(
     let max = hub.settings.max_frame_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| connection(hub, socket, self_id))
+        .on_upgrade(move |socket| connection(door, socket, self_id))
 }
 
-async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
+async fn connection(door: Door, socket: WebSocket, self_id: String) {
+    let hub = door.hub.clone();
     let platform = hub.settings.platform.clone();
-    let (bot, outgoing) = conn::attach(&hub, &platform, &self_id);
+    let (bot, outgoing) = conn::attach(&door, &platform, &self_id);
     let (sink, mut stream) = socket.split();
     let (tx, rx) = mpsc::channel(256);
     let writer = tokio::spawn(write_frames(
@@ -147,7 +149,7 @@ async fn connection(hub: Arc<Hub>, socket: WebSocket, self_id: String) {
         }
         let _ = tx.send(Incoming::Closed("end of stream".into())).await;
     });
-    conn::serve(hub, bot, rx).await;
+    conn::serve(door, bot, rx).await;
     reader.abort();
     let _ = writer.await;
 }

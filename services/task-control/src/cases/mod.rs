@@ -1,0 +1,289 @@
+//! What can be asked of hark, each written once: authorise, validate, decide, apply. Every door
+//! calls these — chat commands, the gRPC API (and the console through it) and the workers'
+//! control requests — and turns their typed errors into its own words: a status, a chat text,
+//! a refusal. The store below only speaks SQL.
+
+use std::time::Duration;
+
+use hark_core::{
+    domain::{
+        Owner, Role, TaskId, TaskRef, TimeoutPolicy, duration,
+        form::FormQuestion,
+        schedule::{Cron, Overlap},
+        text,
+    },
+    error::{Classified, Kind},
+};
+use time::OffsetDateTime;
+
+pub mod claim;
+mod delegate;
+
+pub use delegate::delegate;
+
+use crate::{
+    shared::Shared,
+    store::{self, ChatRoute, NewSchedule, NewTask, ScheduleRow, TaskRow, TellDelivery},
+};
+
+/// Why a use case refused, or the store's error when it could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("owner {owner} has the role {role} and cannot have tasks; add it to permission.users")]
+    CannotHaveTasks { owner: Owner, role: Role },
+    #[error("{0}")]
+    Goal(text::TextError),
+    #[error("{0}")]
+    Instruction(text::TextError),
+    #[error("must be between -100 and 100")]
+    Priority,
+    #[error("{0}")]
+    AskTimeout(String),
+    /// The request key was used before for another task: a retry must repeat its request.
+    #[error("the request key was used before for another task ({task})")]
+    Reused { task: TaskId },
+    /// Only the person asked, the task's owner or an admin passes a question on.
+    #[error("only the person asked, or the task's owner, can pass question #{handle} on")]
+    NotYours { handle: String },
+    #[error("question #{handle} is already asked of {askee}")]
+    AlreadyAsked { handle: String, askee: Owner },
+    #[error("{to} is not on {platform}, where the question is asked; name a {platform}: person")]
+    OtherPlatform { to: Owner, platform: String },
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+impl Classified for Error {
+    fn kind(&self) -> Kind {
+        match self {
+            Error::CannotHaveTasks { .. } => Kind::Forbidden,
+            Error::Goal(_) | Error::Instruction(_) | Error::Priority | Error::AskTimeout(_) => {
+                Kind::Invalid
+            }
+            Error::Reused { .. } | Error::AlreadyAsked { .. } => Kind::Conflict,
+            Error::NotYours { .. } => Kind::Forbidden,
+            Error::OtherPlatform { .. } => Kind::Invalid,
+            Error::Store(e) => e.kind(),
+        }
+    }
+}
+
+/// A task to create, as a door read it.
+#[derive(Debug, Clone)]
+pub struct Create {
+    pub owner: Owner,
+    /// As given: checked here. A questionnaire's may be empty, and is then its size.
+    pub goal: String,
+    pub chat: Option<ChatRoute>,
+    /// `None`: `task.ask_timeout`.
+    pub ask_timeout: Option<Duration>,
+    /// `None`: `task.on_timeout`.
+    pub on_timeout: Option<TimeoutPolicy>,
+    pub priority: i16,
+    /// Creating twice with one key gives the first task; the door makes the key its own
+    /// (`api:<owner>:<id>`, a chat message's inbound key, `subtask:<key>`).
+    pub request_key: Option<String>,
+    /// The questions of a questionnaire, which no agent runs.
+    pub questionnaire: Option<Vec<FormQuestion>>,
+}
+
+/// When a scheduled task runs, as a door read it.
+#[derive(Debug, Clone)]
+pub struct When {
+    /// The recurrence; `None` runs once, at `first_run`.
+    pub cron: Option<Cron>,
+    /// The IANA time zone the cron expression is read in.
+    pub timezone: String,
+    pub first_run: OffsetDateTime,
+}
+
+/// What a creation decided: its goal, and the defaults of what the door left out.
+struct Checked {
+    goal: String,
+    ask_timeout: Duration,
+    on_timeout: TimeoutPolicy,
+}
+
+/// Authorises and checks a creation, and decides what it left to the configuration.
+fn check(shared: &Shared, new: &Create) -> Result<Checked, Error> {
+    let role = shared.role_of(&new.owner);
+    if role < Role::User {
+        return Err(Error::CannotHaveTasks {
+            owner: new.owner.clone(),
+            role,
+        });
+    }
+    let goal = match &new.questionnaire {
+        // A questionnaire's goal is only its title.
+        Some(questions) if new.goal.trim().is_empty() => {
+            format!("a questionnaire of {} questions", questions.len())
+        }
+        _ => text::text(&new.goal, text::MAX_TEXT_BYTES)
+            .map_err(Error::Goal)?
+            .to_owned(),
+    };
+    if !(-100..=100).contains(&new.priority) {
+        return Err(Error::Priority);
+    }
+    let config = &shared.config.task;
+    let ask_timeout = match new.ask_timeout {
+        None => config.ask_timeout.0,
+        Some(wait) => {
+            duration::at_most(wait, duration::MAX_QUESTION_WAIT).map_err(Error::AskTimeout)?
+        }
+    };
+    Ok(Checked {
+        goal,
+        ask_timeout,
+        on_timeout: new.on_timeout.unwrap_or(config.on_timeout),
+    })
+}
+
+/// Creates a task, queued for its first run. A key used before gives the task it made, if that
+/// task was made by the same request (same goal and chat).
+pub async fn create_task(shared: &Shared, new: Create) -> Result<TaskRow, Error> {
+    let checked = check(shared, &new)?;
+    let asked = (
+        checked.goal.clone(),
+        new.chat.as_ref().map(|c| c.stream.clone()),
+    );
+    let task = shared
+        .store
+        .create_task(&NewTask {
+            owner: new.owner,
+            goal: checked.goal,
+            chat: new.chat,
+            ask_timeout: checked.ask_timeout,
+            on_timeout: checked.on_timeout,
+            request_id: new.request_key.clone(),
+            active_limit: shared.config.task.max_active_per_owner,
+            questionnaire: new.questionnaire,
+            schedule: None,
+            priority: new.priority,
+        })
+        .await?;
+    if new.request_key.is_some() && (task.goal != asked.0 || task.stream != asked.1) {
+        return Err(Error::Reused { task: task.id });
+    }
+    Ok(task)
+}
+
+/// Creates a schedule that starts the task at each run. A key used before gives the schedule it
+/// made.
+pub async fn create_schedule(
+    shared: &Shared,
+    new: Create,
+    when: When,
+) -> Result<ScheduleRow, Error> {
+    let checked = check(shared, &new)?;
+    Ok(shared
+        .store
+        .create_schedule(&NewSchedule {
+            owner: new.owner,
+            goal: checked.goal,
+            chat: new.chat,
+            ask_timeout: checked.ask_timeout,
+            on_timeout: checked.on_timeout,
+            cron: when.cron,
+            timezone: when.timezone,
+            first_run: when.first_run,
+            overlap: Overlap::Skip,
+            request_id: new.request_key,
+            priority: new.priority,
+        })
+        .await?)
+}
+
+/// Who asks something of a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// An operator's door (the API's tokens, the console): it may act on every task. The audit
+    /// names the door.
+    Operator(&'static str),
+    /// A person, in chat: their own tasks, or every task for an admin.
+    Person { owner: Owner, role: Role },
+}
+
+impl Caller {
+    /// Who the audit says moved a task.
+    pub fn actor(&self) -> &str {
+        match self {
+            Caller::Operator(door) => door,
+            Caller::Person { owner, .. } => owner.as_str(),
+        }
+    }
+
+    /// The owner whose tasks alone the caller sees; `None` for every task.
+    fn sees_only(&self) -> Option<&Owner> {
+        match self {
+            Caller::Person { owner, role } if *role < Role::Admin => Some(owner),
+            _ => None,
+        }
+    }
+}
+
+/// A task the caller may act on: only [`find`] makes one, so that no move skips the check.
+#[derive(Debug, Clone)]
+pub struct Found {
+    task: TaskRow,
+    caller: Caller,
+}
+
+impl std::ops::Deref for Found {
+    type Target = TaskRow;
+
+    fn deref(&self) -> &TaskRow {
+        &self.task
+    }
+}
+
+/// The task `reference` names, if the caller may see it. A prefix is resolved only among the
+/// tasks the caller sees, so that nobody learns of other people's tasks by probing prefixes;
+/// another person's task is not found, as if it did not exist.
+pub async fn find(shared: &Shared, caller: &Caller, reference: &TaskRef) -> Result<Found, Error> {
+    let only = caller.sees_only();
+    let task = shared.store.resolve_task(reference, only).await?;
+    if only.is_some_and(|owner| task.owner != *owner) {
+        let shown = match reference {
+            TaskRef::Full(id) => id.to_string(),
+            TaskRef::Prefix(prefix) => prefix.clone(),
+        };
+        return Err(store::Error::TaskNotFound(shown).into());
+    }
+    Ok(Found {
+        task,
+        caller: caller.clone(),
+    })
+}
+
+/// Cancels the task: it ends `cancelled`, its open question with it, and its chat is told
+/// `reason`.
+pub async fn cancel(shared: &Shared, found: &Found, reason: &str) -> Result<TaskRow, Error> {
+    Ok(shared
+        .store
+        .cancel(found.id, found.caller.actor(), reason)
+        .await?)
+}
+
+/// Pauses the task, or asks its worker to pause it at the next round boundary.
+pub async fn pause(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
+    Ok(shared.store.pause(found.id, found.caller.actor()).await?)
+}
+
+/// Resumes a paused task: waiting on its open question again, or queued.
+pub async fn resume(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
+    Ok(shared.store.resume(found.id, found.caller.actor()).await?)
+}
+
+/// Gives the task an instruction: its agent reads it before its next round, or when it is
+/// resumed. `author` is the caller unless the door names another (the API's `author`).
+pub async fn tell(
+    shared: &Shared,
+    found: &Found,
+    instruction: &str,
+    author: Option<&str>,
+) -> Result<(uuid::Uuid, TellDelivery), Error> {
+    let instruction = text::text(instruction, text::MAX_TEXT_BYTES).map_err(Error::Instruction)?;
+    let author = author.unwrap_or(found.caller.actor());
+    Ok(shared.store.tell(found.id, instruction, author).await?)
+}

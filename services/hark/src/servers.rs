@@ -5,13 +5,13 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
+    process::Child,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
 use hark_core::config::{Config, loopback_name};
-use tokio::process::{Child, Command};
+use hark_servers::{Error, Postgres};
 
 /// The default data directory: `$XDG_DATA_HOME/hark`, or `~/.local/share/hark`.
 pub fn default_data_dir() -> PathBuf {
@@ -32,13 +32,6 @@ pub struct Private {
     pub started: Vec<String>,
 }
 
-#[derive(Debug)]
-struct Postgres {
-    pg_ctl: PathBuf,
-    data: PathBuf,
-    user: Option<&'static str>,
-}
-
 /// The host and port of a server URL (`postgres://u@host:5432/db`, `nats://host:4222`).
 fn host_port(url: &str, default_port: u16) -> Option<(String, u16)> {
     let first = url.split(',').next()?.trim();
@@ -48,56 +41,10 @@ fn host_port(url: &str, default_port: u16) -> Option<(String, u16)> {
 }
 
 async fn answers(host: &str, port: u16) -> bool {
-    matches!(
-        tokio::time::timeout(
-            Duration::from_secs(2),
-            tokio::net::TcpStream::connect((host, port))
-        )
-        .await,
-        Ok(Ok(_))
-    )
-}
-
-/// `name` on the PATH or in one of `also` (globs of one `*` allowed), the newest first.
-fn find(name: &str, also: &[&str]) -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        also.iter().find_map(|pattern| {
-            let (head, tail) = pattern.split_once('*').unwrap_or((pattern, ""));
-            if tail.is_empty() && !pattern.contains('*') {
-                let p = PathBuf::from(head).join(name);
-                return p.is_file().then_some(p);
-            }
-            let parent = Path::new(head).parent()?;
-            let prefix = Path::new(head).file_name()?.to_string_lossy().into_owned();
-            let mut found: Vec<PathBuf> = std::fs::read_dir(parent)
-                .ok()?
-                .filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path().join(tail.trim_start_matches('/')).join(name))
-                .filter(|p| p.is_file())
-                .collect();
-            // The highest version: compare the numbers in the path, not the text.
-            found.sort_by_key(|p| {
-                p.to_string_lossy()
-                    .split(|c: char| !c.is_ascii_digit())
-                    .filter_map(|n| n.parse::<u32>().ok())
-                    .collect::<Vec<_>>()
-            });
-            found.pop()
-        })
-    })
-}
-
-fn running_as_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+    let host = host.to_owned();
+    tokio::task::spawn_blocking(move || hark_servers::answers(&host, port))
+        .await
+        .unwrap_or(false)
 }
 
 const DEPS: &str = "or start both with `docker compose --profile deps up -d` from hark's source";
@@ -261,192 +208,85 @@ async fn ensure_into(
 }
 
 async fn start_postgres(data_dir: &Path, port: u16) -> anyhow::Result<Postgres> {
-    let bins = [
-        "/usr/lib/postgresql/*/bin",
-        "/usr/pgsql-*/bin",
-        "/opt/homebrew/opt/postgresql*/bin",
-        "/usr/local/opt/postgresql*/bin",
-    ];
-    let (Some(pg_ctl), Some(initdb)) = (find("pg_ctl", &bins), find("initdb", &bins)) else {
-        bail!(
-            "nothing answers at database.url (127.0.0.1:{port}), and Postgres is not installed \
-             for hark dev to start its own. Install it (`sudo apt install postgresql`, \
-             `sudo dnf install postgresql-server`, or `brew install postgresql`), {DEPS}, or set \
-             database.url (HARK_DATABASE__URL)"
-        );
-    };
-    // Postgres refuses to run as root: then it runs as the `postgres` user its package made.
-    let user = if running_as_root() {
-        let exists = std::process::Command::new("id")
-            .arg("postgres")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !exists {
-            bail!(
-                "Postgres cannot run as root, and there is no `postgres` user to run it as; run \
-                 hark dev as another user, or start Postgres yourself"
-            );
-        }
-        Some("postgres")
-    } else {
-        None
-    };
     let data = data_dir.join("postgres");
-    let log = data_dir.join("postgres.log");
-    std::fs::create_dir_all(&data)
-        .with_context(|| format!("cannot create {} (--data-dir)", data.display()))?;
-    if let Some(user) = user {
-        run(
-            Command::new("chown")
-                .arg(format!("{user}:"))
-                .arg(data_dir)
-                .arg(&data),
-            "chown",
-        )
-        .await?;
-        if !log.exists() {
-            std::fs::write(&log, "")?;
-        }
-        run(
-            Command::new("chown").arg(format!("{user}:")).arg(&log),
-            "chown",
-        )
-        .await?;
-    }
     if !data.join("PG_VERSION").exists() {
         eprintln!(
             "hark dev: creating a Postgres cluster in {}",
             data.display()
         );
-        run(
-            as_user(user, &initdb).args(["-D"]).arg(&data).args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-instructions",
-            ]),
-            "initdb",
-        )
-        .await?;
     }
-    let options = format!(
-        "-c listen_addresses=127.0.0.1 -p {port} -k '{}'",
-        data.display()
-    );
-    run(
-        as_user(user, &pg_ctl)
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60", "-o", &options, "start"]),
-        "pg_ctl start",
-    )
-    .await
-    .with_context(|| format!("the private Postgres did not start; see {}", log.display()))?;
-    Ok(Postgres { pg_ctl, data, user })
+    let log = data_dir.join("postgres.log");
+    let started = tokio::task::spawn_blocking(move || Postgres::start(&data, &log, port)).await?;
+    started.map_err(|e| match e {
+        Error::NotInstalled { .. } => anyhow::anyhow!(
+            "nothing answers at database.url (127.0.0.1:{port}), and Postgres is not installed \
+             for hark dev to start its own. Install it (`sudo apt install postgresql`, \
+             `sudo dnf install postgresql-server`, or `brew install postgresql`), {DEPS}, or set \
+             database.url (HARK_DATABASE__URL)"
+        ),
+        Error::NoPostgresUser => {
+            anyhow::anyhow!("{e}; run hark dev as another user, or start Postgres yourself")
+        }
+        Error::Failed { .. } => anyhow::anyhow!("the private Postgres did not start: {e}"),
+    })
 }
 
 async fn start_nats(data_dir: &Path, host: &str, port: u16) -> anyhow::Result<Child> {
-    let Some(server) = find(
-        "nats-server",
-        &["/usr/sbin", "/usr/local/bin", "/opt/homebrew/bin"],
-    ) else {
-        bail!(
+    let (store, log, on) = (
+        data_dir.join("nats"),
+        data_dir.join("nats.log"),
+        host.to_owned(),
+    );
+    let started =
+        tokio::task::spawn_blocking(move || hark_servers::start_nats(&store, &log, &on, port))
+            .await?;
+    started.map_err(|e| match e {
+        Error::NotInstalled { .. } => anyhow::anyhow!(
             "nothing answers at nats.url ({host}:{port}), and nats-server is not installed for \
              hark dev to start its own. Install it (`sudo apt install nats-server`, or \
              `brew install nats-server`), {DEPS}, or set nats.url (HARK_NATS__URL)"
-        );
-    };
-    let store = data_dir.join("nats");
-    std::fs::create_dir_all(&store)
-        .with_context(|| format!("cannot create {} (--data-dir)", store.display()))?;
-    let log = data_dir.join("nats.log");
-    let child = Command::new(&server)
-        .args(["-a", host, "-p", &port.to_string(), "-js", "-sd"])
-        .arg(&store)
-        .arg("-l")
-        .arg(&log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start {}", server.display()))?;
-    for _ in 0..100 {
-        if answers(host, port).await {
-            return Ok(child);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!(
-        "the private nats-server did not answer on {host}:{port} within 10s; see {}",
-        log.display()
-    )
-}
-
-fn as_user(user: Option<&str>, program: &Path) -> Command {
-    match user {
-        Some(user) => {
-            let mut command = Command::new("runuser");
-            command.args(["-u", user, "--"]).arg(program);
-            command
-        }
-        None => Command::new(program),
-    }
-}
-
-async fn run(command: &mut Command, what: &str) -> anyhow::Result<()> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .with_context(|| format!("cannot run {what}"))?;
-    if !output.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(())
+        ),
+        other => anyhow::anyhow!("the private nats-server did not start: {other}"),
+    })
 }
 
 impl Private {
     /// Stops what was started, the data kept.
     pub async fn stop(&mut self) {
         if let Some(mut nats) = self.nats.take() {
-            if let Some(pid) = nats.id() {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status()
-                    .await;
-            }
-            if tokio::time::timeout(Duration::from_secs(10), nats.wait())
-                .await
-                .is_err()
-            {
-                let _ = nats.kill().await;
-            }
+            let _ = tokio::process::Command::new("kill")
+                .args(["-TERM", &nats.id().to_string()])
+                .status()
+                .await;
+            let waited = tokio::task::spawn_blocking(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while std::time::Instant::now() < deadline {
+                    if let Ok(Some(_)) = nats.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = nats.kill();
+                let _ = nats.wait();
+            });
+            let _ = waited.await;
         }
         if let Some(pg) = self.postgres.take() {
-            let stopped = run(
-                as_user(pg.user, &pg.pg_ctl)
-                    .arg("-D")
-                    .arg(&pg.data)
-                    .args(["-m", "fast", "-w", "stop"]),
-                "pg_ctl stop",
-            )
-            .await;
+            let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
             // A Ctrl-C in the terminal reaches Postgres too, which may have stopped already.
-            if let Err(e) = stopped {
+            if let Ok(Err(e)) = stopped {
                 tracing::debug!(error = %e, "the private Postgres was stopped already");
             }
+        }
+    }
+}
+
+impl Drop for Private {
+    /// A nats-server left to this process is not left running when it ends without a stop.
+    fn drop(&mut self) {
+        if let Some(mut nats) = self.nats.take() {
+            let _ = nats.kill();
+            let _ = nats.wait();
         }
     }
 }

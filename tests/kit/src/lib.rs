@@ -1,7 +1,9 @@
 //! What every hark test suite shares.
 //!
 //! - [`postgres_url`] and [`nats_url`]: the real servers the tests use (`HARK_TEST_DATABASE_URL`,
-//!   `HARK_TEST_NATS_URL`, by default the machine's on their usual ports).
+//!   `HARK_TEST_NATS_URL`, by default the machine's on their usual ports). Where nothing on this
+//!   host serves there, the test processes share a private Postgres and nats-server started from
+//!   the installed programs, as `hark dev` does ([`private`]), stopped after the run.
 //! - [`Database`] and [`Namespace`]: a Postgres database and a NATS namespace of one test's own.
 //!   Each is removed when it is dropped, also when the test panics; and the first one a test
 //!   process makes removes what earlier test processes left behind when they were killed (their
@@ -10,19 +12,48 @@
 //! - [`node`]: the Node.js the test peers run on (20 or newer).
 //! - [`import_cycles`]: the circles in a crate's module graph, which its tests keep empty.
 
-use std::{future::Future, process::Stdio, sync::Once, time::Duration};
+use std::{
+    future::Future,
+    process::Stdio,
+    sync::{Once, OnceLock},
+    time::Duration,
+};
 
 use futures_util::StreamExt as _;
 
-/// The Postgres server the tests use, as a URL without a database.
+pub mod private;
+
+/// The Postgres server the tests use, as a URL without a database: `HARK_TEST_DATABASE_URL`, by
+/// default the machine's on 5432. When nothing on this host serves there, a private one the test
+/// processes share ([`private`]).
 pub fn postgres_url() -> String {
-    std::env::var("HARK_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    servers().postgres.clone()
 }
 
-/// The nats-server (with JetStream) the tests use.
+/// The nats-server (with JetStream) the tests use: `HARK_TEST_NATS_URL`, by default the
+/// machine's on 4222. When nothing on this host serves there, a private one the test processes
+/// share ([`private`]).
 pub fn nats_url() -> String {
-    std::env::var("HARK_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+    servers().nats.clone()
+}
+
+/// The configured servers, or private ones for those that cannot serve.
+fn servers() -> &'static private::Servers {
+    static SERVERS: OnceLock<private::Servers> = OnceLock::new();
+    SERVERS.get_or_init(|| {
+        let configured = private::Servers {
+            postgres: std::env::var("HARK_TEST_DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into()),
+            nats: std::env::var("HARK_TEST_NATS_URL")
+                .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
+        };
+        private::serving(&configured, &private::shared_dir(), private::IDLE).unwrap_or_else(|e| {
+            panic!(
+                "{e}. Set HARK_TEST_DATABASE_URL and HARK_TEST_NATS_URL to servers that answer, \
+                 install postgresql and nats-server, or run `sudo .ci/run` once"
+            )
+        })
+    })
 }
 
 /// The Node.js program the test peers (the MCP servers, playwright-core) run on: `HARK_TEST_NODE`
@@ -199,19 +230,20 @@ fn gone(pid: u32) -> bool {
 
 /// Runs `work` to its end on a runtime of its own, on a thread of its own: for cleaning from
 /// `Drop`, which may run inside a test's runtime (where it must not block on that runtime).
-fn on_the_side<F>(work: F)
+/// What it gives, or `None` when no runtime could be made.
+pub(crate) fn on_the_side<F, T>(work: F) -> Option<T>
 where
-    F: Future<Output = ()> + Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
 {
     let thread = std::thread::spawn(move || {
-        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-        {
-            runtime.block_on(work);
-        }
+            .ok()?;
+        Some(runtime.block_on(work))
     });
-    let _ = thread.join();
+    thread.join().ok().flatten()
 }
 
 /// `psql` against the maintenance database of `server`.
@@ -251,7 +283,9 @@ impl Database {
     pub fn on(server: String) -> Self {
         static SWEPT: Once = Once::new();
         let swept = server.clone();
-        SWEPT.call_once(|| on_the_side(sweep_databases(swept)));
+        SWEPT.call_once(|| {
+            on_the_side(sweep_databases(swept));
+        });
         Self {
             name: format!("{DATABASE_PREFIX}{}", tag()),
             server,
@@ -343,7 +377,9 @@ impl Namespace {
     pub fn adopt(server: String, name: String) -> Self {
         static SWEPT: Once = Once::new();
         let swept = server.clone();
-        SWEPT.call_once(|| on_the_side(sweep_namespaces(swept)));
+        SWEPT.call_once(|| {
+            on_the_side(sweep_namespaces(swept));
+        });
         Self {
             name,
             server,

@@ -526,6 +526,8 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             questionnaire: None,
             schedule: None,
             priority: 0,
+            deadline: None,
+            on_deadline: hark_core::domain::DeadlinePolicy::Fail,
         })
         .await
         .expect("created")

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     bus::Namespace,
-    domain::{HumanDuration, Owner, Role, TimeoutPolicy},
+    domain::{DeadlinePolicy, HumanDuration, Owner, Role, TimeoutPolicy},
     secret::{Secret, redact_url},
 };
 
@@ -532,6 +532,11 @@ pub struct TaskConfig {
     pub max_attempts: u32,
     /// Bound on a task's total running time (0 = none).
     pub max_runtime: HumanDuration,
+    /// How long a task may take from its creation, across all its questions and runs, unless
+    /// its creation says otherwise (0 = no deadline).
+    pub deadline: HumanDuration,
+    /// What a task's deadline passing does to it when its creation does not say.
+    pub on_deadline: DeadlinePolicy,
     /// How long a worker holds a task without a heartbeat.
     pub lease: HumanDuration,
     /// How long a finished task (with its rounds, questions and audit) is kept after it ended;
@@ -564,6 +569,8 @@ impl Default for TaskConfig {
             max_rounds: 30,
             max_attempts: 3,
             max_runtime: HumanDuration::ZERO,
+            deadline: HumanDuration::ZERO,
+            on_deadline: DeadlinePolicy::Fail,
             lease: HumanDuration::from_secs(30),
             retention: HumanDuration::from_secs(30 * 86_400),
             max_active_per_owner: 10,

@@ -69,7 +69,7 @@ enum Command {
         data_dir: Option<PathBuf>,
     },
     /// Talk to a running hark over its gRPC API.
-    Task(task::TaskArgs),
+    Task(Box<task::TaskArgs>),
     /// Measure resume latency and mass suspend/resume against a running hark (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Print a completion script for a shell, e.g. `hark completions bash >
@@ -189,7 +189,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let data_dir = data_dir.unwrap_or_else(servers::default_data_dir);
             dev::run(config, workers, data_dir, shutdown_on_signal()).await
         }
-        Command::Task(args) => task::run(&config, args).await,
+        Command::Task(args) => task::run(&config, *args).await,
         Command::Health {
             dead_letters: true,
             limit,

@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use hark_core::{
     config::Config,
-    domain::{HumanDuration, TaskState, TimeoutPolicy},
+    domain::{DeadlinePolicy, HumanDuration, TaskState, TimeoutPolicy},
 };
 use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
 use serde_json::{Value, json};
@@ -45,6 +45,12 @@ enum TaskCommand {
         /// On a question's expiry: resume, fail or never [default: task.on_timeout]
         #[arg(long)]
         on_timeout: Option<String>,
+        /// How long the task may take in all, e.g. 2h [default: task.deadline]
+        #[arg(long, conflicts_with_all = ["start_in", "cron"])]
+        deadline: Option<HumanDuration>,
+        /// When the deadline passes: fail or cancel [default: task.on_deadline]
+        #[arg(long, requires = "deadline")]
+        on_deadline: Option<String>,
         /// Ask and report in this chat: platform, bot and stream (e.g. qq 10001 group:123456).
         #[arg(long, num_args = 3, value_names = ["PLATFORM", "BOT", "STREAM"])]
         chat: Option<Vec<String>>,
@@ -467,6 +473,8 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             owner,
             timeout,
             on_timeout,
+            deadline,
+            on_deadline,
             chat,
             request_id,
             questionnaire,
@@ -499,6 +507,14 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 None => pb::TimeoutPolicy::Unspecified,
                 Some(p) => p.parse::<TimeoutPolicy>()?.to_proto(),
             };
+            let on_deadline = match on_deadline {
+                None => pb::DeadlinePolicy::Unspecified,
+                Some(p) => p.parse::<DeadlinePolicy>()?.to_proto(),
+            };
+            let deadline = deadline.map(|d| prost_types::Duration {
+                seconds: i64::try_from(d.0.as_secs()).unwrap_or(i64::MAX),
+                nanos: 0,
+            });
             let chat = chat.map(|c| pb::ChatRoute {
                 platform: c[0].clone(),
                 bot_id: c[1].clone(),
@@ -529,6 +545,8 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     cron: cron.unwrap_or_default(),
                     timezone: timezone.unwrap_or_default(),
                     priority,
+                    deadline,
+                    on_deadline: on_deadline as i32,
                 })
                 .await
                 .map_err(explain)?

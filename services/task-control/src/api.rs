@@ -7,8 +7,8 @@ use futures_util::Stream;
 use hark_core::{
     bus,
     domain::{
-        Owner, QuestionId, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy, form, schedule,
-        shape::Shape, text,
+        DeadlinePolicy, Owner, QuestionId, StreamId, TaskId, TaskRef, TaskState, TimeoutPolicy,
+        form, schedule, shape::Shape, text,
     },
     error::{Classified as _, Kind},
     secret::Secret,
@@ -317,6 +317,7 @@ fn case_status(error: cases::Error, request_id: Option<&str>) -> Status {
         E::Instruction(e) => invalid("instruction", e),
         E::Priority => invalid("priority", error),
         E::AskTimeout(e) => invalid("ask_timeout_s", e),
+        E::Deadline(e) => invalid("deadline", e),
         E::Reused { task } => reused(
             request_id.unwrap_or_default(),
             &format!("another task ({task})"),
@@ -524,6 +525,17 @@ impl TaskService for Api {
             .ok_or_else(|| invalid("on_timeout", "unknown policy"))?;
         let ask_timeout =
             (request.ask_timeout_s != 0).then(|| Duration::from_secs(request.ask_timeout_s.into()));
+        let deadline = match request.deadline {
+            None => None,
+            Some(d) => Some(
+                Duration::try_from(d)
+                    .map_err(|_| invalid("deadline", "must be a positive duration"))?,
+            ),
+        };
+        let on_deadline = pb::DeadlinePolicy::try_from(request.on_deadline)
+            .ok()
+            .map(DeadlinePolicy::from_proto)
+            .ok_or_else(|| invalid("on_deadline", "unknown policy"))?;
         let priority = i16::try_from(request.priority)
             .map_err(|_| invalid("priority", cases::Error::Priority))?;
         // A request id is its owner's own: another owner's same id is another request.
@@ -538,6 +550,8 @@ impl TaskService for Api {
             priority,
             request_key,
             questionnaire,
+            deadline,
+            on_deadline,
         };
         let refused = |e| case_status(e, request_id.as_deref());
         if request.start_at.is_some() || !request.cron.is_empty() {

@@ -429,6 +429,8 @@ async fn subtask(shared: &Shared, payload: &[u8]) -> pb::SubtaskResponse {
             request_key: (!request.idempotency_key.is_empty())
                 .then(|| format!("subtask:{}", request.idempotency_key)),
             questionnaire: None,
+            deadline: None,
+            on_deadline: None,
         };
         match cases::create_task(shared, create).await {
             Ok(task) => Ok(task.id),

@@ -1,5 +1,6 @@
 //! The clock loop: every tick it expires questions, sends reminders, recovers lost leases,
-//! enforces the running-time bound and starts the runs of schedules that are due. Any number of replicas may run it at once; the store takes
+//! enforces the running-time bound, ends tasks past their own deadline and starts the runs of
+//! schedules that are due. Any number of replicas may run it at once; the store takes
 //! rows with `FOR UPDATE SKIP LOCKED`.
 
 use std::time::Duration;
@@ -35,17 +36,19 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
     let recovered = store.recover_leases(max_attempts, BATCH).await?;
     let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
+    let overdue = store.end_overdue(BATCH).await?.len();
     let scheduled = store
         .start_due_schedules(BATCH, task.max_active_per_owner)
         .await?
         .len();
     let settled = store.settle_subtasks(BATCH).await?;
-    if expired + reminded + recovered + overtime.len() + scheduled + settled > 0 {
+    if expired + reminded + recovered + overtime.len() + overdue + scheduled + settled > 0 {
         tracing::info!(
             expired,
             reminded,
             recovered,
             overtime = overtime.len(),
+            overdue,
             scheduled,
             settled,
             "timers fired"

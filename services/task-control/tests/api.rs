@@ -1198,3 +1198,97 @@ async fn a_question_passed_on_over_grpc_is_answered_by_its_new_askee_only() {
     assert!(closed.message().contains("closed"), "{}", closed.message());
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_task_created_with_a_deadline_ends_by_its_own_policy_and_a_bad_deadline_is_refused() {
+    let tc = TestControl::start().await;
+    let mut api = tc.client().await;
+    for (deadline, why) in [
+        (
+            prost_types::Duration {
+                seconds: 0,
+                nanos: 0,
+            },
+            "more than 0s",
+        ),
+        (
+            prost_types::Duration {
+                seconds: -5,
+                nanos: 0,
+            },
+            "positive",
+        ),
+        (
+            prost_types::Duration {
+                seconds: 400 * 86_400,
+                nanos: 0,
+            },
+            "longer than the limit",
+        ),
+    ] {
+        let refused = api
+            .create_task(pb::CreateTaskRequest {
+                deadline: Some(deadline),
+                ..create("api:alice", "too soon")
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("deadline") && refused.message().contains(why),
+            "{refused:?}"
+        );
+    }
+
+    let task = api
+        .create_task(pb::CreateTaskRequest {
+            deadline: Some(prost_types::Duration {
+                seconds: 3600,
+                nanos: 0,
+            }),
+            on_deadline: pb::DeadlinePolicy::Cancel as i32,
+            ..create("api:alice", "pick a colour")
+        })
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let (_lease, _handle) = tc.claim_and_ask("Red or blue?", 0).await;
+    // An hour on, as far as the task knows.
+    let moved =
+        sqlx::query("UPDATE tasks SET deadline = deadline - interval '1 hour' WHERE id = $1::uuid")
+            .bind(&task.id)
+            .execute(tc.store.pool())
+            .await
+            .expect("deadline moved");
+    assert_eq!(moved.rows_affected(), 1);
+    tc.eventually("the task is cancelled at its deadline", || {
+        let mut api = api.clone();
+        let id = task.id.clone();
+        async move {
+            let got = api
+                .get_task(pb::GetTaskRequest { task_id: id })
+                .await
+                .expect("task")
+                .into_inner()
+                .task
+                .expect("task");
+            got.state == pb::TaskState::Cancelled as i32
+        }
+    })
+    .await;
+    let questions = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "api:alice".into(),
+            include_closed: true,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .questions;
+    assert_eq!(questions.len(), 1);
+    assert_eq!(questions[0].outcome, pb::QuestionOutcome::Cancelled as i32);
+    tc.stop().await;
+}

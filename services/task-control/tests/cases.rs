@@ -29,6 +29,8 @@ fn create(who: &str, goal: &str) -> Create {
         priority: 0,
         request_key: None,
         questionnaire: None,
+        deadline: None,
+        on_deadline: None,
     }
 }
 

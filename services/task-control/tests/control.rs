@@ -1121,3 +1121,45 @@ async fn a_question_asked_in_private_is_passed_on_to_the_new_askees_own_chat() {
     assert_eq!(task.state, TaskState::Running);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_task_past_its_deadline_fails_and_its_open_question_expires_with_it() {
+    let tc = TestControl::start_with(|c| c.task.deadline = "1h".parse().expect("duration")).await;
+    let id = tc.new_task_in_chat(GROUP, "100", "plan a trip").await;
+    // It asks, and nobody answers: the question's own deadline (600s) is far off.
+    tc.claim_and_ask("Where to?", 600).await;
+    tc.out_containing("Where to?").await;
+    // The task's deadline comes from task.deadline; here it is brought to now.
+    let moved = sqlx::query(
+        "UPDATE tasks SET deadline = now() - interval '1 second'
+         WHERE id = $1 AND deadline > now() + interval '50 minutes'",
+    )
+    .bind(task_id(&id).as_uuid())
+    .execute(tc.store.pool())
+    .await
+    .expect("deadline moved");
+    assert_eq!(
+        moved.rows_affected(),
+        1,
+        "task.deadline gave the task its deadline"
+    );
+    tc.eventually("the task fails at its deadline", || async {
+        tc.store.get_task(task_id(&id)).await.expect("task").state == TaskState::Failed
+    })
+    .await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert!(
+        task.error.as_deref().unwrap_or("").contains("deadline"),
+        "{:?}",
+        task.error
+    );
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    assert_eq!(questions.len(), 1);
+    assert_eq!(questions[0].outcome, QuestionOutcome::Expired);
+    tc.out_containing("deadline").await;
+    tc.stop().await;
+}

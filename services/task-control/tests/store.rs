@@ -14,7 +14,7 @@ use common::{
 use hark_control::store::{AnswerOutcome, Error, Lease, NewTask, Store, TaskFilter};
 use hark_core::{
     codec,
-    domain::{QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
+    domain::{DeadlinePolicy, QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
 };
 use hark_proto::v1 as pb;
 use serde_json::json;
@@ -315,6 +315,8 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         questionnaire: None,
         schedule: None,
         priority: 0,
+        deadline: None,
+        on_deadline: DeadlinePolicy::Fail,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -685,6 +687,8 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         questionnaire: None,
         schedule: None,
         priority: 0,
+        deadline: None,
+        on_deadline: DeadlinePolicy::Fail,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [
@@ -1402,6 +1406,11 @@ async fn the_names_the_migrations_allow_are_the_domains_names() {
             "questions",
             "outcome",
             sorted(QuestionOutcome::ALL.map(QuestionOutcome::as_str).to_vec()),
+        ),
+        (
+            "tasks",
+            "on_deadline",
+            sorted(DeadlinePolicy::ALL.map(DeadlinePolicy::as_str).to_vec()),
         ),
         (
             "schedules",

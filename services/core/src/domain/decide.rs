@@ -11,7 +11,7 @@ use std::{fmt, time::Duration};
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
-use super::{Event, QuestionOutcome, TaskState, TimeoutPolicy, transition};
+use super::{DeadlinePolicy, Event, QuestionOutcome, TaskState, TimeoutPolicy, transition};
 
 /// The limits a decision follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +113,12 @@ pub enum Command<'a> {
     Resume,
     /// Someone passes the open question on to another person; the task does not move.
     Delegate,
+    /// The timer found the task's own deadline passed before it ended; `policy` decides whether
+    /// it fails or is cancelled, and `why` says so.
+    Overdue {
+        policy: DeadlinePolicy,
+        why: &'a str,
+    },
 }
 
 impl Command<'_> {
@@ -132,6 +138,7 @@ impl Command<'_> {
             Command::Pause => Event::Pause,
             Command::Resume => Event::Resume,
             Command::Delegate => Event::Delegate,
+            Command::Overdue { policy, .. } => Event::Overdue(*policy),
         }
     }
 }
@@ -452,6 +459,40 @@ pub fn decide(
             }
             to(TaskState::Cancelled, effects)
         }
+        (
+            S::Pending | S::Running { .. } | S::WaitingInput { .. } | S::Paused { .. },
+            C::Overdue { policy, why },
+        ) => {
+            let (outcome, say) = match policy {
+                DeadlinePolicy::Fail => (
+                    QuestionOutcome::Expired,
+                    Say::Failed {
+                        error: (*why).to_owned(),
+                    },
+                ),
+                DeadlinePolicy::Cancel => (
+                    QuestionOutcome::Cancelled,
+                    Say::Cancelled {
+                        reason: (*why).to_owned(),
+                    },
+                ),
+            };
+            let mut effects = vec![Effect::RecordError((*why).to_owned()), Effect::Say(say)];
+            if matches!(
+                task.state,
+                S::WaitingInput { .. }
+                    | S::Paused {
+                        question: Some(_),
+                        ..
+                    }
+            ) {
+                effects.insert(0, Effect::CloseQuestion(outcome));
+            }
+            if matches!(task.state, S::Running { .. }) {
+                effects.push(Effect::HintStop);
+            }
+            to(table(event)?, effects)
+        }
         (S::Pending | S::WaitingInput { .. }, C::Pause) => to(TaskState::Paused, vec![]),
         (
             S::Running {
@@ -589,6 +630,14 @@ mod tests {
             Command::Pause,
             Command::Resume,
             Command::Delegate,
+            Command::Overdue {
+                policy: DeadlinePolicy::Fail,
+                why: "late",
+            },
+            Command::Overdue {
+                policy: DeadlinePolicy::Cancel,
+                why: "late",
+            },
         ]
     }
 
@@ -640,6 +689,16 @@ mod tests {
             ) => T::WaitingInput,
             (State::Paused { question: None, .. }, C::Resume) => T::Pending,
             (State::Paused { .. }, C::Cancel { .. }) => T::Cancelled,
+            (
+                State::Pending
+                | State::Running { .. }
+                | State::WaitingInput { .. }
+                | State::Paused { .. },
+                C::Overdue { policy, .. },
+            ) => match policy {
+                DeadlinePolicy::Fail => T::Failed,
+                DeadlinePolicy::Cancel => T::Cancelled,
+            },
             _ => return None,
         })
     }
@@ -714,6 +773,59 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_task_past_its_deadline_ends_by_its_policy_and_its_question_with_it() {
+        let waiting = task(State::WaitingInput {
+            question: question(Some(600)),
+        });
+        let failed = decide(
+            &waiting,
+            &Command::Overdue {
+                policy: DeadlinePolicy::Fail,
+                why: "late",
+            },
+            at(1),
+            POLICY,
+        )
+        .unwrap();
+        assert_eq!(failed.to, TaskState::Failed);
+        assert_eq!(failed.event, Event::Overdue(DeadlinePolicy::Fail));
+        assert_eq!(
+            failed.effects,
+            vec![
+                Effect::CloseQuestion(QuestionOutcome::Expired),
+                Effect::RecordError("late".into()),
+                Effect::Say(Say::Failed {
+                    error: "late".into()
+                }),
+            ]
+        );
+        let running = task(State::Running {
+            pause_requested: false,
+        });
+        let cancelled = decide(
+            &running,
+            &Command::Overdue {
+                policy: DeadlinePolicy::Cancel,
+                why: "late",
+            },
+            at(1),
+            POLICY,
+        )
+        .unwrap();
+        assert_eq!(cancelled.to, TaskState::Cancelled);
+        assert_eq!(
+            cancelled.effects,
+            vec![
+                Effect::RecordError("late".into()),
+                Effect::Say(Say::Cancelled {
+                    reason: "late".into()
+                }),
+                Effect::HintStop,
+            ]
+        );
     }
 
     #[test]

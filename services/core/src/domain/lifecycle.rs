@@ -176,6 +176,67 @@ impl fmt::Display for TimeoutPolicy {
     }
 }
 
+/// What the passing of a task's deadline does to a task that has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadlinePolicy {
+    /// Fail the task; an open question is closed as expired.
+    #[default]
+    Fail,
+    /// Cancel the task; an open question is closed as cancelled.
+    Cancel,
+}
+
+impl DeadlinePolicy {
+    pub const ALL: [DeadlinePolicy; 2] = [DeadlinePolicy::Fail, DeadlinePolicy::Cancel];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadlinePolicy::Fail => "fail",
+            DeadlinePolicy::Cancel => "cancel",
+        }
+    }
+
+    pub fn to_proto(self) -> pb::DeadlinePolicy {
+        match self {
+            DeadlinePolicy::Fail => pb::DeadlinePolicy::Fail,
+            DeadlinePolicy::Cancel => pb::DeadlinePolicy::Cancel,
+        }
+    }
+
+    /// `None` for `DEADLINE_POLICY_UNSPECIFIED`, meaning "the server's default".
+    pub fn from_proto(policy: pb::DeadlinePolicy) -> Option<Self> {
+        match policy {
+            pb::DeadlinePolicy::Unspecified => None,
+            pb::DeadlinePolicy::Fail => Some(DeadlinePolicy::Fail),
+            pb::DeadlinePolicy::Cancel => Some(DeadlinePolicy::Cancel),
+        }
+    }
+}
+
+impl fmt::Display for DeadlinePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The policy name was not `fail` or `cancel`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a deadline policy: expected fail or cancel")]
+pub struct UnknownDeadlinePolicy(pub String);
+
+impl FromStr for DeadlinePolicy {
+    type Err = UnknownDeadlinePolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        DeadlinePolicy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == lower)
+            .ok_or_else(|| UnknownDeadlinePolicy(super::ids::shown(s)))
+    }
+}
+
 /// The policy name was not `resume`, `fail` or `never`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{0}` is not a timeout policy: expected resume, fail or never")]
@@ -222,10 +283,12 @@ pub enum Event {
     Remind,
     /// The open question was passed on to another person; the task does not move.
     Delegate,
+    /// The task's own deadline passed before it ended; what happens follows its policy.
+    Overdue(DeadlinePolicy),
 }
 
 impl Event {
-    pub const ALL: [Event; 15] = [
+    pub const ALL: [Event; 17] = [
         Event::Claim,
         Event::Ask,
         Event::Answer,
@@ -241,6 +304,8 @@ impl Event {
         Event::Resume,
         Event::Remind,
         Event::Delegate,
+        Event::Overdue(DeadlinePolicy::Fail),
+        Event::Overdue(DeadlinePolicy::Cancel),
     ];
 
     /// A short name for logs and the audit table.
@@ -261,6 +326,8 @@ impl Event {
             Event::Resume => "resume",
             Event::Remind => "remind",
             Event::Delegate => "delegate",
+            Event::Overdue(DeadlinePolicy::Fail) => "overdue_fail",
+            Event::Overdue(DeadlinePolicy::Cancel) => "overdue_cancel",
         }
     }
 }
@@ -292,6 +359,11 @@ pub fn transition(from: TaskState, event: Event) -> Result<TaskState, Transition
         (S::Running, E::Fail) => S::Failed,
         (S::Running, E::LeaseExpired | E::Release) => S::Pending,
         (S::Pending | S::Running | S::WaitingInput | S::Paused, E::Cancel) => S::Cancelled,
+        (S::Pending | S::Running | S::WaitingInput | S::Paused, E::Overdue(policy)) => match policy
+        {
+            DeadlinePolicy::Fail => S::Failed,
+            DeadlinePolicy::Cancel => S::Cancelled,
+        },
         _ => return Err(TransitionError { from, event }),
     };
     Ok(to)
@@ -380,6 +452,7 @@ macro_rules! try_from_string {
 try_from_string!(
     TaskState => UnknownState,
     TimeoutPolicy => UnknownPolicy,
+    DeadlinePolicy => UnknownDeadlinePolicy,
     QuestionOutcome => UnknownState,
 );
 
@@ -409,6 +482,18 @@ mod tests {
         (S::WaitingInput, E::Expire(TimeoutPolicy::Fail), S::Failed),
         (S::WaitingInput, E::Cancel, S::Cancelled),
         (S::Paused, E::Cancel, S::Cancelled),
+        (S::Pending, E::Overdue(DeadlinePolicy::Fail), S::Failed),
+        (S::Running, E::Overdue(DeadlinePolicy::Fail), S::Failed),
+        (S::WaitingInput, E::Overdue(DeadlinePolicy::Fail), S::Failed),
+        (S::Paused, E::Overdue(DeadlinePolicy::Fail), S::Failed),
+        (S::Pending, E::Overdue(DeadlinePolicy::Cancel), S::Cancelled),
+        (S::Running, E::Overdue(DeadlinePolicy::Cancel), S::Cancelled),
+        (
+            S::WaitingInput,
+            E::Overdue(DeadlinePolicy::Cancel),
+            S::Cancelled,
+        ),
+        (S::Paused, E::Overdue(DeadlinePolicy::Cancel), S::Cancelled),
     ];
 
     #[test]

@@ -16,5 +16,5 @@ pub mod text;
 pub use duration::HumanDuration;
 pub use ids::{Handle, IdError, Owner, QuestionId, Role, StreamId, TaskId, TaskRef};
 pub use lifecycle::{
-    Event, QuestionOutcome, TaskState, TimeoutPolicy, TransitionError, transition,
+    DeadlinePolicy, Event, QuestionOutcome, TaskState, TimeoutPolicy, TransitionError, transition,
 };

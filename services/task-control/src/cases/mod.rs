@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hark_core::{
     domain::{
-        Owner, Role, TaskId, TaskRef, TimeoutPolicy, duration,
+        DeadlinePolicy, Owner, Role, TaskId, TaskRef, TimeoutPolicy, duration,
         form::FormQuestion,
         schedule::{Cron, Overlap},
         text,
@@ -39,6 +39,8 @@ pub enum Error {
     Priority,
     #[error("{0}")]
     AskTimeout(String),
+    #[error("{0}")]
+    Deadline(String),
     /// The request key was used before for another task: a retry must repeat its request.
     #[error("the request key was used before for another task ({task})")]
     Reused { task: TaskId },
@@ -57,9 +59,11 @@ impl Classified for Error {
     fn kind(&self) -> Kind {
         match self {
             Error::CannotHaveTasks { .. } => Kind::Forbidden,
-            Error::Goal(_) | Error::Instruction(_) | Error::Priority | Error::AskTimeout(_) => {
-                Kind::Invalid
-            }
+            Error::Goal(_)
+            | Error::Instruction(_)
+            | Error::Priority
+            | Error::AskTimeout(_)
+            | Error::Deadline(_) => Kind::Invalid,
             Error::Reused { .. } | Error::AlreadyAsked { .. } => Kind::Conflict,
             Error::NotYours { .. } => Kind::Forbidden,
             Error::OtherPlatform { .. } => Kind::Invalid,
@@ -85,6 +89,10 @@ pub struct Create {
     pub request_key: Option<String>,
     /// The questions of a questionnaire, which no agent runs.
     pub questionnaire: Option<Vec<FormQuestion>>,
+    /// How long the task may take from its creation; `None`: `task.deadline`.
+    pub deadline: Option<Duration>,
+    /// `None`: `task.on_deadline`.
+    pub on_deadline: Option<DeadlinePolicy>,
 }
 
 /// When a scheduled task runs, as a door read it.
@@ -102,6 +110,9 @@ struct Checked {
     goal: String,
     ask_timeout: Duration,
     on_timeout: TimeoutPolicy,
+    /// `None`: no deadline.
+    deadline: Option<Duration>,
+    on_deadline: DeadlinePolicy,
 }
 
 /// Authorises and checks a creation, and decides what it left to the configuration.
@@ -132,10 +143,23 @@ fn check(shared: &Shared, new: &Create) -> Result<Checked, Error> {
             duration::at_most(wait, duration::MAX_QUESTION_WAIT).map_err(Error::AskTimeout)?
         }
     };
+    let deadline = match new.deadline {
+        None => (!config.deadline.0.is_zero()).then_some(config.deadline.0),
+        Some(wait) if wait.is_zero() => {
+            return Err(Error::Deadline(
+                "must be more than 0s; leave it out for task.deadline".into(),
+            ));
+        }
+        Some(wait) => {
+            Some(duration::at_most(wait, duration::MAX_QUESTION_WAIT).map_err(Error::Deadline)?)
+        }
+    };
     Ok(Checked {
         goal,
         ask_timeout,
         on_timeout: new.on_timeout.unwrap_or(config.on_timeout),
+        deadline,
+        on_deadline: new.on_deadline.unwrap_or(config.on_deadline),
     })
 }
 
@@ -160,6 +184,8 @@ pub async fn create_task(shared: &Shared, new: Create) -> Result<TaskRow, Error>
             questionnaire: new.questionnaire,
             schedule: None,
             priority: new.priority,
+            deadline: checked.deadline,
+            on_deadline: checked.on_deadline,
         })
         .await?;
     if new.request_key.is_some() && (task.goal != asked.0 || task.stream != asked.1) {
@@ -175,6 +201,11 @@ pub async fn create_schedule(
     new: Create,
     when: When,
 ) -> Result<ScheduleRow, Error> {
+    if new.deadline.is_some() || new.on_deadline.is_some() {
+        return Err(Error::Deadline(
+            "a scheduled task cannot have a deadline; give it when the task is created".into(),
+        ));
+    }
     let checked = check(shared, &new)?;
     Ok(shared
         .store

@@ -358,6 +358,8 @@ async fn run_command(
                 priority: priority.unwrap_or(0),
                 request_key: inbound.key(),
                 questionnaire: None,
+                deadline: None,
+                on_deadline: None,
             };
             let created = match when {
                 Some(when) => {
@@ -699,6 +701,7 @@ fn refused_creation(
         E::Store(e) => return Err(e),
         e @ (E::Priority
         | E::AskTimeout(_)
+        | E::Deadline(_)
         | E::Reused { .. }
         | E::Instruction(_)
         | E::NotYours { .. }

@@ -624,10 +624,12 @@ impl Store {
             "WITH n AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                      $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
-                                     $17::jsonb[], $18::uuid[], $19::smallint[])
+                                     $17::jsonb[], $18::uuid[], $19::smallint[], $20::bigint[],
+                                     $21::text[])
                     WITH ORDINALITY
                     AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
-                         request_id, active_limit, questionnaire, schedule_id, priority, ord)
+                         request_id, active_limit, questionnaire, schedule_id, priority, deadline_ms,
+                         on_deadline, ord)
             ), counted AS (
                 SELECT n.*,
                     CASE WHEN n.active_limit = 0 THEN 0 ELSE
@@ -640,9 +642,10 @@ impl Store {
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
                                    on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id,
-                                   priority)
+                                   priority, deadline, on_deadline)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
-                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority
+                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority,
+                       now() + deadline_ms * interval '1 millisecond', on_deadline
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
                 ORDER BY ord
@@ -695,6 +698,12 @@ impl Store {
             .bind(column(batch, |r| r.new.questionnaire.as_ref().map(Json)))
             .bind(column(batch, |r| r.new.schedule))
             .bind(column(batch, |r| r.new.priority))
+            .bind(column(batch, |r| {
+                r.new
+                    .deadline
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            }))
+            .bind(column(batch, |r| r.new.on_deadline.as_str()))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();

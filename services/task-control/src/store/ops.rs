@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use hark_core::domain::{Owner, TaskId, TimeoutPolicy, decide::Command, form::FormQuestion};
+use hark_core::domain::{
+    DeadlinePolicy, Owner, TaskId, TimeoutPolicy, decide::Command, form::FormQuestion,
+};
 use hark_proto::v1 as pb;
 use uuid::Uuid;
 
@@ -30,6 +32,11 @@ pub struct NewTask {
     pub schedule: Option<Uuid>,
     /// Claimed before every pending task of a lower priority (`-100..=100`, `0` by default).
     pub priority: i16,
+    /// How long it may take from its creation, across all its questions and runs; `None`: no
+    /// deadline.
+    pub deadline: Option<Duration>,
+    /// What the deadline's passing does to it.
+    pub on_deadline: DeadlinePolicy,
 }
 
 impl Store {

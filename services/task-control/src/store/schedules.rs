@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Owner, TaskRef, TimeoutPolicy,
+    DeadlinePolicy, Owner, TaskRef, TimeoutPolicy,
     schedule::{self, Cron, Overlap},
 };
 use time::OffsetDateTime;
@@ -201,6 +201,9 @@ impl Store {
                         questionnaire: None,
                         schedule: Some(s.id),
                         priority: s.priority,
+                        // A schedule's runs have no deadline of their own yet.
+                        deadline: None,
+                        on_deadline: DeadlinePolicy::default(),
                     })
                     .await;
                 match created {

@@ -1,11 +1,11 @@
-//! Work driven by the clock: question deadlines and reminders, expired leases, and the bound on
-//! a task's running time. Each sweep takes its rows with `FOR UPDATE SKIP LOCKED`, so any number
+//! Work driven by the clock: question deadlines and reminders, expired leases, the bound on a
+//! task's running time, and tasks' own deadlines. Each sweep takes its rows with `FOR UPDATE SKIP LOCKED`, so any number
 //! of task-control replicas may sweep at once without doing anything twice.
 
 use std::time::Duration;
 
 use hark_core::domain::{
-    QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    DeadlinePolicy, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
     decide::{self, Command, Decision},
 };
 use time::OffsetDateTime;
@@ -343,6 +343,47 @@ impl Store {
         tx.commit().await?;
         self.published(sent);
         Ok(failed)
+    }
+
+    /// Ends the tasks whose own deadline passed before they ended, at most `limit`, each as its
+    /// `on_deadline` says: failed or cancelled, an open question closed with it, a worker that
+    /// runs it told to stop, its chat told. A task another replica ended first is left be.
+    /// Returns the tasks it ended.
+    pub async fn end_overdue(&self, limit: i64) -> Result<Vec<TaskId>, Error> {
+        let due: Vec<(Uuid, String, OffsetDateTime)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT id, on_deadline, deadline FROM tasks
+             WHERE deadline <= now() AND state IN ({})
+             ORDER BY deadline LIMIT $1",
+                active_states!()
+            )))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut ended = Vec::new();
+        for (id, policy, deadline) in due {
+            let task = TaskId::from_uuid(id);
+            let policy: DeadlinePolicy = policy
+                .parse()
+                .map_err(|e| Error::Internal(format!("task {task}: {e}")))?;
+            let why = format!(
+                "the task passed its deadline ({})",
+                deadline
+                    .format(&time::format_description::well_known::Rfc3339)
+                    .unwrap_or_default()
+            );
+            let command = Command::Overdue { policy, why: &why };
+            match self.command(task, command, "deadline", &why).await {
+                Ok(_) => {
+                    tracing::info!(task = %task, policy = %policy, "task ended at its deadline");
+                    ended.push(task);
+                }
+                // Ended meanwhile, by its run, its owner or another replica's sweep.
+                Err(Error::WrongState { .. } | Error::Already { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ended)
     }
 
     /// Applies a timer's `decision` on the running task `t`; whether it won.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use hark_control::store::{Answer, AskInput, ChatRoute, NewTask, Store, TaskRow};
 use hark_core::{
     codec,
-    domain::{Owner, QuestionId, TimeoutPolicy},
+    domain::{DeadlinePolicy, Owner, QuestionId, TimeoutPolicy},
 };
 use hark_proto::v1 as pb;
 use serde_json::json;
@@ -39,6 +39,8 @@ pub fn new_task_spec(chat: Option<ChatRoute>) -> NewTask {
         questionnaire: None,
         schedule: None,
         priority: 0,
+        deadline: None,
+        on_deadline: DeadlinePolicy::Fail,
     }
 }
 

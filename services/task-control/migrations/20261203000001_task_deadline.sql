@@ -1,0 +1,6 @@
+-- A task's own deadline, across all its questions and runs: when it passes before the task ends,
+-- on_deadline decides whether the task fails or is cancelled.
+ALTER TABLE tasks ADD COLUMN deadline timestamptz;
+ALTER TABLE tasks ADD COLUMN on_deadline text NOT NULL DEFAULT 'fail' CHECK (on_deadline IN ('fail', 'cancel'));
+CREATE INDEX tasks_by_deadline ON tasks (deadline)
+    WHERE deadline IS NOT NULL AND state IN ('pending', 'running', 'waiting_input', 'paused');

@@ -172,8 +172,18 @@ async fn a_task_waits_durably_for_its_subtask_and_reads_how_it_ended() {
     llm.hold("child");
     let mut bed = Bed::start(llm, |_| {}).await;
     bed.add_worker("w1").await;
-    let id = bed.create("api:alice", "plan the farm", |_| {}).await;
+    // The parent has an hour; its subtask gets no more than what is left of it.
+    let id = bed
+        .create("api:alice", "plan the farm", |r| {
+            r.deadline = Some(prost_types::Duration {
+                seconds: 3600,
+                nanos: 0,
+            });
+            r.on_deadline = pb::DeadlinePolicy::Cancel as i32;
+        })
+        .await;
     let waiting = bed.wait_state(&id, pb::TaskState::WaitingInput, WAIT).await;
+    let parent = waiting.task.clone().expect("task");
     let question = waiting.task.expect("task").open_question.expect("question");
     assert!(
         question.text.starts_with("waiting for subtask "),
@@ -188,6 +198,15 @@ async fn a_task_waits_durably_for_its_subtask_and_reads_how_it_ended() {
     let subtask = bed.task(&child).await.task.expect("the subtask");
     assert_eq!(subtask.owner, "api:alice");
     assert_eq!(subtask.goal, "[script:child] count the sheep");
+    let (parent_by, child_by) = (
+        parent.deadline.expect("the parent's deadline").seconds,
+        subtask.deadline.expect("the subtask's deadline").seconds,
+    );
+    assert!(
+        child_by <= parent_by && child_by > parent_by - 600,
+        "{child_by} vs {parent_by}"
+    );
+    assert_eq!(subtask.on_deadline, pb::DeadlinePolicy::Cancel as i32);
 
     // Nobody but the subtask answers it.
     let refused = bed

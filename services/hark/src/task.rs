@@ -366,7 +366,16 @@ fn task_json(t: &pb::Task) -> Value {
         "created_at": time_of(&t.created_at), "updated_at": time_of(&t.updated_at), "finished_at": time_of(&t.finished_at),
         "open_question": t.open_question.as_ref().map_or(Value::Null, question_json),
         "questionnaire": t.questionnaire.iter().map(|q| json!({"key": q.key, "text": q.text, "choices": q.choices})).collect::<Vec<_>>(),
+        "deadline": time_of(&t.deadline), "on_deadline": deadline_policy(t),
     })
+}
+
+/// What the task's deadline does: `fail` or `cancel`.
+fn deadline_policy(t: &pb::Task) -> &'static str {
+    match pb::DeadlinePolicy::try_from(t.on_deadline) {
+        Ok(pb::DeadlinePolicy::Cancel) => "cancel",
+        _ => "fail",
+    }
 }
 
 fn short(id: &str) -> &str {
@@ -422,6 +431,17 @@ fn print_task(t: &pb::Task) {
         "{}",
         crate::said!(zh: "创建于   {}", en: "created  {}", time_of(&t.created_at))
     );
+    if t.deadline.is_some() && t.finished_at.is_none() {
+        let time = time_of(&t.deadline);
+        println!(
+            "{}",
+            if deadline_policy(t) == "cancel" {
+                crate::said!(zh: "截止     {}（届时取消）", en: "deadline {} (then cancelled)", time)
+            } else {
+                crate::said!(zh: "截止     {}（届时失败）", en: "deadline {} (then it fails)", time)
+            }
+        );
+    }
     if t.finished_at.is_some() {
         println!(
             "{}",

@@ -429,8 +429,12 @@ async fn subtask(shared: &Shared, payload: &[u8]) -> pb::SubtaskResponse {
             request_key: (!request.idempotency_key.is_empty())
                 .then(|| format!("subtask:{}", request.idempotency_key)),
             questionnaire: None,
-            deadline: None,
-            on_deadline: None,
+            // A subtask has no more time than its parent has left.
+            deadline: parent.deadline_at.map(|at| {
+                let left = (at - time::OffsetDateTime::now_utc()).whole_milliseconds();
+                Duration::from_millis(u64::try_from(left.max(1000)).unwrap_or(u64::MAX))
+            }),
+            on_deadline: parent.deadline_at.map(|_| parent.on_deadline),
         };
         match cases::create_task(shared, create).await {
             Ok(task) => Ok(task.id),

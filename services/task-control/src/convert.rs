@@ -83,6 +83,8 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         questionnaire: row.questionnaire().iter().map(form_question).collect(),
         pause_requested: row.pause_requested,
         paused_at: row.paused_at.map(timestamp),
+        deadline: row.deadline_at.map(timestamp),
+        on_deadline: row.on_deadline.to_proto() as i32,
         schedule_id: row.schedule_id.map(|s| s.to_string()).unwrap_or_default(),
         priority: row.priority.into(),
     }

@@ -3,7 +3,7 @@
 //! `hark.v1` messages.
 
 use hark_core::domain::{
-    Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    DeadlinePolicy, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
     form::FormQuestion,
     schedule::{Overlap, ScheduleState},
     shape::Shape,
@@ -76,6 +76,10 @@ pub struct TaskRow {
     pub schedule_id: Option<Uuid>,
     /// Claimed before every pending task of a lower priority.
     pub priority: i16,
+    /// When the task ends by `on_deadline` if it has not ended by itself.
+    pub deadline_at: Option<OffsetDateTime>,
+    #[sqlx(try_from = "String")]
+    pub on_deadline: DeadlinePolicy,
 }
 
 impl TaskRow {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hark_core::{
     config::{ChatConfig, Language},
     domain::{
-        QuestionOutcome, Role, TaskId, TaskState,
+        DeadlinePolicy, QuestionOutcome, Role, TaskId, TaskState,
         decide::Say,
         shape::{FieldKind, Misfit, Shape},
     },
@@ -677,6 +677,19 @@ impl Texts {
         out
     }
 
+    /// How long the task has before its own deadline ends it, and how.
+    pub fn status_deadline(&self, left: Duration, policy: DeadlinePolicy) -> String {
+        let left = self.duration(left);
+        match policy {
+            DeadlinePolicy::Fail => pick!(self,
+                zh: format!("\n截止：剩 {left}，届时任务失败"),
+                en: format!("\ndeadline: {left} left, then it fails")),
+            DeadlinePolicy::Cancel => pick!(self,
+                zh: format!("\n截止：剩 {left}，届时任务取消"),
+                en: format!("\ndeadline: {left} left, then it is cancelled")),
+        }
+    }
+
     pub fn status_result(&self, result: &str) -> String {
         pick!(self, zh: format!("\n结果：{}", clip(result, 300)), en: format!("\nresult: {}", clip(result, 300)))
     }
@@ -757,7 +770,7 @@ impl Texts {
     pub fn help(&self, word: &str) -> String {
         pick!(self,
         zh: format!(
-            "{word} new [--timeout 30m] [--on-timeout resume|fail|never] <目标> — 开始一个任务\n\
+            "{word} new [--timeout 30m] [--on-timeout resume|fail|never] [--deadline 2h] <目标> — 开始一个任务\n\
              {word} list [all] [状态] — 你的任务（all：所有人的，仅管理员）\n\
              {word} status <编号> — 查看一个任务\n\
              {word} cancel <编号> — 取消任务\n\
@@ -769,7 +782,7 @@ impl Texts {
              回答问题：直接在这里回复；有多个问题时，引用其中一个，或在开头写上它的 #编号。"
         ),
         en: format!(
-            "{word} new [--timeout 30m] [--on-timeout resume|fail|never] <goal> — start a task\n\
+            "{word} new [--timeout 30m] [--on-timeout resume|fail|never] [--deadline 2h] <goal> — start a task\n\
              {word} list [all] [state] — your tasks (all: everyone's, admins)\n\
              {word} status <id> — one task\n\
              {word} cancel <id> — stop a task\n\

@@ -1256,12 +1256,13 @@ async fn a_task_created_with_a_deadline_ends_by_its_own_policy_and_a_bad_deadlin
         .expect("task");
     let (_lease, _handle) = tc.claim_and_ask("Red or blue?", 0).await;
     // An hour on, as far as the task knows.
-    let moved =
-        sqlx::query("UPDATE tasks SET deadline = deadline - interval '1 hour' WHERE id = $1::uuid")
-            .bind(&task.id)
-            .execute(tc.store.pool())
-            .await
-            .expect("deadline moved");
+    let moved = sqlx::query(
+        "UPDATE tasks SET deadline_at = deadline_at - interval '1 hour' WHERE id = $1::uuid",
+    )
+    .bind(&task.id)
+    .execute(tc.store.pool())
+    .await
+    .expect("deadline moved");
     assert_eq!(moved.rows_affected(), 1);
     tc.eventually("the task is cancelled at its deadline", || {
         let mut api = api.clone();

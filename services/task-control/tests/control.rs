@@ -1131,8 +1131,8 @@ async fn a_task_past_its_deadline_fails_and_its_open_question_expires_with_it() 
     tc.out_containing("Where to?").await;
     // The task's deadline comes from task.deadline; here it is brought to now.
     let moved = sqlx::query(
-        "UPDATE tasks SET deadline = now() - interval '1 second'
-         WHERE id = $1 AND deadline > now() + interval '50 minutes'",
+        "UPDATE tasks SET deadline_at = now() - interval '1 second'
+         WHERE id = $1 AND deadline_at > now() + interval '50 minutes'",
     )
     .bind(task_id(&id).as_uuid())
     .execute(tc.store.pool())

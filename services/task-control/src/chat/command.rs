@@ -1,7 +1,9 @@
 //! Parsing chat commands. A message that starts with the command word (or an alias) is a command,
 //! never an answer, whoever sends it.
 
-use hark_core::domain::{HumanDuration, TaskRef, TaskState, TimeoutPolicy, duration};
+use hark_core::domain::{
+    DeadlinePolicy, HumanDuration, TaskRef, TaskState, TimeoutPolicy, duration,
+};
 
 use crate::texts::Texts;
 
@@ -15,6 +17,10 @@ pub enum Command {
         when: Option<When>,
         /// `--priority`: high (10), low (-10) or a number in -100..=100.
         priority: Option<i16>,
+        /// `--deadline`: how long the task may take in all.
+        deadline: Option<HumanDuration>,
+        /// `--on-deadline`: fail or cancel.
+        on_deadline: Option<DeadlinePolicy>,
         goal: String,
     },
     List {
@@ -154,6 +160,8 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     let mut on_timeout = None;
     let mut when = None;
     let mut priority = None;
+    let mut deadline = None;
+    let mut on_deadline = None;
     loop {
         let (flag, tail) = split_word(rest);
         match flag {
@@ -215,6 +223,34 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
                 timeout = Some(parsed);
                 rest = tail;
             }
+            "--deadline" => {
+                let (value, tail) = split_word(tail);
+                let parsed: HumanDuration =
+                    value
+                        .parse()
+                        .map_err(|e: hark_core::domain::duration::DurationError| {
+                            t.bad_value("--deadline 的时长", &e.to_string())
+                        })?;
+                if parsed.is_zero() {
+                    return Err(t.bad_value(
+                        "--deadline 的时长",
+                        "must be more than 0; leave --deadline out for none",
+                    ));
+                }
+                duration::at_most(parsed.0, duration::MAX_QUESTION_WAIT)
+                    .map_err(|e| t.bad_value("--deadline 的时长", &e))?;
+                deadline = Some(parsed);
+                rest = tail;
+            }
+            "--on-deadline" => {
+                let (value, tail) = split_word(tail);
+                on_deadline = Some(
+                    value
+                        .parse::<DeadlinePolicy>()
+                        .map_err(|e| t.bad_value("--on-deadline 的取值", &e.to_string()))?,
+                );
+                rest = tail;
+            }
             "--on-timeout" => {
                 let (value, tail) = split_word(tail);
                 on_timeout = Some(
@@ -231,7 +267,7 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     if goal.is_empty() {
         return Err(t.usage(
             word,
-            "new [--timeout 30m] [--on-timeout resume|fail|never] [--in 30m | --at 2026-12-24T09:00 | --cron \"0 9 * * 1-5\"] [--priority high|low|N] <goal>",
+            "new [--timeout 30m] [--on-timeout resume|fail|never] [--deadline 2h] [--on-deadline fail|cancel] [--in 30m | --at 2026-12-24T09:00 | --cron \"0 9 * * 1-5\"] [--priority high|low|N] <goal>",
         ));
     }
     Ok(Command::New {
@@ -239,6 +275,8 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
         on_timeout,
         when,
         priority,
+        deadline,
+        on_deadline,
         goal: goal.to_owned(),
     })
 }
@@ -421,9 +459,35 @@ mod tests {
                 on_timeout: Some(TimeoutPolicy::Fail),
                 when: None,
                 priority: None,
+                deadline: None,
+                on_deadline: None,
                 goal: "plan a trip".into()
             })
         );
+        assert_eq!(
+            parse(
+                "new --deadline 2h --on-deadline cancel plan a trip",
+                "/task",
+                EN
+            ),
+            Ok(Command::New {
+                timeout: None,
+                on_timeout: None,
+                when: None,
+                priority: None,
+                deadline: Some(HumanDuration::from_secs(7200)),
+                on_deadline: Some(DeadlinePolicy::Cancel),
+                goal: "plan a trip".into()
+            })
+        );
+        for (bad, named) in [
+            ("--deadline 0s", "--deadline"),
+            ("--deadline soon", "soon"),
+            ("--on-deadline maybe", "fail or cancel"),
+        ] {
+            let refused = parse(&format!("new {bad} go"), "/task", EN).unwrap_err();
+            assert!(refused.contains(named), "{bad}: {refused}");
+        }
         assert_eq!(
             parse("new  write a poem --timeout 5m", "/task", EN),
             Ok(Command::New {
@@ -431,6 +495,8 @@ mod tests {
                 on_timeout: None,
                 when: None,
                 priority: None,
+                deadline: None,
+                on_deadline: None,
                 goal: "write a poem --timeout 5m".into()
             })
         );

@@ -347,6 +347,8 @@ async fn run_command(
             on_timeout,
             when,
             priority,
+            deadline,
+            on_deadline,
             goal,
         } => {
             let create = cases::Create {
@@ -358,8 +360,8 @@ async fn run_command(
                 priority: priority.unwrap_or(0),
                 request_key: inbound.key(),
                 questionnaire: None,
-                deadline: None,
-                on_deadline: None,
+                deadline: deadline.map(|d| d.0),
+                on_deadline,
             };
             let created = match when {
                 Some(when) => {
@@ -651,6 +653,12 @@ async fn status_text(shared: &Shared, t: Texts, task: &TaskRow) -> Result<String
             .filter(|_| task.state == TaskState::WaitingInput)
             .map(|deadline| (deadline - time::OffsetDateTime::now_utc()).unsigned_abs());
         out.push_str(&t.status_waiting(&q.handle, &q.text, left));
+    }
+    if !task.state.is_terminal()
+        && let Some(deadline) = task.deadline_at
+    {
+        let left = (deadline - time::OffsetDateTime::now_utc()).unsigned_abs();
+        out.push_str(&t.status_deadline(left, task.on_deadline));
     }
     if let Some(result) = &task.result {
         out.push_str(&t.status_result(result));

@@ -99,6 +99,10 @@ pub fn task(t: &pb::Task) -> Value {
         "questionnaire": !t.questionnaire.is_empty(),
         "pause_requested": t.pause_requested,
         "priority": t.priority,
+        "deadline": millis(t.deadline.as_ref()),
+        "on_deadline": pb::DeadlinePolicy::try_from(t.on_deadline)
+            .map(|p| word(p.as_str_name(), "DEADLINE_POLICY_"))
+            .unwrap_or_default(),
     })
 }
 

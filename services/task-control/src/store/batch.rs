@@ -642,7 +642,7 @@ impl Store {
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
                                    on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id,
-                                   priority, deadline, on_deadline)
+                                   priority, deadline_at, on_deadline)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
                        on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority,
                        now() + deadline_ms * interval '1 millisecond', on_deadline

@@ -352,9 +352,9 @@ impl Store {
     pub async fn end_overdue(&self, limit: i64) -> Result<Vec<TaskId>, Error> {
         let due: Vec<(Uuid, String, OffsetDateTime)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT id, on_deadline, deadline FROM tasks
-             WHERE deadline <= now() AND state IN ({})
-             ORDER BY deadline LIMIT $1",
+                "SELECT id, on_deadline, deadline_at FROM tasks
+             WHERE deadline_at <= now() AND state IN ({})
+             ORDER BY deadline_at LIMIT $1",
                 active_states!()
             )))
             .bind(limit)

@@ -71,15 +71,14 @@ async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_
     );
     assert!(!said.contains(" at line "), "{said}");
 
+    // A database of the test's own gets past Postgres, to the NATS that does not answer.
     let nats = format!("nats://127.0.0.1:{closed}");
+    let database = hark_testkit::Database::new();
     let (ok, _, said) = hark(
         &["migrate"],
         &[
             ("HARK_NATS__URL", &nats),
-            (
-                "HARK_DATABASE__URL",
-                &format!("{}/postgres", hark_e2e::postgres_url()),
-            ),
+            ("HARK_DATABASE__URL", &database.url()),
         ],
     )
     .await;
@@ -112,14 +111,12 @@ async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_
         up,
         "the nats-server without JetStream did not start on {port}"
     );
+    let database = hark_testkit::Database::new();
     let (ok, _, said) = hark(
         &["migrate"],
         &[
             ("HARK_NATS__URL", &url),
-            (
-                "HARK_DATABASE__URL",
-                &format!("{}/postgres", hark_e2e::postgres_url()),
-            ),
+            ("HARK_DATABASE__URL", &database.url()),
         ],
     )
     .await;
@@ -242,6 +239,55 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
     )
     .await;
     assert!(ok && shown.contains("没有问题"), "{shown}{said}");
+    // A task with a deadline of its own shows it, and its policy.
+    let (ok, created, said) = hark(
+        &[
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--json",
+            "--deadline",
+            "2h",
+            "--on-deadline",
+            "cancel",
+            "a timed drink",
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{created}{said}");
+    let created: serde_json::Value = serde_json::from_str(created.trim()).expect("json");
+    assert_eq!(created["on_deadline"], "cancel", "{created}");
+    assert!(
+        created["deadline"].as_str().is_some_and(|d| !d.is_empty()),
+        "{created}"
+    );
+    let id = created["id"].as_str().expect("id");
+    let (ok, shown, said) = hark(&["task", "get", "--api", &api, id], &[]).await;
+    assert!(
+        ok && shown.contains("deadline") && shown.contains("cancelled"),
+        "{shown}{said}"
+    );
+    let (ok, _, said) = hark(
+        &[
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--deadline",
+            "2h",
+            "--on-deadline",
+            "maybe",
+            "x",
+        ],
+        &[],
+    )
+    .await;
+    assert!(
+        !ok && said.contains("maybe") && said.contains("fail or cancel"),
+        "{said}"
+    );
     // The CLI's errors name the CLI's commands, not the chat's.
     let (ok, _, said) = hark(&["task", "get", "--api", &api, "x"], &[]).await;
     assert!(!ok, "{said}");

@@ -375,6 +375,7 @@ impl Store {
             let command = Command::Overdue { policy, why: &why };
             match self.command(task, command, "deadline", &why).await {
                 Ok(_) => {
+                    hark_core::failpoint::hit("overdue.after_commit");
                     tracing::info!(task = %task, policy = %policy, "task ended at its deadline");
                     ended.push(task);
                 }

@@ -53,6 +53,34 @@ async fn completions_are_printed_for_each_shell() {
 }
 
 #[tokio::test]
+async fn a_reader_that_went_away_ends_hark_quietly() {
+    // A pipe whose reading end is closed before hark starts, as `hark … | head -1` leaves it
+    // once head has its line.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let output = tokio::time::timeout(
+        WAIT,
+        Command::new(hark_binary())
+            .args(["completions", "bash"])
+            .env_remove("HARK_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            // Not `output()`, which would give it a pipe of its own.
+            .spawn()
+            .expect("hark runs")
+            .wait_with_output(),
+    )
+    .await
+    .expect("hark finishes")
+    .expect("its status");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(141), "{said}");
+    assert!(said.is_empty(), "{said}");
+}
+
+#[tokio::test]
 async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_said_once() {
     let closed = free_port();
     let database = format!("postgres://postgres@127.0.0.1:{closed}/hark");

@@ -154,7 +154,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // Needs no config: it works before one exists.
     if let Command::Completions { shell } = cli.command {
         use clap::CommandFactory as _;
-        clap_complete::generate(shell, &mut Cli::command(), "hark", &mut std::io::stdout());
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "hark", &mut script);
+        said::out_bytes(&script);
         return Ok(());
     }
     let config = Config::load(cli.config.as_deref())?;

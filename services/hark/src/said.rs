@@ -31,6 +31,41 @@ macro_rules! said {
     };
 }
 
+/// Writes a line to stdout as `println!` does, except that a reader that went away
+/// (`hark task list | head -1`) ends hark as it ends other command-line tools: quietly, with
+/// the status a shell gives a pipe's writer (141), instead of a panic.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let written = writeln!(std::io::stdout().lock(), $($arg)*);
+        if let Err(e) = written {
+            $crate::said::stdout_failed(e);
+        }
+    }};
+}
+
+/// Writes `bytes` to stdout, as [`out!`] writes a line.
+pub fn out_bytes(bytes: &[u8]) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        stdout_failed(e);
+    }
+}
+
+/// Ends hark after stdout failed: quietly when its reader went away.
+pub fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        eprintln!(
+            "{}",
+            said!(zh: "hark：无法写入标准输出：{}", en: "hark: cannot write to stdout: {}", e)
+        );
+        std::process::exit(1);
+    }
+    std::process::exit(141)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -309,9 +309,9 @@ async fn open_question_by_handle(api: &mut Client, handle: &str) -> anyhow::Resu
 /// Prints `task` as JSON with `--json`, else the line `said` makes of it.
 fn report(json_out: bool, task: &pb::Task, said: impl FnOnce(&pb::Task) -> String) {
     if json_out {
-        println!("{}", task_json(task));
+        crate::out!("{}", task_json(task));
     } else {
-        println!("{}", said(task));
+        crate::out!("{}", said(task));
     }
 }
 
@@ -392,11 +392,11 @@ fn clip(text: &str, max: usize) -> String {
 }
 
 fn print_task(t: &pb::Task) {
-    println!(
+    crate::out!(
         "{}",
         crate::said!(zh: "任务     {}", en: "task     {}", t.id)
     );
-    println!(
+    crate::out!(
         "{}",
         crate::said!(
             zh: "状态     {}（第 {} 代，第 {} 次尝试，{} 轮）",
@@ -407,12 +407,12 @@ fn print_task(t: &pb::Task) {
             t.rounds
         )
     );
-    println!(
+    crate::out!(
         "{}",
         crate::said!(zh: "所有者   {}", en: "owner    {}", t.owner)
     );
     if let Some(c) = &t.chat {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(
                 zh: "会话     {} 机器人 {} {}",
@@ -423,17 +423,17 @@ fn print_task(t: &pb::Task) {
             )
         );
     }
-    println!(
+    crate::out!(
         "{}",
         crate::said!(zh: "目标     {}", en: "goal     {}", t.goal)
     );
-    println!(
+    crate::out!(
         "{}",
         crate::said!(zh: "创建于   {}", en: "created  {}", time_of(&t.created_at))
     );
     if t.deadline.is_some() && t.finished_at.is_none() {
         let time = time_of(&t.deadline);
-        println!(
+        crate::out!(
             "{}",
             if deadline_policy(t) == "cancel" {
                 crate::said!(zh: "截止     {}（届时取消）", en: "deadline {} (then cancelled)", time)
@@ -443,19 +443,19 @@ fn print_task(t: &pb::Task) {
         );
     }
     if t.finished_at.is_some() {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "结束于   {}", en: "finished {}", time_of(&t.finished_at))
         );
     }
     if !t.result.is_empty() {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "结果     {}", en: "result   {}", t.result)
         );
     }
     if !t.error.is_empty() {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "错误     {}", en: "error    {}", t.error)
         );
@@ -478,7 +478,7 @@ fn print_question(q: &pb::Question) {
     } else if q.deadline.is_some() && q.outcome == pb::QuestionOutcome::Open as i32 {
         line.push_str(&format!(" (deadline {})", time_of(&q.deadline)));
     }
-    println!("{line}   id {}", q.id);
+    crate::out!("{line}   id {}", q.id);
 }
 
 fn joined(words: &[String]) -> String {
@@ -574,13 +574,13 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             if let Some(schedule) = created.schedule {
                 let next = time_of(&schedule.next_run_at);
                 if json_out {
-                    println!(
+                    crate::out!(
                         "{}",
                         serde_json::json!({"schedule": schedule.id, "cron": schedule.cron,
                             "timezone": schedule.timezone, "next_run_at": next})
                     );
                 } else {
-                    println!(
+                    crate::out!(
                         "scheduled {} ({}{}), next run at {next}: {}",
                         schedule.id,
                         schedule.timezone,
@@ -596,9 +596,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             }
             let task = created.task.context("the server returned no task")?;
             if json_out {
-                println!("{}", task_json(&task));
+                crate::out!("{}", task_json(&task));
             } else {
-                println!(
+                crate::out!(
                     "{}",
                     crate::said!(
                         zh: "已创建 {}（{}）：{}",
@@ -636,17 +636,20 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner();
             if json_out {
                 for t in &page.tasks {
-                    println!("{}", task_json(t));
+                    crate::out!("{}", task_json(t));
                 }
             } else if page.tasks.is_empty() {
-                println!("{}", crate::said!(zh: "没有任务", en: "no tasks"));
+                crate::out!("{}", crate::said!(zh: "没有任务", en: "no tasks"));
             } else {
-                println!(
+                crate::out!(
                     "{:<8}  {:<13}  {:<20}  {:<20}  GOAL",
-                    "ID", "STATE", "OWNER", "CREATED"
+                    "ID",
+                    "STATE",
+                    "OWNER",
+                    "CREATED"
                 );
                 for t in &page.tasks {
-                    println!(
+                    crate::out!(
                         "{:<8}  {:<13}  {:<20}  {:<20}  {}",
                         short(&t.id),
                         state_name(t.state),
@@ -657,7 +660,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 }
             }
             if !page.next_page_token.is_empty() && !json_out {
-                println!(
+                crate::out!(
                     "{}",
                     crate::said!(
                         zh: "更多：--page-token {}",
@@ -677,11 +680,11 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
             if json_out {
                 let mut value = task_json(&task);
                 value["questions"] = got.questions.iter().map(question_json).collect();
-                println!("{value}");
+                crate::out!("{value}");
             } else {
                 print_task(&task);
                 if !got.questions.is_empty() {
-                    println!("{}", crate::said!(zh: "问题", en: "questions"));
+                    crate::out!("{}", crate::said!(zh: "问题", en: "questions"));
                     for q in &got.questions {
                         print!("  ");
                         print_question(q);
@@ -788,9 +791,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 if answered.wait_timed_out {
                     value["wait_timed_out"] = json!(true);
                 }
-                println!("{value}");
+                crate::out!("{value}");
             } else {
-                println!(
+                crate::out!(
                     "{}",
                     crate::said!(
                         zh: "已回答；任务 {} 现在{}",
@@ -802,7 +805,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 match &answered.event {
                     Some(event) => print_event(event),
                     None if answered.wait_timed_out => {
-                        println!(
+                        crate::out!(
                             "{}",
                             crate::said!(
                                 zh: "任务在 {wait_timeout} 秒内既没有再提问，也没有结束",
@@ -835,12 +838,12 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .question
                 .unwrap_or_default();
             if json_out {
-                println!(
+                crate::out!(
                     "{}",
                     json!({"question_id": moved.id, "handle": moved.handle, "asked_of": moved.owner})
                 );
             } else {
-                println!(
+                crate::out!(
                     "{}",
                     crate::said!(zh: "已把 #{} 转交给 {}", en: "passed #{} on to {}", moved.handle, moved.owner)
                 );
@@ -861,12 +864,12 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 _ => "when it resumes",
             };
             if json_out {
-                println!(
+                crate::out!(
                     "{}",
                     json!({"instruction_id": told.instruction_id, "delivery": when})
                 );
             } else {
-                println!(
+                crate::out!(
                     "{}",
                     crate::said!(zh: "已告知；任务将{when}看到", en: "told; the task sees it {when}")
                 );
@@ -894,11 +897,11 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 if json_out {
                     let mut value = event_json(&event);
                     value["resume_token"] = json!(next.resume_token);
-                    println!("{value}");
+                    crate::out!("{value}");
                 } else {
                     print!("{}  ", short(&event.task_id));
                     print_event(&event);
-                    println!(
+                    crate::out!(
                         "{}",
                         crate::said!(zh: "  续看：{}", en: "  resume: {}", next.resume_token)
                     );
@@ -913,7 +916,7 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner();
             while let Some(event) = events.message().await.map_err(explain)? {
                 if json_out {
-                    println!("{}", event_json(&event));
+                    crate::out!("{}", event_json(&event));
                 } else {
                     print_event(&event);
                 }
@@ -940,10 +943,10 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                 .into_inner();
             if json_out {
                 for q in &listed.questions {
-                    println!("{}", question_json(q));
+                    crate::out!("{}", question_json(q));
                 }
             } else if listed.questions.is_empty() {
-                println!("{}", crate::said!(zh: "没有问题", en: "no questions"));
+                crate::out!("{}", crate::said!(zh: "没有问题", en: "no questions"));
             } else {
                 for q in &listed.questions {
                     print_question(q);
@@ -982,7 +985,7 @@ async fn follow(api: &mut Client, id: &str, json_out: bool) -> anyhow::Result<()
             event = events.message() => {
                 let Some(event) = event.map_err(explain)? else { break };
                 if json_out {
-                    println!("{}", event_json(&event));
+                    crate::out!("{}", event_json(&event));
                 } else {
                     print_event(&event);
                 }
@@ -990,11 +993,11 @@ async fn follow(api: &mut Client, id: &str, json_out: bool) -> anyhow::Result<()
                 if let (Some(q), false) = (&open, json_out) {
                     if !q.choices.is_empty() {
                         for (n, choice) in q.choices.iter().enumerate() {
-                            println!("    {}. {choice}", n + 1);
+                            crate::out!("    {}. {choice}", n + 1);
                         }
                     }
                     if stdin_open {
-                        println!(
+                        crate::out!(
                             "{}",
                             crate::said!(
                                 zh: "  你的回答（一行；按 Ctrl-D 改在别处回答）：",
@@ -1059,7 +1062,7 @@ fn event_json(event: &pb::TaskEvent) -> serde_json::Value {
 }
 
 fn print_event(event: &pb::TaskEvent) {
-    println!(
+    crate::out!(
         "{}  {:<13}  generation {:<3}  ({})",
         time_of(&event.at),
         state_name(event.state),
@@ -1067,19 +1070,19 @@ fn print_event(event: &pb::TaskEvent) {
         event.cause
     );
     if let Some(q) = &event.question {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "  提问 #{}：{}", en: "  asks #{}: {}", q.handle, q.text)
         );
     }
     if !event.result.is_empty() {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "  结果：{}", en: "  result: {}", event.result)
         );
     }
     if !event.error.is_empty() {
-        println!(
+        crate::out!(
             "{}",
             crate::said!(zh: "  错误：{}", en: "  error: {}", event.error)
         );

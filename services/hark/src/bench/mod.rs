@@ -205,7 +205,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             .spans
             .load(std::sync::atomic::Ordering::Relaxed);
         let scrapes = observing.scrapes.load(std::sync::atomic::Ordering::Relaxed);
-        println!(
+        crate::out!(
             "{}",
             serde_json::json!({"workload": "observe", "spans_exported": spans, "scrapes": scrapes})
         );
@@ -216,7 +216,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         )];
         // Where the time goes: every span seen often enough, the slowest first.
         for times in observing.sink.times(50) {
-            println!(
+            crate::out!(
                 "{}",
                 serde_json::json!({"workload": "observe", "span": times.name,
                     "count": times.count, "p50_us": times.p50_us, "p90_us": times.p90_us})
@@ -236,10 +236,10 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             rows,
         });
     }
-    println!("\n| workload | measure | value |\n|---|---|---|");
+    crate::out!("\n| workload | measure | value |\n|---|---|---|");
     for report in &reports {
         for (workload, measure, value) in &report.rows {
-            println!("| {workload} | {measure} | {value} |");
+            crate::out!("| {workload} | {measure} | {value} |");
         }
     }
     Ok(())
@@ -257,7 +257,7 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
                 } else {
                     client::w2(bench, kind, args.tasks, args.in_flight, limits.as_ref()).await?
                 };
-                println!("{}", report.json);
+                crate::out!("{}", report.json);
                 reports.push(report);
             }
             continue;
@@ -277,7 +277,7 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
                 "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
             ),
         };
-        println!("{}", report.json);
+        crate::out!("{}", report.json);
         reports.push(report);
     }
     Ok(reports)

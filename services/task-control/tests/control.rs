@@ -1163,3 +1163,68 @@ async fn a_task_past_its_deadline_fails_and_its_open_question_expires_with_it() 
     tc.out_containing("deadline").await;
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn an_answer_decided_before_its_question_was_passed_on_loses_to_the_delegation() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "plan the outing").await;
+    let (_, handle) = tc.claim_and_ask("Which day?", 0).await;
+    tc.out_containing("Which day?").await;
+    // qq:100's reply is read as an answer to their open question…
+    let targets = tc
+        .store
+        .open_questions_for_sender("qq", GROUP, "100", Some("late-monday"))
+        .await
+        .expect("targets");
+    let [target] = <[_; 1]>::try_from(targets).expect("one open question");
+    let before = tc.store.get_task(task_id(&id)).await.expect("task");
+    // …and the question is passed on to qq:200 before that answer commits.
+    let (from, to) = (
+        "qq:100".parse().expect("owner"),
+        "qq:200".parse().expect("owner"),
+    );
+    tc.store
+        .delegate(
+            &hark_control::store::Delegation {
+                question: target.question.id,
+                from: &from,
+                to: &to,
+                stream: None,
+                actor: "qq:100",
+                inbound_key: None,
+            },
+            |_, _| Vec::new(),
+        )
+        .await
+        .expect("passed on");
+    let after = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(after.state, TaskState::WaitingInput);
+    assert_eq!(after.generation, before.generation + 1);
+
+    let lost = tc
+        .store
+        .answer_target(
+            target,
+            &hark_control::store::Answer {
+                answerer: "qq:100".into(),
+                text: "Monday".into(),
+                json: None,
+                inbound_key: Some("late-monday".into()),
+            },
+        )
+        .await;
+    match lost {
+        Err(hark_control::store::Error::Moved { handle: h, askee }) => {
+            assert_eq!((h.as_str(), askee.as_str()), (handle.as_str(), "qq:200"));
+        }
+        other => panic!("the answer was not refused as passed on: {other:?}"),
+    }
+    let question = &tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions")[0];
+    assert_eq!(question.outcome, QuestionOutcome::Open);
+    assert_eq!(question.owner.as_str(), "qq:200");
+    tc.stop().await;
+}

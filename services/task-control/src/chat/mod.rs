@@ -320,6 +320,11 @@ async fn apply(
             say(shared, inbound, &closed_text(t, &now)).await;
             Ok(())
         }
+        // Passed on to someone else just before this answer would have counted.
+        Err(store::Error::Moved { handle, askee }) => {
+            say(shared, inbound, &t.passed_meanwhile(&handle, &askee)).await;
+            Ok(())
+        }
         Err(e) if e.is_retryable() => Err(e),
         Err(e) => {
             tracing::warn!(error = %e, "cannot apply an answer");

@@ -1,7 +1,7 @@
 //! Answers: finding the question an answer is for, and applying it in one compare-and-set.
 
 use hark_core::domain::{
-    Event, QuestionId, TaskId, TaskState, TimeoutPolicy,
+    Event, Owner, QuestionId, TaskId, TaskState, TimeoutPolicy,
     decide::{self, Command},
     form::FormQuestion,
 };
@@ -408,7 +408,9 @@ impl Store {
             })
             .await?;
         let Some(task) = won else {
-            return self.answer_lost(question, answer).await;
+            return self
+                .answer_lost(question, &question_row.owner, answer)
+                .await;
         };
         // The statement changed exactly these fields of the question read above.
         question_row.answered_with(answer, task.updated_at);
@@ -561,9 +563,11 @@ impl Store {
 
     /// What an answer whose compare-and-set lost is told: another writer won — the same
     /// message applied concurrently, or a cancel or an expiry. Says which.
+    /// `asked_of` is whom the question was asked of when the answer was decided.
     pub(super) async fn answer_lost(
         &self,
         question: QuestionId,
+        asked_of: &Owner,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
         let now = self.get_question(question).await?;
@@ -572,6 +576,13 @@ impl Store {
         {
             return Ok(AnswerOutcome::Duplicate {
                 question: Box::new(now),
+            });
+        }
+        // Passed on to someone else meanwhile: it waits for their answer.
+        if now.outcome.is_open() && now.owner != *asked_of {
+            return Err(Error::Moved {
+                handle: now.handle,
+                askee: now.owner.to_string(),
             });
         }
         Err(Error::QuestionClosed {

@@ -63,12 +63,13 @@ impl Store {
                 return Ok(Delegated::Duplicate);
             }
         }
-        // Its task, held still while the question moves: a move of the task (an answer, a
-        // cancel) waits for this commit, and then finds the question as it is after it.
+        // Its task takes a new generation with the move, though its state stays: a move of the
+        // task (an answer, a cancel) waits for this commit, and an answer decided from what was
+        // read before it (whom the question was asked of then) loses its compare-and-set.
         let task = sqlx::query_as::<_, TaskRow>(concat!(
-            "SELECT ",
-            task_columns!(),
-            " FROM tasks WHERE id = (SELECT task_id FROM questions WHERE id = $1) FOR SHARE"
+            "UPDATE tasks SET generation = generation + 1, updated_at = now()
+             WHERE id = (SELECT task_id FROM questions WHERE id = $1) RETURNING ",
+            task_columns!()
         ))
         .bind(d.question.as_uuid())
         .fetch_optional(&mut *tx)

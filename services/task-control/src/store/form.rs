@@ -365,7 +365,7 @@ impl Store {
             }
         };
         let Some((row, next)) = row else {
-            return self.answer_lost(question.id, answer).await;
+            return self.answer_lost(question.id, &question.owner, answer).await;
         };
         self.published(vec![self.effects.event(
             &row,

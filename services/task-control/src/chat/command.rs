@@ -155,6 +155,19 @@ pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
     }
 }
 
+/// A wait given to a flag (`--timeout`, `--deadline`): a duration no longer than a question may
+/// wait; `label` names the flag's value in the error.
+fn wait_of(label: &str, value: &str, t: Texts) -> Result<HumanDuration, String> {
+    let parsed: HumanDuration =
+        value
+            .parse()
+            .map_err(|e: hark_core::domain::duration::DurationError| {
+                t.bad_value(label, &e.to_string())
+            })?;
+    duration::at_most(parsed.0, duration::MAX_QUESTION_WAIT).map_err(|e| t.bad_value(label, &e))?;
+    Ok(parsed)
+}
+
 fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
     let mut timeout = None;
     let mut on_timeout = None;
@@ -209,36 +222,22 @@ fn parse_new(mut rest: &str, word: &str, t: Texts) -> Result<Command, String> {
             }
             "--timeout" => {
                 let (value, tail) = split_word(tail);
-                let parsed: HumanDuration =
-                    value
-                        .parse()
-                        .map_err(|e: hark_core::domain::duration::DurationError| {
-                            t.bad_value("--timeout 的时长", &e.to_string())
-                        })?;
+                let parsed = wait_of("--timeout 的时长", value, t)?;
                 if parsed.is_zero() {
                     return Err(t.zero_timeout());
                 }
-                duration::at_most(parsed.0, duration::MAX_QUESTION_WAIT)
-                    .map_err(|e| t.bad_value("--timeout 的时长", &e))?;
                 timeout = Some(parsed);
                 rest = tail;
             }
             "--deadline" => {
                 let (value, tail) = split_word(tail);
-                let parsed: HumanDuration =
-                    value
-                        .parse()
-                        .map_err(|e: hark_core::domain::duration::DurationError| {
-                            t.bad_value("--deadline 的时长", &e.to_string())
-                        })?;
+                let parsed = wait_of("--deadline 的时长", value, t)?;
                 if parsed.is_zero() {
                     return Err(t.bad_value(
                         "--deadline 的时长",
                         "must be more than 0; leave --deadline out for none",
                     ));
                 }
-                duration::at_most(parsed.0, duration::MAX_QUESTION_WAIT)
-                    .map_err(|e| t.bad_value("--deadline 的时长", &e))?;
                 deadline = Some(parsed);
                 rest = tail;
             }

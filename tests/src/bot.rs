@@ -193,6 +193,21 @@ impl Bot {
         id
     }
 
+    /// `user` writes `text` to the bot in their private chat.
+    pub async fn private_message(&mut self, user: i64, text: &str) -> i64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        let event = json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
+            "message_type": "private", "sub_type": "friend", "message_id": id, "user_id": user,
+            "message": [{"type": "text", "data": {"text": text}}], "raw_message": text, "font": 0,
+            "sender": {"user_id": user, "nickname": format!("member {user}")}});
+        self.to_gateway
+            .send(event.to_string())
+            .await
+            .expect("the bot's connection is open");
+        id
+    }
+
     /// Sends `frame` to the gateway as it is, whatever it holds.
     pub async fn raw(&self, frame: String) {
         self.to_gateway

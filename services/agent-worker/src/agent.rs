@@ -137,6 +137,32 @@ pub(crate) struct PendingAsk {
     pub(crate) shape: Shape,
     /// The subtask whose end answers it, instead of a person; empty for a person.
     pub(crate) waits_for: String,
+    /// Who else is asked, in order, while nobody answers, and after how long (0: the default).
+    pub(crate) escalate_to: Vec<String>,
+    pub(crate) escalate_after_s: u32,
+    /// The people asked at once instead of the owner, and how many of them must answer.
+    pub(crate) ask_to: Vec<String>,
+    pub(crate) need: String,
+}
+
+/// The `escalate_to` of a call's arguments: one person or a list of them.
+fn escalate_to_of(arguments: &serde_json::Map<String, Value>) -> Vec<String> {
+    people_of(arguments, "escalate_to")
+}
+
+/// The people under `key` of a call's arguments: one or a list.
+fn people_of(arguments: &serde_json::Map<String, Value>, key: &str) -> Vec<String> {
+    match arguments.get(key) {
+        Some(Value::String(one)) if !one.trim().is_empty() => vec![one.trim().to_owned()],
+        Some(Value::Array(many)) => many
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The `timeout_s` of a call's arguments, in seconds; 0 when not given.
@@ -371,6 +397,20 @@ impl Runner {
                                 question: text("question"),
                                 context: text("context"),
                                 timeout_s: timeout_of(&checked.arguments),
+                                escalate_to: escalate_to_of(&checked.arguments),
+                                escalate_after_s: checked
+                                    .arguments
+                                    .get("escalate_after_s")
+                                    .and_then(Value::as_u64)
+                                    .and_then(|s| u32::try_from(s).ok())
+                                    .unwrap_or(0),
+                                ask_to: people_of(&checked.arguments, "ask_to"),
+                                // A number given as a number is taken as well.
+                                need: match checked.arguments.get("need") {
+                                    Some(Value::String(need)) => need.clone(),
+                                    Some(Value::Number(n)) => n.to_string(),
+                                    _ => String::new(),
+                                },
                             });
                             continue;
                         }
@@ -394,6 +434,10 @@ impl Runner {
                                             timeout_s: timeout_of(&checked.arguments),
                                             shape: Shape::Text,
                                             waits_for: subtask,
+                                            escalate_to: Vec::new(),
+                                            escalate_after_s: 0,
+                                            ask_to: Vec::new(),
+                                            need: String::new(),
                                         });
                                         continue;
                                     }
@@ -680,6 +724,10 @@ impl Run<'_> {
             multiple,
             fields,
             waits_for_task: ask.waits_for,
+            escalate_to: ask.escalate_to,
+            escalate_after_s: ask.escalate_after_s,
+            ask_to: ask.ask_to,
+            need: ask.need,
             ..Default::default()
         };
         match self.runner.control.ask(request, self.gone).await {
@@ -930,5 +978,24 @@ impl Run<'_> {
             Ok(()) => Outcome::Failed,
             Err(e) => Outcome::Stopped(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escalate_to_takes_one_person_or_a_list() {
+        let args = |v: Value| v.as_object().cloned().expect("object");
+        assert_eq!(
+            escalate_to_of(&args(json!({"escalate_to": " qq:200 "}))),
+            ["qq:200"]
+        );
+        assert_eq!(
+            escalate_to_of(&args(json!({"escalate_to": ["200", "", 7, "qq:300"]}))),
+            ["200", "qq:300"]
+        );
+        assert!(escalate_to_of(&args(json!({"question": "q"}))).is_empty());
     }
 }

@@ -36,6 +36,10 @@ pub(crate) fn elicitation(tool: &str, call_id: &str, message: &str, shape: Shape
         question: format!("`{tool}`: {}", limits::cut(message, limits::MAX_QUESTION)),
         context: String::new(),
         timeout_s: 0,
+        escalate_to: Vec::new(),
+        escalate_after_s: 0,
+        ask_to: Vec::new(),
+        need: String::new(),
         shape,
         waits_for: String::new(),
     }
@@ -141,6 +145,10 @@ pub(crate) fn ask(language: Language, checked: &Checked<'_>, call_id: &str) -> P
         question,
         context: String::new(),
         timeout_s: 0,
+        escalate_to: Vec::new(),
+        escalate_after_s: 0,
+        ask_to: checked.tool.approvers.clone(),
+        need: checked.tool.approvals_needed.clone(),
         shape: Shape::Approval {
             choices: choices.iter().map(|c| (*c).to_owned()).collect(),
             arguments: checked.arguments.keys().cloned().collect(),

@@ -358,6 +358,8 @@ impl Hub {
                         tool: tool.name.clone(),
                     },
                     approval: server.config.approval.needed(&tool.name, tool.destructive),
+                    approvers: server.config.approvers.clone(),
+                    approvals_needed: server.config.approvals_needed.clone(),
                 });
             }
         }

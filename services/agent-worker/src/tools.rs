@@ -68,6 +68,10 @@ pub struct Tool {
     pub kind: Kind,
     /// Whether a call waits for the owner's approval before it runs.
     pub approval: bool,
+    /// Whose approval it waits for instead of the owner's, and how many of them must approve
+    /// (`tools.mcp[].approvers`, `approvals_needed`).
+    pub approvers: Vec<String>,
+    pub approvals_needed: String,
 }
 
 impl Tool {
@@ -87,6 +91,8 @@ impl Tool {
             visibility,
             kind,
             approval: false,
+            approvers: Vec::new(),
+            approvals_needed: String::new(),
         }
     }
 
@@ -158,6 +164,18 @@ impl Registry {
                         "choices": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
                             "description": "For a choice: the answers to choose from."},
                         "multiple": {"type": "boolean", "description": "For a choice: several may be picked."},
+                        "escalate_to": {"type": "array", "items": {"type": "string"}, "maxItems": 10,
+                            "description": "Optional: who else to ask, in order, while nobody answers (\"qq:10002\", or a user id on \
+                            this chat's platform). Each is asked in their own private chat; the first valid answer is the result."},
+                        "ask_to": {"type": "array", "items": {"type": "string"}, "maxItems": 20,
+                            "description": "Optional: ask these people at once instead of the task's owner (\"qq:10002\", \
+                            or a user id on this chat's platform). In a group each is asked there; otherwise in their own chat. \
+                            The result is {\"answers\": [{\"by\": …, \"answer\": …}]}."},
+                        "need": {"type": "string", "description": "Optional, with ask_to: how many must answer before you go on: \
+                            \"any\" (the default), \"all\", or a number such as \"2\"."},
+                        "escalate_after_s": {"type": "integer", "minimum": 60,
+                            "description": "Optional, with escalate_to: seconds without an answer before the next person is asked \
+                            (default: at the first reminder before the deadline)."},
                         "fields": {"type": "array", "maxItems": 20, "description": "For a form: its fields.",
                             "items": {"type": "object", "properties": {
                                 "key": {"type": "string"},
@@ -420,6 +438,8 @@ mod tests {
                 tool: name.into(),
             },
             approval: false,
+            approvers: Vec::new(),
+            approvals_needed: String::new(),
         }
     }
 

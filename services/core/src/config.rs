@@ -495,6 +495,12 @@ pub struct McpServerConfig {
     /// Which calls wait for the owner's consent: a list of tool names, `"all"`, `"none"`, or
     /// (the default) the tools the server annotates `destructiveHint`.
     pub approval: Approval,
+    /// Whose consent those calls wait for instead of the task's owner ("platform:user_id"),
+    /// each asked in the task's group or in their own chat; empty: the owner's.
+    pub approvers: Vec<String>,
+    /// How many of `approvers` must approve: "all" (the default), "any" or a number. One
+    /// denial ends it.
+    pub approvals_needed: String,
     /// How long one call may take before the model is told it timed out.
     pub timeout: HumanDuration,
 }
@@ -513,6 +519,8 @@ impl Default for McpServerConfig {
             allow: Vec::new(),
             deny: Vec::new(),
             approval: Approval::default(),
+            approvers: Vec::new(),
+            approvals_needed: "all".into(),
             timeout: HumanDuration(std::time::Duration::from_secs(60)),
         }
     }
@@ -1015,6 +1023,19 @@ impl Config {
             }
             if names.contains(&name) {
                 return bad(key("name"), format!("`{name}` names an earlier server too"));
+            }
+            for approver in &server.approvers {
+                if let Err(e) = approver.parse::<crate::domain::Owner>() {
+                    return bad(
+                        key("approvers"),
+                        format!(
+                            "`{approver}` is not a person (platform:user_id, e.g. qq:10001): {e}"
+                        ),
+                    );
+                }
+            }
+            if let Err(e) = server.approvals_needed.parse::<crate::domain::Need>() {
+                return bad(key("approvals_needed"), e);
             }
             names.push(name);
             match (

@@ -189,6 +189,8 @@ impl Api {
                 tracing::info!(task = %task.id, question = %question.id, "answer applied");
                 (*task, *question, asked)
             }
+            // Kept: the ask waits for more of the people it was put to.
+            Ok(AnswerOutcome::Counted { task, question, .. }) => (*task, *question, None),
             // The same request id applied before: what it did then, if it asked the same.
             Ok(AnswerOutcome::Duplicate { question }) => {
                 let same_target = match target {

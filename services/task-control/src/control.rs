@@ -25,7 +25,7 @@ use crate::{
     },
     convert,
     shared::Shared,
-    store::{AskInput, Lease},
+    store::{AskInput, Escalation, Lease},
 };
 
 /// Serves control requests until `shutdown`; in-flight requests are finished first.
@@ -308,6 +308,17 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
                     .min(hark_core::domain::duration::MAX_QUESTION_WAIT)
             }),
             shape,
+            escalation: Escalation {
+                to: request.escalate_to,
+                after: (request.escalate_after_s > 0)
+                    .then(|| Duration::from_secs(request.escalate_after_s.into())),
+                // Without reminders, at what a reminder's default would be.
+                remind_before: Some(shared.config.task.remind_before.0)
+                    .filter(|d| !d.is_zero())
+                    .unwrap_or(Duration::from_secs(600)),
+            },
+            ask_to: request.ask_to,
+            need: request.need.parse().map_err(invalid)?,
         };
         shared
             .store

@@ -133,6 +133,11 @@ pub fn question(q: &QuestionRow) -> pb::Question {
         answerer: q.answerer.clone().unwrap_or_default(),
         answer: q.answer.clone().unwrap_or_default(),
         chat_message_id: q.chat_message_id.clone().unwrap_or_default(),
+        escalate_to: q.escalate_to.clone(),
+        escalate_at: q.escalate_at.map(timestamp),
+        ask_group: q.ask_group.map(|g| g.to_string()).unwrap_or_default(),
+        need: u32::try_from(q.need).unwrap_or(1),
+        askees: u32::try_from(q.askees).unwrap_or(1),
         ..shaped(&q.shape())
     }
 }

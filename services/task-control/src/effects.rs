@@ -182,6 +182,62 @@ impl Effects {
         )
     }
 
+    /// The chat message that asks `question` of the next person of its escalation, in their own
+    /// chat: `first` has not answered it for `waited`.
+    pub fn escalated(
+        &self,
+        question: &QuestionRow,
+        task: TaskId,
+        first: &str,
+        waited: std::time::Duration,
+    ) -> Vec<OutboxMessage> {
+        let Some(route) = ChatRoute::of(
+            &question.platform,
+            &question.bot_id,
+            &question.stream,
+            &None,
+        ) else {
+            return Vec::new();
+        };
+        let asked = self.asking(
+            &route.platform,
+            task,
+            &question.handle,
+            &question.text,
+            &question.context,
+            &question.shape(),
+        );
+        let texts = self.languages.of(&route.platform);
+        self.chat(
+            &route,
+            &texts.escalated_to_you(&asked, first, waited),
+            Some(question.id),
+            None,
+        )
+    }
+
+    /// Tells whoever else was asked the same as `question` that `by` answered it: `others` are
+    /// their questions, closed by the answer.
+    pub fn answered_elsewhere(
+        &self,
+        others: &[crate::rows::Sibling],
+        by: &str,
+    ) -> Vec<OutboxMessage> {
+        let mut out = Vec::new();
+        for other in others {
+            let Some(route) = ChatRoute::of(&other.platform, &other.bot_id, &other.stream, &None)
+            else {
+                continue;
+            };
+            let text = self
+                .languages
+                .of(&route.platform)
+                .answered_by_another(&other.handle, by);
+            out.extend(self.chat(&route, &text, None, other.chat_message_id.as_deref()));
+        }
+        out
+    }
+
     fn chat_mentioning(
         &self,
         route: &ChatRoute,
@@ -250,6 +306,30 @@ impl Effects {
             &text,
             Some(question),
             route.origin_message_id.as_deref(),
+        )
+    }
+
+    /// [`Effects::question`] put to someone else than the task's owner: in a group it mentions
+    /// `mentions`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn question_mentioning(
+        &self,
+        route: &ChatRoute,
+        task: TaskId,
+        question: QuestionId,
+        handle: &str,
+        text: &str,
+        context: &str,
+        shape: &Shape,
+        mentions: &[String],
+    ) -> Vec<OutboxMessage> {
+        let text = self.asking(&route.platform, task, handle, text, context, shape);
+        self.chat_mentioning(
+            route,
+            &text,
+            Some(question),
+            route.origin_message_id.as_deref(),
+            mentions,
         )
     }
 

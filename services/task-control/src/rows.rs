@@ -158,6 +158,36 @@ pub struct QuestionRow {
     /// The subtask it waits for, when it is asked of a task rather than of a person: that
     /// task's end answers it, and nobody else may.
     pub waits_for: Option<Uuid>,
+    /// Whom it is asked of next, in order, should it stay unanswered until `escalate_at`.
+    pub escalate_to: Vec<String>,
+    pub escalate_at: Option<OffsetDateTime>,
+    /// The first question of the ask it belongs to, when that ask was put to several people.
+    pub ask_group: Option<Uuid>,
+    /// How many answers of the ask's people resume its task, and how many it was put to at
+    /// once.
+    pub need: i16,
+    pub askees: i16,
+}
+
+/// Another open question of the same ask, put to someone else: told when an answer closes it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Sibling {
+    pub id: String,
+    pub owner: String,
+    pub platform: Option<String>,
+    pub bot_id: Option<String>,
+    pub stream: Option<String>,
+    pub handle: String,
+    pub chat_message_id: Option<String>,
+    #[serde(deserialize_with = "outcome_of")]
+    pub outcome: QuestionOutcome,
+    pub answerer: Option<String>,
+    pub answer: Option<String>,
+}
+
+fn outcome_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<QuestionOutcome, D::Error> {
+    let name = <String as serde::Deserialize>::deserialize(d)?;
+    name.parse().map_err(serde::de::Error::custom)
 }
 
 /// A question's shape as the `choices` column keeps it: NULL for free text, the list of choices
@@ -228,6 +258,11 @@ impl QuestionRow {
             chat_message_id: None,
             choices: StoredShape::of(q.shape),
             waits_for: waits_for.map(|t| t.as_uuid()),
+            escalate_to: Vec::new(),
+            escalate_at: None,
+            ask_group: None,
+            need: 1,
+            askees: 1,
         }
     }
 

@@ -344,6 +344,29 @@ impl Texts {
             en: format!("{asked}\n(passed on to you by {by}: reply here to answer)"))
     }
 
+    /// The question `asked` put to someone else as well, because `first` has not answered it
+    /// for `waited`.
+    pub fn escalated_to_you(&self, asked: &str, first: &str, waited: Duration) -> String {
+        let waited = self.duration(waited);
+        pick!(self,
+            zh: format!("{asked}\n（{first} {waited} 内没有回答，所以也来问你：直接回复就是回答，先回答的算数）"),
+            en: format!("{asked}\n({first} has not answered in {waited}, so you are asked too: reply here to answer; the first answer counts)"))
+    }
+
+    /// Told to someone whose answer to `handle` was kept while more are needed.
+    pub fn answer_counted(&self, handle: &str, have: usize, need: usize) -> String {
+        pick!(self,
+            zh: format!("收到你对 #{handle} 的回答（已有 {have}/{need} 个回答），等其他人回答后任务继续。"),
+            en: format!("Got your answer to #{handle} ({have} of {need} answers are in): the task goes on once the others answer."))
+    }
+
+    /// Told to whoever else was asked `handle` once `by` answered it.
+    pub fn answered_by_another(&self, handle: &str, by: &str) -> String {
+        pick!(self,
+            zh: format!("#{handle} 已由 {by} 回答，不用再回答了。"),
+            en: format!("#{handle} was answered by {by}; no answer from you is needed."))
+    }
+
     pub fn passed_on(&self, handle: &str, to: &str) -> String {
         pick!(self,
             zh: format!("已把 #{handle} 转交给 {to}，现在由对方回答。"),

@@ -1,4 +1,5 @@
-//! The clock loop: every tick it expires questions, sends reminders, recovers lost leases,
+//! The clock loop: every tick it expires questions, sends reminders, escalates unanswered
+//! questions, recovers lost leases,
 //! enforces the running-time bound, ends tasks past their own deadline and starts the runs of
 //! schedules that are due. Any number of replicas may run it at once; the store takes
 //! rows with `FOR UPDATE SKIP LOCKED`.
@@ -16,10 +17,12 @@ const BATCH: i64 = 200;
 pub async fn run(shared: Shared, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let due = shared.store.timers_due();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+            _ = due.notified() => {}
         }
         if let Err(e) = sweep(&shared).await {
             tracing::warn!(error = %e, "timer sweep failed; retrying at the next tick");
@@ -33,6 +36,7 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let store = &shared.store;
     let expired = store.expire_due(BATCH).await?;
     let reminded = store.remind_due(task.remind_before.0, BATCH).await?;
+    let escalated = store.escalate_due(BATCH).await?;
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
     let recovered = store.recover_leases(max_attempts, BATCH).await?;
     let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
@@ -42,10 +46,13 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
         .await?
         .len();
     let settled = store.settle_subtasks(BATCH).await?;
-    if expired + reminded + recovered + overtime.len() + overdue + scheduled + settled > 0 {
+    if expired + reminded + escalated + recovered + overtime.len() + overdue + scheduled + settled
+        > 0
+    {
         tracing::info!(
             expired,
             reminded,
+            escalated,
             recovered,
             overtime = overtime.len(),
             overdue,

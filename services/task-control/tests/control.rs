@@ -1228,3 +1228,266 @@ async fn an_answer_decided_before_its_question_was_passed_on_loses_to_the_delega
     assert_eq!(question.owner.as_str(), "qq:200");
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn an_unanswered_question_is_escalated_and_the_first_answer_of_anyone_asked_wins() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "order lunch").await;
+    let lease = tc.claim_next(&id).await;
+    // Nobody of another platform, and nobody at all without a name, can be asked.
+    let refused = ask_with(&tc, lease.clone(), 1, "Pizza or sushi?", |r| {
+        r.escalate_to = vec!["web:200".into()];
+    })
+    .await;
+    let why = refused.refusal.expect("refused").message;
+    assert!(why.contains("escalate_to: web:200 is not on qq"), "{why}");
+    let asked = ask_with(&tc, lease, 1, "Pizza or sushi?", |r| {
+        r.escalate_to = vec!["200".into(), "qq:300".into()];
+        r.escalate_after_s = 1;
+    })
+    .await;
+    assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
+    let handle = asked.handle;
+    let first = tc.out_containing("Pizza or sushi?").await;
+    assert_eq!(first.route.as_ref().expect("route").stream, GROUP);
+
+    // A second without an answer: qq:200 is asked too, in their own chat.
+    let escalated = tc.out_containing("you are asked too").await;
+    assert_eq!(
+        escalated.route.as_ref().expect("route").stream,
+        "private:200"
+    );
+    assert!(
+        escalated.text.contains("Pizza or sushi?"),
+        "{}",
+        escalated.text
+    );
+    assert!(
+        escalated.text.contains("qq:100 has not answered"),
+        "{}",
+        escalated.text
+    );
+    assert!(!escalated.question_id.is_empty());
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    let open: Vec<_> = questions.iter().filter(|q| q.outcome.is_open()).collect();
+    assert_eq!(open.len(), 2, "{questions:?}");
+    let first_row = questions
+        .iter()
+        .find(|q| q.owner.as_str() == "qq:100")
+        .expect("the first question");
+    assert_eq!(first_row.escalate_to, vec!["qq:300".to_owned()]);
+    assert_eq!(first_row.ask_group, Some(first_row.id.as_uuid()));
+
+    // qq:200 answers in private: the task resumes with it, and qq:100 is told.
+    tc.say("private:200", "200", "sushi").await;
+    let told = tc.out_containing("was answered by qq:200").await;
+    assert_eq!(told.route.as_ref().expect("route").stream, GROUP);
+    assert!(told.text.contains(&format!("#{handle}")), "{}", told.text);
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    let resume = claimed.resume.expect("resumed");
+    assert_eq!(
+        (resume.text.as_str(), resume.tool_call_id.as_str()),
+        ("sushi", "call-1")
+    );
+
+    // The ledger: qq:200 answered, qq:100's question was superseded, qq:300 was never asked.
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    assert_eq!(questions.len(), 2, "{questions:?}");
+    let answered: Vec<_> = questions
+        .iter()
+        .filter(|q| q.outcome == QuestionOutcome::Answered)
+        .collect();
+    assert_eq!(answered.len(), 1, "{questions:?}");
+    assert_eq!(answered[0].answerer.as_deref(), Some("qq:200"));
+    assert_eq!(answered[0].owner.as_str(), "qq:200");
+    assert!(
+        questions
+            .iter()
+            .any(|q| q.owner.as_str() == "qq:100" && q.outcome == QuestionOutcome::Superseded),
+        "{questions:?}"
+    );
+    let escalations: Vec<_> = tc
+        .store
+        .transitions_of(task_id(&id))
+        .await
+        .expect("audit")
+        .into_iter()
+        .filter(|t| t.event == "escalate")
+        .collect();
+    assert_eq!(escalations.len(), 1, "{escalations:?}");
+    assert_eq!(escalations[0].detail, format!("#{handle} to qq:200"));
+
+    // qq:100's late answer changes nothing.
+    tc.say(GROUP, "100", "pizza").await;
+    let late = tc.settle(GROUP, "100").await;
+    assert!(
+        late.iter().all(|m| !(m.text.contains("continues")
+            && m.route.as_ref().is_some_and(|r| r.stream == GROUP))),
+        "{late:?}"
+    );
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::Running);
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn a_question_put_to_three_people_resumes_on_two_answers_each_with_its_author() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "pick a date").await;
+    let lease = tc.claim_next(&id).await;
+    let refused = ask_with(&tc, lease.clone(), 1, "Which day suits you?", |r| {
+        r.ask_to = vec!["200".into()];
+        r.need = "most".into();
+    })
+    .await;
+    let why = refused.refusal.expect("refused").message;
+    assert!(why.contains("need: `most`"), "{why}");
+    let asked = ask_with(&tc, lease, 1, "Which day suits you?", |r| {
+        r.ask_to = vec!["200".into(), "qq:300".into(), "400".into()];
+        r.need = "2".into();
+    })
+    .await;
+    assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
+    let handle = asked.handle;
+    // Each is asked in the group, with a mention of their own.
+    let mut mentioned = Vec::new();
+    for _ in 0..3 {
+        let shown = tc.out_containing("Which day suits you?").await;
+        assert_eq!(shown.route.as_ref().expect("route").stream, GROUP);
+        assert!(shown.text.contains(&format!("#{handle}")), "{}", shown.text);
+        mentioned.extend(shown.mentions);
+    }
+    mentioned.sort();
+    assert_eq!(mentioned, ["200", "300", "400"]);
+
+    // The owner was not asked: their message answers nothing.
+    tc.say(GROUP, "100", "Sunday").await;
+    // One answer is kept, and the task waits for another.
+    tc.say(GROUP, "200", "Friday").await;
+    tc.out_containing("1 of 2 answers are in").await;
+    let task = tc.store.get_task(task_id(&id)).await.expect("task");
+    assert_eq!(task.state, TaskState::WaitingInput);
+    assert!(tc.try_next_job(Duration::from_millis(200)).await.is_none());
+
+    // The second resumes it; the third person is told.
+    tc.say(GROUP, "300", "Saturday").await;
+    let told = tc.out_containing("was answered by qq:300").await;
+    assert_eq!(told.route.as_ref().expect("route").stream, GROUP);
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    let resume = claimed.resume.expect("resumed");
+    let read: serde_json::Value = serde_json::from_str(&resume.text).expect("json");
+    assert_eq!(
+        read,
+        serde_json::json!({"answers": [
+            {"by": "qq:200", "answer": "Friday"},
+            {"by": "qq:300", "answer": "Saturday"},
+        ]})
+    );
+
+    let questions = tc
+        .store
+        .questions_of(task_id(&id))
+        .await
+        .expect("questions");
+    let ledger: Vec<(String, QuestionOutcome, Option<String>)> = questions
+        .iter()
+        .map(|q| (q.owner.to_string(), q.outcome, q.answer.clone()))
+        .collect();
+    assert_eq!(
+        ledger,
+        [
+            (
+                "qq:200".to_owned(),
+                QuestionOutcome::Answered,
+                Some("Friday".to_owned())
+            ),
+            (
+                "qq:300".to_owned(),
+                QuestionOutcome::Answered,
+                Some("Saturday".to_owned())
+            ),
+            ("qq:400".to_owned(), QuestionOutcome::Superseded, None),
+        ]
+    );
+    assert!(questions.iter().all(|q| (q.need, q.askees) == (2, 3)));
+    let audit: Vec<(String, String)> = tc
+        .store
+        .transitions_of(task_id(&id))
+        .await
+        .expect("audit")
+        .into_iter()
+        .filter(|t| t.event == "collect" || t.event == "escalate")
+        .map(|t| (t.event, t.detail))
+        .collect();
+    assert_eq!(
+        audit,
+        [
+            (
+                "escalate".to_owned(),
+                format!("#{handle} to qq:300, qq:400")
+            ),
+            ("collect".to_owned(), format!("#{handle}: 1 of 2")),
+        ]
+    );
+    tc.stop().await;
+}
+
+#[tokio::test]
+async fn an_approval_put_to_three_people_ends_at_the_first_denial() {
+    let tc = TestControl::start().await;
+    let id = tc
+        .new_task_in_chat("private:100", "100", "clean the disk")
+        .await;
+    let lease = tc.claim_next(&id).await;
+    let asked = ask_with(&tc, lease, 1, "Run rm -rf /tmp/cache?", |r| {
+        r.kind = "approval".into();
+        r.choices = vec![
+            "approve".into(),
+            "deny".into(),
+            "approve for the rest of this task".into(),
+        ];
+        r.ask_to = vec!["200".into(), "300".into(), "400".into()];
+        r.need = "all".into();
+    })
+    .await;
+    assert!(asked.refusal.is_none(), "{:?}", asked.refusal);
+    // In a private chat's task, each is asked in their own.
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let shown = tc.out_containing("rm -rf").await;
+        assert!(shown.mentions.is_empty());
+        streams.push(shown.route.expect("route").stream);
+    }
+    streams.sort();
+    assert_eq!(streams, ["private:200", "private:300", "private:400"]);
+
+    tc.say("private:200", "200", "1").await;
+    tc.out_containing("1 of 3 answers are in").await;
+    tc.say("private:300", "300", "2 the cache is still in use")
+        .await;
+    let job = tc.next_job().await;
+    let claimed = tc.claim(&job, "w2").await;
+    let read: serde_json::Value =
+        serde_json::from_str(&claimed.resume.expect("resumed").text).expect("json");
+    assert_eq!(read["decision"], "deny", "{read}");
+    assert_eq!(read["reason"], "the cache is still in use", "{read}");
+    assert_eq!(read["answers"][0]["by"], "qq:200", "{read}");
+    assert_eq!(
+        read["answers"][0]["answer"]["decision"], "approve",
+        "{read}"
+    );
+    assert_eq!(read["answers"][1]["by"], "qq:300", "{read}");
+    let told = tc.out_containing("was answered by qq:300").await;
+    assert_eq!(told.route.expect("route").stream, "private:400");
+    tc.stop().await;
+}

@@ -763,6 +763,9 @@ async fn answers_decided_together_apply_once_each() {
             Ok(AnswerOutcome::Duplicate { .. }) => {
                 assert_eq!(*i, 0, "answer {i} taken for a duplicate")
             }
+            Ok(counted @ AnswerOutcome::Counted { .. }) => {
+                panic!("answer {i} to a question of one person counted: {counted:?}")
+            }
             Err(Error::QuestionClosed { outcome, .. }) => {
                 assert_eq!(*i, 5, "answer {i} refused");
                 assert_eq!(outcome, QuestionOutcome::Cancelled);

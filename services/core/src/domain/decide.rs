@@ -113,6 +113,12 @@ pub enum Command<'a> {
     Resume,
     /// Someone passes the open question on to another person; the task does not move.
     Delegate,
+    /// The timer found the open question unanswered at its escalation time: it is asked of the
+    /// next person too, and the first valid answer of either wins; the task does not move.
+    Escalate,
+    /// One answer to a question put to several people came in while more are needed: it is
+    /// kept, and the task waits on for the others.
+    Collect,
     /// The timer found the task's own deadline passed before it ended; `policy` decides whether
     /// it fails or is cancelled, and `why` says so.
     Overdue {
@@ -138,6 +144,8 @@ impl Command<'_> {
             Command::Pause => Event::Pause,
             Command::Resume => Event::Resume,
             Command::Delegate => Event::Delegate,
+            Command::Escalate => Event::Escalate,
+            Command::Collect => Event::Collect,
             Command::Overdue { policy, .. } => Event::Overdue(*policy),
         }
     }
@@ -413,6 +421,16 @@ pub fn decide(
             },
             C::Delegate,
         ) => to(from, Vec::new()),
+        // Only a task that waits escalates: a paused one's clock stands still.
+        (S::WaitingInput { .. }, C::Escalate) => to(from, Vec::new()),
+        // A paused task keeps the answers that come in too, as it keeps a whole one.
+        (
+            S::WaitingInput { .. }
+            | S::Paused {
+                question: Some(_), ..
+            },
+            C::Collect,
+        ) => to(from, Vec::new()),
         (S::WaitingInput { question }, C::Nudge) => {
             let left = match question.deadline {
                 Some(deadline) if now >= deadline => return Err(Refusal::NotDue),
@@ -630,6 +648,8 @@ mod tests {
             Command::Pause,
             Command::Resume,
             Command::Delegate,
+            Command::Escalate,
+            Command::Collect,
             Command::Overdue {
                 policy: DeadlinePolicy::Fail,
                 why: "late",
@@ -664,14 +684,15 @@ mod tests {
             (s, C::Pause) if *s == running(false) => T::Running,
             (s, C::Resume) if *s == running(true) => T::Running,
             (State::WaitingInput { .. }, C::Answer | C::Expire) => T::Pending,
-            (State::WaitingInput { .. }, C::Remind { .. } | C::Nudge | C::Delegate) => {
-                T::WaitingInput
-            }
+            (
+                State::WaitingInput { .. },
+                C::Remind { .. } | C::Nudge | C::Delegate | C::Escalate | C::Collect,
+            ) => T::WaitingInput,
             (
                 State::Paused {
                     question: Some(_), ..
                 },
-                C::Delegate,
+                C::Delegate | C::Collect,
             ) => T::Paused,
             (State::WaitingInput { .. }, C::Cancel { .. }) => T::Cancelled,
             (State::WaitingInput { .. }, C::Pause) => T::Paused,

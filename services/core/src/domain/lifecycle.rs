@@ -283,12 +283,18 @@ pub enum Event {
     Remind,
     /// The open question was passed on to another person; the task does not move.
     Delegate,
+    /// The open question went unanswered until its escalation time and was asked of the next
+    /// person too; the task does not move.
+    Escalate,
+    /// One of the answers a question put to several people needs came in, and more are
+    /// needed; the task does not move.
+    Collect,
     /// The task's own deadline passed before it ended; what happens follows its policy.
     Overdue(DeadlinePolicy),
 }
 
 impl Event {
-    pub const ALL: [Event; 17] = [
+    pub const ALL: [Event; 19] = [
         Event::Claim,
         Event::Ask,
         Event::Answer,
@@ -304,6 +310,8 @@ impl Event {
         Event::Resume,
         Event::Remind,
         Event::Delegate,
+        Event::Escalate,
+        Event::Collect,
         Event::Overdue(DeadlinePolicy::Fail),
         Event::Overdue(DeadlinePolicy::Cancel),
     ];
@@ -326,6 +334,8 @@ impl Event {
             Event::Resume => "resume",
             Event::Remind => "remind",
             Event::Delegate => "delegate",
+            Event::Escalate => "escalate",
+            Event::Collect => "collect",
             Event::Overdue(DeadlinePolicy::Fail) => "overdue_fail",
             Event::Overdue(DeadlinePolicy::Cancel) => "overdue_cancel",
         }

@@ -9,6 +9,7 @@ pub mod duration;
 pub mod form;
 pub mod ids;
 pub mod lifecycle;
+pub mod need;
 pub mod schedule;
 pub mod shape;
 pub mod text;
@@ -18,3 +19,4 @@ pub use ids::{Handle, IdError, Owner, QuestionId, Role, StreamId, TaskId, TaskRe
 pub use lifecycle::{
     DeadlinePolicy, Event, QuestionOutcome, TaskState, TimeoutPolicy, TransitionError, transition,
 };
+pub use need::Need;

@@ -305,6 +305,15 @@ async fn apply(
             Ok(())
         }
         Ok(AnswerOutcome::Duplicate { .. }) => Ok(()),
+        Ok(AnswerOutcome::Counted { have, need, .. }) => {
+            say(
+                shared,
+                inbound,
+                &t.answer_counted(&question.handle, have, need),
+            )
+            .await;
+            Ok(())
+        }
         Err(store::Error::Misfit {
             handle,
             shape,

@@ -172,6 +172,11 @@ mod tests {
             chat_message_id: None,
             choices: None,
             waits_for: None,
+            escalate_to: Vec::new(),
+            escalate_at: None,
+            ask_group: None,
+            need: 1,
+            askees: 1,
         }
     }
 

@@ -76,6 +76,11 @@ pub fn question(q: &pb::Question) -> Value {
         "choices": q.choices,
         "multiple": q.multiple,
         "fields": q.fields.iter().map(field).collect::<Vec<_>>(),
+        "escalate_to": q.escalate_to,
+        "escalate_at": millis(q.escalate_at.as_ref()),
+        "ask_group": q.ask_group,
+        "need": q.need,
+        "askees": q.askees,
     })
 }
 

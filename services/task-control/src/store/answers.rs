@@ -1,15 +1,17 @@
 //! Answers: finding the question an answer is for, and applying it in one compare-and-set.
 
 use hark_core::domain::{
-    Event, Owner, QuestionId, TaskId, TaskState, TimeoutPolicy,
+    Event, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
     decide::{self, Command},
     form::FormQuestion,
+    shape::Shape,
 };
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use time::OffsetDateTime;
 
 use super::{Answer, Error, QuestionRow, Store, TaskRow, batch::Move};
+use crate::rows::Sibling;
 
 /// Workers waiting for a job, to whom an answer hands its task's claim in its own statement
 /// (see [`Store::with_idle_workers`]). The store only takes one and gives it back or hands it
@@ -49,6 +51,53 @@ pub enum AnswerOutcome {
     /// This inbound message was applied before; nothing changed. The question is the one it
     /// answered, when the lookup found it.
     Duplicate { question: Box<QuestionRow> },
+    /// The answer is kept, and its ask, put to several people, waits for more: `have` of the
+    /// `need` answers are in.
+    Counted {
+        task: Box<TaskRow>,
+        question: Box<QuestionRow>,
+        have: usize,
+        need: usize,
+    },
+}
+
+/// What the model reads of an ask put to several people: every answer with its author, in the
+/// order they came (`answer` the last). For an approval, the decision they make together: a
+/// denial, or an approval (for the rest of the task when every approver said so) with the first
+/// arguments an approver changed.
+fn together(shape: &Shape, before: &[&Sibling], answer: &Answer, denied: bool) -> String {
+    let all: Vec<(&str, &str)> = before
+        .iter()
+        .map(|s| {
+            (
+                s.answerer.as_deref().unwrap_or(&s.owner),
+                s.answer.as_deref().unwrap_or_default(),
+            )
+        })
+        .chain([(answer.answerer.as_str(), answer.text.as_str())])
+        .collect();
+    let answers: Vec<serde_json::Value> = all
+        .iter()
+        .map(|(by, text)| serde_json::json!({"by": by, "answer": shape.value_of(text)}))
+        .collect();
+    if !matches!(shape, Shape::Approval { .. }) {
+        return serde_json::json!({ "answers": answers }).to_string();
+    }
+    let mut decision = if denied {
+        shape.value_of(&answer.text)
+    } else {
+        let values: Vec<serde_json::Value> = all.iter().map(|(_, t)| shape.value_of(t)).collect();
+        let for_task = values.iter().all(|v| v["decision"] == "approve_for_task");
+        let mut approved = serde_json::json!({
+            "decision": if for_task { "approve_for_task" } else { "approve" }
+        });
+        if let Some(arguments) = values.iter().find_map(|v| v.get("arguments")) {
+            approved["arguments"] = arguments.clone();
+        }
+        approved
+    };
+    decision["answers"] = serde_json::Value::Array(answers);
+    decision.to_string()
 }
 
 /// A question an answer may go to, read together with its task's state and generation (what
@@ -64,6 +113,8 @@ pub struct AnswerTarget {
     /// The questions of a questionnaire, and its last round as `{round, messages}`.
     task_questionnaire: Option<Json<Vec<FormQuestion>>>,
     form_last_round: Option<Json<serde_json::Value>>,
+    /// The other open questions of the same ask, put to other people: the answer closes them.
+    siblings: Option<Json<Vec<crate::rows::Sibling>>>,
 }
 
 impl AnswerTarget {
@@ -94,6 +145,7 @@ impl AnswerTarget {
             applied: false,
             task_questionnaire: task.questionnaire.clone(),
             form_last_round,
+            siblings: None,
         })
     }
 }
@@ -191,8 +243,10 @@ impl Store {
         // answer counts: anything else (the task moved since, the message was applied before,
         // the answer does not fit) is decided again from a read, as if nothing were remembered.
         if let Some(remembered) = self.take_remembered(question, task) {
-            let outcome = self.answer_target(remembered, answer).await;
+            // Once: a task that moved since is decided from a read below.
+            let outcome = self.answer_target_once(remembered, answer).await;
             if let Ok(applied @ AnswerOutcome::Applied { .. }) = outcome {
+                self.count_answered(&applied);
                 self.metrics().answer_start(crate::metrics::REMEMBERED);
                 return Ok(applied);
             }
@@ -253,16 +307,45 @@ impl Store {
     /// `target.applied` must say whether `answer`'s inbound message was applied before.
     pub async fn answer_target(
         &self,
-        target: AnswerTarget,
+        mut target: AnswerTarget,
         answer: &Answer,
     ) -> Result<AnswerOutcome, Error> {
-        let outcome = self.answer_target_once(target, answer).await?;
-        if let AnswerOutcome::Applied { task, question, .. } = &outcome {
+        // The task moved under the question, which stayed open to the same person (it was
+        // escalated, say): the answer is decided again from a fresh read.
+        let mut tries = 0;
+        let outcome = loop {
+            let question = target.question.id;
+            match self.answer_target_once(target, answer).await {
+                Err(Error::Raced(_)) if tries < 3 => {
+                    tries += 1;
+                    target = self
+                        .decide(super::batch::AnswerLookup {
+                            question: Some(question),
+                            task: None,
+                            inbound_key: answer.inbound_key.clone(),
+                        })
+                        .await?
+                        .ok_or_else(|| Error::QuestionNotFound(question.to_string()))?;
+                }
+                Err(Error::Raced(_)) => {
+                    return Err(Error::Busy(format!(
+                        "question {question} kept changing while it was answered"
+                    )));
+                }
+                outcome => break outcome?,
+            }
+        };
+        self.count_answered(&outcome);
+        Ok(outcome)
+    }
+
+    /// Counts an applied answer, with how long its question waited.
+    fn count_answered(&self, outcome: &AnswerOutcome) {
+        if let AnswerOutcome::Applied { task, question, .. } = outcome {
             let waited = task.updated_at - question.asked_at;
             self.metrics()
                 .answered(waited.try_into().unwrap_or_default());
         }
-        Ok(outcome)
     }
 
     async fn answer_target_once(
@@ -277,7 +360,9 @@ impl Store {
             applied,
             task_questionnaire,
             form_last_round,
+            siblings,
         } = target;
+        let siblings = siblings.map(|Json(s)| s).unwrap_or_default();
         let question = question_row.id;
         if applied {
             return Ok(AnswerOutcome::Duplicate {
@@ -364,6 +449,35 @@ impl Store {
             on_timeout: TimeoutPolicy::Resume,
             attempt: 1,
         };
+        // Of an ask put to several people: more answers may be needed, and the model reads them
+        // all with their authors; one denial of an approval ends it.
+        let answered_before: Vec<&Sibling> = siblings
+            .iter()
+            .filter(|s| s.outcome == QuestionOutcome::Answered)
+            .collect();
+        let denied = matches!(shape, Shape::Approval { .. })
+            && shape.value_of(&answer.text)["decision"] == "deny";
+        let have = answered_before.len() + 1;
+        let need = usize::try_from(question_row.need).unwrap_or(1).max(1);
+        if have < need && !denied {
+            let decision = decide::decide(&lifecycle, &Command::Collect, now, self.policy)
+                .map_err(|r| Error::refused(task_id, r))?;
+            return self
+                .collect(question_row, generation, answer, &decision, (have, need))
+                .await;
+        }
+        let model_answer = question_row.ask_group.map(|_| {
+            if question_row.askees > 1 {
+                together(&shape, &answered_before, answer, denied)
+            } else {
+                answer.text.clone()
+            }
+        });
+        let open_others: Vec<Sibling> = siblings
+            .iter()
+            .filter(|s| s.outcome.is_open())
+            .cloned()
+            .collect();
         let decision = decide::decide(&lifecycle, &Command::Answer, now, self.policy)
             .map_err(|r| Error::refused(task_id, r))?;
         if let Some(Json(questions)) = task_questionnaire.filter(|_| self.form_steps)
@@ -382,7 +496,9 @@ impl Store {
                 )
                 .await;
         }
+        // An answer that closes others' questions tells them, which only the plain statement does.
         if decision.to == TaskState::Pending
+            && model_answer.is_none()
             && let Some(claimed) = self
                 .answer_and_claim(&question_row, generation, answer, &decision)
                 .await?
@@ -402,9 +518,16 @@ impl Store {
                 answer: answer.clone(),
                 from: decision.from,
                 to: decision.to,
-                job: decision
+                outbox: decision
                     .run()
-                    .map(|reason| self.effects.run(task_id, generation + 1, reason)),
+                    .map(|reason| self.effects.run(task_id, generation + 1, reason))
+                    .into_iter()
+                    .chain(
+                        self.effects
+                            .answered_elsewhere(&open_others, &answer.answerer),
+                    )
+                    .collect(),
+                model_answer,
             })
             .await?;
         let Some(task) = won else {
@@ -418,6 +541,70 @@ impl Store {
             task: Box::new(task),
             question: Box::new(question_row),
             asked: None,
+        })
+    }
+
+    /// Keeps one answer of an ask that needs more (`have` of `need` with this one): the
+    /// question is answered, its task takes a new generation in its state (so two answers
+    /// decided from the same read cannot both count as the last one missing), and the audit
+    /// records it.
+    async fn collect(
+        &self,
+        mut question: QuestionRow,
+        generation: i64,
+        answer: &Answer,
+        decision: &decide::Decision,
+        (have, need): (usize, usize),
+    ) -> Result<AnswerOutcome, Error> {
+        let sql = concat!(
+            "WITH t AS (
+                UPDATE tasks SET generation = generation + 1, updated_at = now()
+                WHERE id = $1 AND state = $7 AND generation = $2
+                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = $6)
+                RETURNING ",
+            task_columns!(),
+            "
+            ), answered AS (
+                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(),
+                                       answerer = $4, answer = $5, inbound_message_id = $6
+                FROM t WHERE q.id = $3 AND q.outcome = ", sql_outcome!(open), "
+            ), applied AS (
+                INSERT INTO applied_inbound (key, task_id, question_id)
+                SELECT $6, id, $3 FROM t WHERE $6::text IS NOT NULL
+                ON CONFLICT DO NOTHING
+            ), audit AS (
+                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                SELECT id, $7, $7, $8, generation, $4, $9 FROM t
+            )
+            SELECT * FROM t"
+        );
+        let task: Option<TaskRow> = sqlx::query_as(sql)
+            .bind(question.task_id.as_uuid())
+            .bind(generation)
+            .bind(question.id.as_uuid())
+            .bind(answer.answerer.as_str())
+            .bind(answer.text.as_str())
+            .bind(answer.inbound_key.as_deref())
+            .bind(decision.from.as_str())
+            .bind(decision.event.as_str())
+            .bind(format!("#{}: {have} of {need}", question.handle))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(task) = task else {
+            return self.answer_lost(question.id, &question.owner, answer).await;
+        };
+        hark_core::failpoint::hit("collect.after_commit");
+        self.published(vec![self.effects.event(
+            &task,
+            decision.event.as_str(),
+            None,
+        )]);
+        question.answered_with(answer, task.updated_at);
+        Ok(AnswerOutcome::Counted {
+            task: Box::new(task),
+            question: Box::new(question),
+            have,
+            need,
         })
     }
 
@@ -584,6 +771,11 @@ impl Store {
                 handle: now.handle,
                 askee: now.owner.to_string(),
             });
+        }
+        // Still open to the same person: the task moved for another reason (the question was
+        // escalated), so the answer is decided again.
+        if now.outcome.is_open() {
+            return Err(Error::Raced(question.to_string()));
         }
         Err(Error::QuestionClosed {
             id: question.to_string(),

@@ -180,10 +180,12 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, outbox: &[OutboxMessage]) -> Str
         if let Effect::ShiftDeadline(by) = effect {
             sql += &format!(
                 ", shifted AS (
-                    UPDATE questions SET deadline = deadline + {} * interval '1 millisecond'
-                    WHERE task_id = {id} AND outcome = {open} AND deadline IS NOT NULL
+                    UPDATE questions SET deadline = deadline + {by} * interval '1 millisecond',
+                        escalate_at = escalate_at + {by} * interval '1 millisecond'
+                    WHERE task_id = {id} AND outcome = {open}
+                      AND (deadline IS NOT NULL OR escalate_at IS NOT NULL)
                       AND EXISTS (SELECT 1 FROM t))",
-                s.bind(i64::try_from(by.as_millis()).unwrap_or(i64::MAX)),
+                by = s.bind(i64::try_from(by.as_millis()).unwrap_or(i64::MAX)),
                 open = s.bind(QuestionOutcome::Open.as_str()),
             );
         }

@@ -212,8 +212,11 @@ pub(super) struct AnswerRequest {
     /// Where the decision found the task and where it moves it.
     pub(super) from: TaskState,
     pub(super) to: TaskState,
-    /// The run the move queues; none for a paused task, which runs once resumed.
-    pub(super) job: Option<OutboxMessage>,
+    /// The run the move queues (none for a paused task, which runs once resumed), and what the
+    /// others asked the same are told.
+    pub(super) outbox: Vec<OutboxMessage>,
+    /// What the model reads, when the question belongs to an ask put to several people.
+    pub(super) model_answer: Option<String>,
 }
 
 /// Where an answer goes: the question `question`, or the open question of `task`; with whether
@@ -237,6 +240,8 @@ pub(super) struct AskRequest {
     pub(super) outbox: Vec<OutboxMessage>,
     /// The `traceparent` of the span that asked.
     pub(super) trace: Option<String>,
+    /// The people it is put to at once, when not the task's owner.
+    pub(super) audience: Option<super::worker::Audience>,
 }
 
 impl AskRequest {
@@ -429,11 +434,14 @@ macro_rules! claim_sql {
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', id, 'tool_call_id', tool_call_id, 'round', round,
-                        'outcome', outcome, 'answer', answer,
+                        'outcome', outcome, 'answer', coalesce(model_answer, answer),
                         'waited_ms', (extract(epoch FROM deadline - asked_at) * 1000)::bigint,
                         'since_closed_ms', (extract(epoch FROM now() - closed_at) * 1000)::bigint,
                         'traceparent', traceparent)
-                 FROM questions WHERE task_id = t.id ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
+                 FROM questions WHERE task_id = t.id
+                   -- Of an ask put to several people, the answer that resumed it (or its expiry).
+                   AND (ask_group IS NULL OR model_answer IS NOT NULL OR outcome = ", sql_outcome!(expired), ")
+                 ORDER BY asked_at DESC, id DESC LIMIT 1) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
                                           ORDER BY created_at, id), '[]')
                  FROM instructions WHERE task_id = t.id AND consumed_round IS NULL) AS ctx_instructions
@@ -775,9 +783,9 @@ impl Store {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                                     $12::text[], $13::text[])
+                                     $12::text[], $13::text[], $15::text[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound,
-                                         c_from, c_to, c_ord)
+                                         c_from, c_to, c_model, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = c.c_to,
@@ -792,14 +800,20 @@ impl Store {
                   AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
                 RETURNING ",
             task_columns!(),
-            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from
+            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from, c.c_model
             ), audit AS (
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
                 SELECT id, c_from, state, $14, generation, c_answerer, '' FROM t
             ), answered AS (
                 UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
-                                       answer = t.c_text, inbound_message_id = t.c_inbound
+                                       answer = t.c_text, inbound_message_id = t.c_inbound,
+                                       model_answer = t.c_model
                 FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
+            ), superseded AS (
+                -- The same ask put to others: the first answer closes theirs.
+                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
+                FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
+                  AND q.id <> t.c_question
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
@@ -813,7 +827,7 @@ impl Store {
             )
             SELECT t.*, t.c_ord AS ord FROM t"
         );
-        let out = OutboxColumns::of(batch.iter().map(|r| r.job.as_slice()));
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
         let query = sqlx::query_as(sql)
             .bind(column(batch, |r| r.task.as_uuid()))
             .bind(column(batch, |r| r.generation))
@@ -826,6 +840,7 @@ impl Store {
             .bind(column(batch, |r| r.from.as_str()))
             .bind(column(batch, |r| r.to.as_str()))
             .bind(Event::Answer.as_str())
+            .bind(column(batch, |r| r.model_answer.as_deref()))
             .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("answer.after_commit");
@@ -833,7 +848,7 @@ impl Store {
         let mut sent = Vec::with_capacity(batch.len() * 2);
         for (request, task) in batch.iter().zip(&won) {
             if let Some(task) = task {
-                sent.extend(request.job.clone());
+                sent.extend(request.outbox.iter().cloned());
                 sent.push(self.effects.event(task, Event::Answer.as_str(), None));
             }
         }
@@ -857,10 +872,14 @@ impl Store {
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
                                      $6::uuid[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bigint[],
-                                     $19::jsonb[], $24::text[], $25::uuid[])
+                                     $19::jsonb[], $24::text[], $25::uuid[], $26::jsonb[], $27::bigint[],
+                                     $28::bigint[], $29::text[], $30::text[], $31::smallint[],
+                                     $32::smallint[], $33::uuid[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
                                          c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms,
-                                         c_choices, c_traceparent, c_waits_for, c_ord)
+                                         c_choices, c_traceparent, c_waits_for, c_escalate_to,
+                                         c_escalate_ms, c_remind_ms, c_owner, c_stream, c_need,
+                                         c_askees, c_group, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END,
@@ -897,14 +916,29 @@ impl Store {
             ), asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, traceparent, waits_for,
-                                       deadline)
-                SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round, owner,
-                       platform, bot_id, stream, c_choices, c_traceparent, c_waits_for,
-                       CASE WHEN on_timeout = ", sql_policy!(never), " THEN NULL
-                            WHEN c_timeout_ms IS NOT NULL THEN now() + c_timeout_ms * interval '1 millisecond'
-                            WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
-                       END
-                FROM t RETURNING task_id, deadline
+                                       deadline, escalate_to, escalate_every_ms, escalate_at,
+                                       need, askees, ask_group)
+                SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round,
+                       coalesce(c_owner, owner), platform, bot_id, coalesce(c_stream, stream),
+                       c_choices, c_traceparent, c_waits_for, d.deadline, e.people, 
+                       CASE WHEN cardinality(e.people) > 0 THEN e.every END,
+                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END,
+                       c_need, c_askees, c_group
+                FROM t
+                CROSS JOIN LATERAL (SELECT
+                       CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
+                            WHEN t.c_timeout_ms IS NOT NULL THEN now() + t.c_timeout_ms * interval '1 millisecond'
+                            WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
+                       END AS deadline) d
+                -- Escalated at the first reminder unless told when: remind_before ahead of the
+                -- deadline, or after it without one. Put to several at once (0): right away.
+                CROSS JOIN LATERAL (SELECT
+                       ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
+                       CASE WHEN t.c_escalate_ms = 0 THEN 0 ELSE
+                       greatest(1000, coalesce(t.c_escalate_ms,
+                           (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
+                           t.c_remind_ms)) END AS every) e
+                RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
@@ -969,6 +1003,32 @@ impl Store {
             .bind(Event::Ask.as_str())
             .bind(column(batch, |r| r.trace.as_deref()))
             .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())))
+            .bind(column(batch, |r| r.input.escalation.column()))
+            .bind(column(batch, |r| {
+                r.input
+                    .escalation
+                    .after
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            }))
+            .bind(column(batch, |r| {
+                i64::try_from(r.input.escalation.remind_before.as_millis()).unwrap_or(i64::MAX)
+            }))
+            .bind(column(batch, |r| {
+                r.audience.as_ref().map(|a| a.first.as_str())
+            }))
+            .bind(column(batch, |r| {
+                r.audience.as_ref().map(|a| a.stream.as_str())
+            }))
+            .bind(column(batch, |r| r.audience.as_ref().map_or(1, |a| a.need)))
+            .bind(column(batch, |r| {
+                r.audience.as_ref().map_or(1, |a| a.askees)
+            }))
+            .bind(column(batch, |r| {
+                r.audience
+                    .as_ref()
+                    .filter(|a| a.askees > 1)
+                    .map(|_| r.question.as_uuid())
+            }))
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

@@ -162,7 +162,14 @@ macro_rules! answer_target_columns {
     t.questionnaire AS task_questionnaire, \
     CASE WHEN t.questionnaire IS NULL THEN NULL ELSE \
         (SELECT json_build_object('round', c.round, 'messages', c.messages) FROM checkpoints c \
-         WHERE c.task_id = t.id ORDER BY c.round DESC LIMIT 1) END AS form_last_round"
+         WHERE c.task_id = t.id ORDER BY c.round DESC LIMIT 1) END AS form_last_round, \
+    CASE WHEN q.ask_group IS NULL THEN NULL ELSE \
+        (SELECT json_agg(json_build_object('id', s.id, 'owner', s.owner, 'platform', s.platform, \
+                'bot_id', s.bot_id, 'stream', s.stream, 'handle', s.handle, \
+                'chat_message_id', s.chat_message_id, 'outcome', s.outcome, \
+                'answerer', s.answerer, 'answer', s.answer) ORDER BY s.closed_at, s.asked_at) \
+         FROM questions s WHERE s.task_id = q.task_id AND s.ask_group = q.ask_group \
+           AND s.id <> q.id) END AS siblings"
     };
 }
 
@@ -170,7 +177,7 @@ macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
     stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
-    chat_message_id, choices, waits_for"
+    chat_message_id, choices, waits_for, escalate_to, escalate_at, ask_group, need, askees"
     };
 }
 
@@ -180,6 +187,7 @@ mod batch;
 mod chat;
 mod connect;
 mod delegate;
+mod escalate;
 mod form;
 mod ops;
 mod outbox;
@@ -200,6 +208,7 @@ pub use answers::{AnswerOutcome, AnswerTarget, IdleWorker, IdleWorkers};
 pub use chat::TellDelivery;
 pub use connect::{connect, migrate, probe};
 pub use delegate::{Delegated, Delegation};
+pub use hark_core::domain::Need;
 pub use hark_core::domain::schedule::Overlap;
 pub use ops::NewTask;
 pub use outbox::{OutboxEntry, OutboxMessage};
@@ -207,7 +216,7 @@ pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
-pub use worker::{AskInput, Claimed, Resume};
+pub use worker::{AskInput, Claimed, Escalation, Resume};
 
 use hark_core::{
     domain::{Event, QuestionOutcome, TaskState},
@@ -323,6 +332,13 @@ pub enum Error {
     },
     #[error("question #{handle} waits for the subtask {subtask} to end; only that answers it")]
     WaitsForSubtask { handle: String, subtask: String },
+    /// What was asked cannot be done as asked; the text says why and what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// The task moved between the read an answer was decided from and its write, while the
+    /// question stayed open to the same person (it was escalated, say): decided again.
+    #[error("question {0} changed while it was answered")]
+    Raced(String),
     /// Other writers kept winning; the same request later will likely go through.
     #[error("{0}; try again")]
     Busy(String),
@@ -342,7 +358,8 @@ impl hark_core::error::Classified for Error {
             Error::DatabaseUrl(..)
             | Error::AmbiguousTask { .. }
             | Error::BadRound { .. }
-            | Error::Misfit { .. } => Kind::Invalid,
+            | Error::Misfit { .. }
+            | Error::Invalid(_) => Kind::Invalid,
             Error::WaitsForSubtask { .. } => Kind::Conflict,
             Error::TaskNotFound(_) | Error::QuestionNotFound(_) | Error::ScheduleNotFound(_) => {
                 Kind::NotFound
@@ -358,7 +375,7 @@ impl hark_core::error::Classified for Error {
                 Kind::Gone
             }
             Error::TooManyActive { .. } | Error::RemindedRecently { .. } => Kind::Exhausted,
-            Error::Busy(_) => Kind::Unavailable,
+            Error::Busy(_) | Error::Raced(_) => Kind::Unavailable,
             Error::Internal(_) => Kind::Internal,
         }
     }
@@ -583,6 +600,9 @@ pub struct Store {
     names: hark_core::bus::Names,
     /// Woken after every commit that wrote to the outbox, so the relay publishes at once.
     outbox_ready: std::sync::Arc<tokio::sync::Notify>,
+    /// Woken when the clock has work now rather than at its next tick (the others of an ask
+    /// put to several people).
+    timers_due: std::sync::Arc<tokio::sync::Notify>,
     /// What decisions' effects become.
     effects: crate::effects::Effects,
     /// The limits decisions follow.
@@ -686,6 +706,7 @@ impl Store {
             policy: hark_core::domain::decide::Policy { max_attempts: 3 },
             names,
             outbox_ready: Default::default(),
+            timers_due: Default::default(),
             relay: None,
             routes: std::sync::Arc::new(Recent::new(50_000)),
             asked: std::sync::Arc::new(Recent::new(ASKED_REMEMBERED)),
@@ -762,5 +783,15 @@ impl Store {
     /// Resolves when a commit wrote to the outbox.
     pub fn outbox_ready(&self) -> std::sync::Arc<tokio::sync::Notify> {
         self.outbox_ready.clone()
+    }
+
+    /// Resolves when the clock has work now (see [`Store::wake_timers`]).
+    pub fn timers_due(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.timers_due.clone()
+    }
+
+    /// Tells the clock loop of this process to sweep now.
+    pub(super) fn wake_timers(&self) {
+        self.timers_due.notify_one();
     }
 }

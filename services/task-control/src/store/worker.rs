@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Handle, QuestionId, QuestionOutcome, TaskId, TaskState,
+    Handle, Need, Owner, QuestionId, QuestionOutcome, StreamId, TaskId, TaskState,
     decide::{self, Command},
     shape::Shape,
 };
@@ -12,7 +12,8 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{
-    CasRow, Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow, batch::Move, columns,
+    CasRow, ChatRoute, Error, Instruction, Lease, QuestionRow, RoundRow, Store, TaskRow,
+    batch::Move, columns,
 };
 use crate::render;
 
@@ -52,6 +53,80 @@ pub struct AskInput {
     pub shape: Shape,
     /// The subtask whose end answers it, instead of a person.
     pub waits_for: Option<TaskId>,
+    /// Whom it is asked of next while it stays unanswered.
+    pub escalation: Escalation,
+    /// The people it is put to at once, instead of the task's owner ("platform:user_id", or a
+    /// bare user id on the platform of the task's chat), and how many of them must answer.
+    pub ask_to: Vec<String>,
+    pub need: Need,
+}
+
+/// The people `named` under `key`, each as `platform:user_id` on `platform` (the task's
+/// chat's), once each in the order given; or why one cannot be asked there.
+fn people_on(platform: Option<&str>, named: &[String], key: &str) -> Result<Vec<String>, Error> {
+    let Some(platform) = platform else {
+        return Err(Error::Invalid(format!(
+            "{key}: this task has no chat, so nobody else can be asked in one; ask without {key}"
+        )));
+    };
+    let mut people: Vec<String> = Vec::with_capacity(named.len());
+    for named in named {
+        let named = named.trim();
+        let owner: Owner = if named.contains(':') {
+            named.parse()
+        } else {
+            format!("{platform}:{named}").parse()
+        }
+        .map_err(|e| Error::Invalid(format!("{key}: `{named}` is not a person: {e}")))?;
+        if owner.platform() != platform {
+            return Err(Error::Invalid(format!(
+                "{key}: {owner} is not on {platform}, where this task's chat is"
+            )));
+        }
+        if !people.iter().any(|p| p == owner.as_str()) {
+            people.push(owner.as_str().to_owned());
+        }
+    }
+    Ok(people)
+}
+
+/// The people an ask is put to at once, as the ask statement takes them: the first is asked by
+/// the ask itself, the others right after (see [`Store::escalate_due`]).
+#[derive(Debug, Clone)]
+pub(super) struct Audience {
+    pub(super) first: Owner,
+    /// Where the first is asked: the task's group, or their own private chat.
+    pub(super) stream: String,
+    pub(super) need: i16,
+    pub(super) askees: i16,
+}
+
+/// Whom an unanswered question is asked of next, one after another, and when.
+#[derive(Debug, Clone, Default)]
+pub struct Escalation {
+    /// People as `platform:user_id`, or a bare user id on the platform of the task's chat.
+    pub to: Vec<String>,
+    /// Unanswered this long after it was asked, it goes to the first of `to`, and as long again
+    /// to each next one. `None`: at its first reminder, `remind_before` ahead of its deadline
+    /// (without a deadline, `remind_before` after it was asked).
+    pub after: Option<Duration>,
+    pub remind_before: Duration,
+}
+
+impl Escalation {
+    /// The people as the `escalate_to` column keeps them; `None` when nobody is named.
+    pub(super) fn column(&self) -> Option<Json<&[String]>> {
+        (!self.to.is_empty()).then_some(Json(self.to.as_slice()))
+    }
+
+    /// The people named, each as `platform:user_id` on `platform` (the task's chat's), or
+    /// why one cannot be asked there.
+    fn resolved(mut self, platform: Option<&str>) -> Result<Self, Error> {
+        if !self.to.is_empty() {
+            self.to = people_on(platform, &self.to, "escalate_to")?;
+        }
+        Ok(self)
+    }
 }
 
 /// The resume of a claimed task from the last question, as the claim statement returns it.
@@ -333,15 +408,88 @@ impl Store {
     pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
         // The statement checks the lease; only the (unchanging) chat is needed beforehand.
         let chat = self.chat_of(lease.task).await?;
+        let platform = chat.as_ref().map(|c| c.platform.as_str());
+        let mut input = std::borrow::Cow::Borrowed(input);
+        if !input.escalation.to.is_empty() {
+            if !input.ask_to.is_empty() {
+                return Err(Error::Invalid(
+                    "ask_to and escalate_to cannot be combined: ask everyone at once with \
+                     ask_to, or one after another with escalate_to"
+                        .into(),
+                ));
+            }
+            let escalation = input.escalation.clone().resolved(platform)?;
+            input.to_mut().escalation = escalation;
+        }
+        let audience = match (&chat, input.ask_to.is_empty()) {
+            (_, true) => None,
+            (chat, false) => {
+                let people = people_on(platform, &input.ask_to, "ask_to")?;
+                let first: Owner = people[0]
+                    .parse()
+                    .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?;
+                let in_group = chat
+                    .as_ref()
+                    .and_then(|c| c.stream.parse::<StreamId>().ok())
+                    .filter(StreamId::is_group);
+                let stream = match in_group {
+                    Some(group) => group.as_str().to_owned(),
+                    None => StreamId::private(first.user_id())
+                        .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?
+                        .as_str()
+                        .to_owned(),
+                };
+                let audience = Audience {
+                    first,
+                    stream,
+                    need: input.need.of(people.len()),
+                    askees: i16::try_from(people.len()).unwrap_or(i16::MAX),
+                };
+                // The others are asked right after, as an escalation that does not wait.
+                let rest = people[1..].to_vec();
+                let input = input.to_mut();
+                input.escalation = Escalation {
+                    to: rest,
+                    after: Some(Duration::ZERO),
+                    remind_before: input.escalation.remind_before,
+                };
+                Some(audience)
+            }
+        };
+        let input = input.as_ref();
 
         let question_id = QuestionId::new();
         // A handle is unique among the open questions of one owner in one stream; a collision
         // fails the statement on the unique index, and a new handle is drawn.
         for _ in 0..8 {
             let handle = Handle::random().to_string();
-            let outbox = match &chat {
+            let outbox = match (&chat, &audience) {
                 // A question for a subtask is not for the chat.
-                Some(route) if input.waits_for.is_none() => self.effects.question(
+                (Some(_), _) if input.waits_for.is_some() => Vec::new(),
+                // Put to someone else than the owner: in the group, with a mention; in private,
+                // in their own chat.
+                (Some(route), Some(audience)) => {
+                    let route = ChatRoute {
+                        stream: audience.stream.clone(),
+                        ..route.clone()
+                    };
+                    let mentions = if route.stream.starts_with("group:") {
+                        vec![audience.first.user_id().to_owned()]
+                    } else {
+                        Vec::new()
+                    };
+                    self.effects.question_mentioning(
+                        &route,
+                        lease.task,
+                        question_id,
+                        &handle,
+                        &input.question,
+                        &input.context,
+                        &input.shape,
+                        &mentions,
+                    )
+                }
+                (Some(route), None) => self.effects.question(
                     route,
                     lease.task,
                     question_id,
@@ -350,7 +498,7 @@ impl Store {
                     &input.context,
                     &input.shape,
                 ),
-                _ => Vec::new(),
+                (None, _) => Vec::new(),
             };
             let asked = self
                 .decide(super::batch::AskRequest {
@@ -360,6 +508,7 @@ impl Store {
                     handle: handle.clone(),
                     outbox,
                     trace: hark_core::trace::outgoing(),
+                    audience: audience.clone(),
                 })
                 .await?;
             let row = match asked {
@@ -368,7 +517,7 @@ impl Store {
                 super::batch::Asked::HandleTaken => continue,
             };
             // The question as the statement created it.
-            let question = QuestionRow::asked(
+            let mut question = QuestionRow::asked(
                 &row.task,
                 crate::rows::Asked {
                     id: question_id,
@@ -382,6 +531,15 @@ impl Store {
                 input.round,
                 input.waits_for,
             );
+            if let Some(audience) = &audience {
+                question.owner = audience.first.clone();
+                question.stream = Some(audience.stream.clone());
+                question.need = audience.need;
+                question.askees = audience.askees;
+                question.ask_group = (audience.askees > 1).then(|| question_id.as_uuid());
+                // The others are asked now, not at the next tick.
+                self.wake_timers();
+            }
             self.remember_asked(super::answers::AnswerTarget::asked(
                 &question,
                 &row.task,

@@ -84,6 +84,9 @@ pub fn ask_input(round: i32, call: &str) -> AskInput {
         timeout: None,
         shape: hark_core::domain::shape::Shape::Text,
         waits_for: None,
+        escalation: Default::default(),
+        ask_to: Vec::new(),
+        need: Default::default(),
     }
 }
 

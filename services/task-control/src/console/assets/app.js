@@ -23,6 +23,8 @@ const TEXTS = {
     output: "Output", error: "Error", timeline: "Timeline", round: "Round {0}",
     q_asked: "Asked #{0}", q_answered: "Answered by {0}", q_expired: "No answer in time", q_cancelled: "Closed: the task was cancelled",
     q_superseded: "Replaced by a newer question", q_reminded: "Reminder sent", via: "in {0}", raw: "raw answer",
+    q_asked_of: "Asked #{0} of {1}", q_answered_elsewhere: "Closed: someone else asked answered first",
+    escalates: "asks {0} too at {1}",
     transition: "{0} → {1}", by: "by {0}", instructions: "Instructions not read yet",
     tool_call: "calls {0}", tool_result: "result of {0}", not_found: "No such task.",
     pg_intro: "Talk to hark as a chat user does: start a task, answer its questions (or quote them), see the result.",
@@ -50,6 +52,8 @@ const TEXTS = {
     output: "结果", error: "错误", timeline: "时间线", round: "第 {0} 轮",
     q_asked: "提问 #{0}", q_answered: "{0} 回答", q_expired: "超时未回答", q_cancelled: "已关闭：任务被取消",
     q_superseded: "被新问题取代", q_reminded: "已发送提醒", via: "在 {0}", raw: "原文",
+    q_asked_of: "向 {1} 提问 #{0}", q_answered_elsewhere: "已关闭：另一位被问的人先回答了",
+    escalates: "{1} 起也会问 {0}",
     transition: "{0} → {1}", by: "由 {0}", instructions: "尚未读取的指示",
     tool_call: "调用 {0}", tool_result: "{0} 的结果", not_found: "没有这个任务。",
     pg_intro: "像聊天用户一样和 hark 对话：发起任务，回答（或引用）它的问题，查看结果。",
@@ -379,6 +383,7 @@ function questionCard(q) {
       h("span", {}, t("task"), ": ", h("a", { href: "#/task/" + q.task_id, class: "mono" }, short(q.task_id)), " #", q.handle),
       h("span", { "data-asked": q.asked_at }),
       q.deadline ? h("span", { "data-deadline": q.deadline }) : h("span", {}, t("no_deadline")),
+      q.escalate_at && q.escalate_to.length ? h("span", { "data-escalates": q.escalate_at }, t("escalates", q.escalate_to.join(", "), when(q.escalate_at))) : null,
     ),
     h("div", { class: "qtext" }, q.text),
     q.context ? h("div", { class: "context" }, q.context) : null,
@@ -544,12 +549,12 @@ function timeline(questions, rounds, transitions) {
   }
   for (const q of questions) {
     items.push([q.asked_at, 2, h("li", { class: "question" },
-      h("div", { class: "when" }, when(q.asked_at), " · ", t("q_asked", q.handle), q.chat ? [" · ", t("via", chatName(q.chat))] : null),
+      h("div", { class: "when" }, when(q.asked_at), " · ", q.ask_group ? t("q_asked_of", q.handle, q.owner) : t("q_asked", q.handle), q.chat ? [" · ", t("via", chatName(q.chat))] : null),
       h("div", { class: "qtext" }, q.text),
       q.choices.length ? h("div", { class: "muted" }, q.choices.map((c, i) => `${i + 1}. ${c}`).join("  ")) : null)]);
     if (q.reminded_at) items.push([q.reminded_at, 3, h("li", {}, h("div", { class: "when" }, when(q.reminded_at)), t("q_reminded"))]);
     if (q.closed_at) {
-      const what = { answered: t("q_answered", q.answerer), expired: t("q_expired"), cancelled: t("q_cancelled"), superseded: t("q_superseded") }[q.outcome] || q.outcome;
+      const what = { answered: t("q_answered", q.answerer), expired: t("q_expired"), cancelled: t("q_cancelled"), superseded: q.ask_group ? t("q_answered_elsewhere") : t("q_superseded") }[q.outcome] || q.outcome;
       items.push([q.closed_at, 3, h("li", { class: q.outcome === "answered" ? "answer" : "" },
         h("div", { class: "when" }, when(q.closed_at), " · #", q.handle),
         h("div", {}, what),

@@ -46,7 +46,7 @@ impl Hark {
             .iter()
             .map(|id| env.spawn(&["worker", "--id", id], &[]))
             .collect();
-        let bot = Bot::connect(env.gateway_port, 42, "tok").await;
+        let bot = Bot::connect(env.gateway_port().await, 42, "tok").await;
         Self {
             env,
             llm,

@@ -89,8 +89,20 @@ pub fn hark_binary() -> PathBuf {
         .clone()
 }
 
-/// A free TCP port on 127.0.0.1, handed to no other test of this machine in the last hour.
-pub fn free_port() -> u16 {
+/// A port with nothing listening on it, for a test that checks what is said when a server does
+/// not answer: one the kernel just gave and took back.
+pub fn closed_port() -> u16 {
+    TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .expect("a port of 127.0.0.1")
+        .port()
+}
+
+/// A free TCP port on 127.0.0.1 for a Postgres or nats-server a test starts (and starts again
+/// on the same port), handed to no other test of this machine in the last hour. hark's own
+/// processes bind port 0 instead and say what they bound (see [`Process::addr`]); Postgres
+/// cannot.
+pub fn server_port() -> u16 {
     // Below the kernel's ephemeral range (32768–60999 on Linux), from which every outgoing
     // connection of every test takes its local port: a port from there, free when picked, can
     // be some connection's by the time a process binds it. Each port handed out is marked with
@@ -121,13 +133,33 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The listeners of an installation that its processes share, by config key: the gRPC API
+/// and the gateway.
+const SHARED_LISTENERS: [(&str, &str); 2] = [
+    (GRPC_LISTEN, "HARK_CONTROL__GRPC_LISTEN"),
+    (GATEWAY_LISTEN, "HARK_GATEWAY__LISTEN"),
+];
+const GRPC_LISTEN: &str = "control.grpc_listen";
+const GATEWAY_LISTEN: &str = "gateway.listen";
+
+/// Where one shared listener of an installation is: unknown until the first process that binds
+/// it (on port 0) reports its port; from then on every process of the installation binds that
+/// port, so that clients find a restarted role where they left it.
+#[derive(Debug, Default)]
+struct Listener {
+    port: Option<u16>,
+    /// The address files of the processes started while the port was unknown; whichever binds
+    /// the listener writes it there.
+    reported_to: Vec<PathBuf>,
+}
+
 /// One test's installation: its own database, namespace and ports.
 #[derive(Debug)]
 pub struct Env {
     pub namespace: String,
     pub database: String,
-    pub grpc_port: u16,
-    pub gateway_port: u16,
+    /// Its shared listeners, learned from the processes that bound them.
+    listeners: std::sync::Mutex<BTreeMap<&'static str, Listener>>,
     /// Extra `HARK_…` variables given to every process.
     pub vars: BTreeMap<String, String>,
     pub names: Names,
@@ -168,8 +200,7 @@ impl Env {
             database: kit_database.name.clone(),
             kit_database,
             kit_namespace,
-            grpc_port: free_port(),
-            gateway_port: free_port(),
+            listeners: Default::default(),
             vars: BTreeMap::new(),
             js: jetstream::new(nats.clone()),
             nats,
@@ -188,8 +219,41 @@ impl Env {
             .join("spool")
     }
 
-    pub fn grpc_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc_port)
+    /// The port of the gRPC API, once a task-control of this installation bound it.
+    pub async fn grpc_port(&self) -> u16 {
+        self.port(GRPC_LISTEN).await
+    }
+
+    /// The port of the gateway, once a gateway of this installation bound it.
+    pub async fn gateway_port(&self) -> u16 {
+        self.port(GATEWAY_LISTEN).await
+    }
+
+    pub async fn grpc_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port().await)
+    }
+
+    /// The port of the shared listener `key`, waiting for a process to report it.
+    async fn port(&self, key: &str) -> u16 {
+        eventually(
+            &format!("a process of this installation reports the port of {key}"),
+            Duration::from_secs(60),
+            || async { self.learned(key) },
+        )
+        .await
+    }
+
+    /// The port of `key` when known, learned from the processes' address files if need be.
+    fn learned(&self, key: &str) -> Option<u16> {
+        let mut listeners = self.listeners.lock().expect("listeners");
+        let listener = listeners.get_mut(key)?;
+        if listener.port.is_none() {
+            listener.port = listener.reported_to.iter().find_map(|file| {
+                let text = std::fs::read_to_string(file).ok()?;
+                hark_core::listen::last(&text, key).map(|addr| addr.port())
+            });
+        }
+        listener.port
     }
 
     /// The environment every process of this installation gets.
@@ -200,14 +264,6 @@ impl Env {
             (
                 "HARK_DATABASE__URL".to_owned(),
                 format!("{}/{}", self.postgres_url, self.database),
-            ),
-            (
-                "HARK_CONTROL__GRPC_LISTEN".to_owned(),
-                format!("127.0.0.1:{}", self.grpc_port),
-            ),
-            (
-                "HARK_GATEWAY__LISTEN".to_owned(),
-                format!("127.0.0.1:{}", self.gateway_port),
             ),
             // No fixed console port: several task-controls of one installation may run.
             (
@@ -224,6 +280,13 @@ impl Env {
                 self.spool_dir().display().to_string(),
             ),
         ]);
+        // Port 0 until a process bound it; the kernel hands out ports for bind(0) from the
+        // other half of the ephemeral range than for outgoing connections, so a restarted
+        // role finds its port free again.
+        for (key, var) in SHARED_LISTENERS {
+            let port = self.learned(key).unwrap_or(0);
+            vars.insert(var.to_owned(), format!("127.0.0.1:{port}"));
+        }
         vars.extend(self.vars.clone());
         vars
     }
@@ -275,6 +338,9 @@ impl Env {
         let log_dir = std::env::temp_dir().join("hark-e2e").join(&self.namespace);
         std::fs::create_dir_all(&log_dir).expect("log directory");
         let log_path = log_dir.join(format!("{name}.log"));
+        // Where it writes the addresses it binds; a restart writes anew.
+        let addr_path = log_dir.join(format!("{name}.addr"));
+        let _ = std::fs::remove_file(&addr_path);
         let (stdout, stderr) = if std::env::var("HARK_E2E_LOGS").as_deref() == Ok("inherit") {
             (Stdio::inherit(), Stdio::inherit())
         } else {
@@ -302,13 +368,30 @@ impl Env {
             .env_remove("LC_ALL")
             .env_remove("LC_MESSAGES")
             .env("NO_COLOR", "1")
-            .envs(vars)
+            .env(hark_core::listen::ENV_ADDR_FILE, &addr_path)
+            .envs(&vars)
             .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .kill_on_drop(true);
         let child = command.spawn().expect("the hark binary starts");
+        // A shared listener this process may bind on port 0 is learned from what it reports.
+        {
+            let mut listeners = self.listeners.lock().expect("listeners");
+            for (key, var) in SHARED_LISTENERS {
+                let on_port_0 = extra
+                    .iter()
+                    .find(|(k, _)| *k == var)
+                    .map(|(_, v)| *v)
+                    .or(vars.get(var).map(String::as_str))
+                    .is_some_and(|listen| listen.ends_with(":0"));
+                let listener = listeners.entry(key).or_default();
+                if on_port_0 && listener.port.is_none() {
+                    listener.reported_to.push(addr_path.clone());
+                }
+            }
+        }
         eprintln!(
             "started hark {} (log: {})",
             args.join(" "),
@@ -318,6 +401,7 @@ impl Env {
             name: name.to_owned(),
             child,
             log: log_path,
+            addrs: addr_path,
         }
     }
 
@@ -325,7 +409,7 @@ impl Env {
     /// answers health only).
     pub async fn client(&self) -> TaskServiceClient<tonic::transport::Channel> {
         for _ in 0..600 {
-            if let Ok(channel) = tonic::transport::Endpoint::from_shared(self.grpc_url())
+            if let Ok(channel) = tonic::transport::Endpoint::from_shared(self.grpc_url().await)
                 .expect("endpoint")
                 .connect()
                 .await
@@ -350,14 +434,14 @@ impl Env {
         }
         panic!(
             "task-control did not serve on {} within 60s",
-            self.grpc_url()
+            self.grpc_url().await
         );
     }
 
     /// A gRPC client that sends `token` as its bearer token, once task-control answers.
     pub async fn client_with_token(&self, token: &str) -> AuthorizedClient {
         self.client().await;
-        let channel = tonic::transport::Endpoint::from_shared(self.grpc_url())
+        let channel = tonic::transport::Endpoint::from_shared(self.grpc_url().await)
             .expect("endpoint")
             .connect()
             .await
@@ -472,12 +556,28 @@ pub struct Process {
     child: Child,
     /// Where its output goes (empty with `HARK_E2E_LOGS=inherit`).
     log: PathBuf,
+    /// Where it writes the addresses it bound (`HARK_ADDR_FILE`).
+    addrs: PathBuf,
 }
 
 impl Process {
     /// Its process id, while it runs.
     pub fn id(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// The address it bound for the listener of config key `key` (`control.http_listen`,
+    /// `metrics.listen`, …), once it did.
+    pub async fn addr(&self, key: &str) -> std::net::SocketAddr {
+        eventually(
+            &format!("{} reports the address of {key}", self.name),
+            Duration::from_secs(60),
+            || async {
+                let text = std::fs::read_to_string(&self.addrs).ok()?;
+                hark_core::listen::last(&text, key)
+            },
+        )
+        .await
     }
 
     /// What the process wrote to stdout and stderr so far.

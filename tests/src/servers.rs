@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use crate::free_port;
+use crate::server_port;
 
 /// A scratch directory removed on drop.
 #[derive(Debug)]
@@ -99,7 +99,7 @@ impl PrivatePostgres {
             .expect("initdb runs");
         assert!(status.success(), "initdb failed");
         let postgres = Self {
-            port: free_port(),
+            port: server_port(),
             data,
             bin,
             _scratch: scratch,
@@ -176,7 +176,7 @@ impl PrivateNats {
     pub fn start() -> Self {
         let scratch = Scratch::new("hark-nats");
         let mut nats = Self {
-            port: free_port(),
+            port: server_port(),
             store: scratch.0.join("jetstream"),
             child: None,
             _scratch: scratch,

@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use hark_e2e::{free_port, hark_binary, nats_url, postgres_url};
+use hark_e2e::{hark_binary, nats_url, postgres_url};
 use serde_json::Value;
 
 /// Runs a small bench with `extra` arguments; returns its stdout, its stderr and its JSON lines.
 async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
-    let llm = format!("127.0.0.1:{}", free_port());
+    // Every listener on port 0: the bench finds where its processes listen.
+    let llm = "127.0.0.1:0".to_owned();
     let mut args = vec![
         "bench",
         "--llm-listen",
@@ -35,11 +36,8 @@ async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
             .env_remove("HARK_CONFIG")
             .env("HARK_NATS__URL", nats_url())
             .env("HARK_DATABASE__URL", format!("{}/postgres", postgres_url()))
-            .env(
-                "HARK_CONTROL__GRPC_LISTEN",
-                format!("127.0.0.1:{}", free_port()),
-            )
-            .env("HARK_GATEWAY__LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("HARK_CONTROL__GRPC_LISTEN", "127.0.0.1:0")
+            .env("HARK_GATEWAY__LISTEN", "127.0.0.1:0")
             .env("HARK_CONTROL__HTTP_LISTEN", "")
             .kill_on_drop(true)
             .output(),

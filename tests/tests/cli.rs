@@ -3,7 +3,7 @@
 
 use std::{process::Stdio, time::Duration};
 
-use hark_e2e::{Env, free_port, hark_binary};
+use hark_e2e::{Env, closed_port, hark_binary, server_port};
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use tokio::{io::AsyncWriteExt as _, process::Command};
 
@@ -82,7 +82,7 @@ async fn a_reader_that_went_away_ends_hark_quietly() {
 
 #[tokio::test]
 async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_said_once() {
-    let closed = free_port();
+    let closed = closed_port();
     let database = format!("postgres://postgres@127.0.0.1:{closed}/hark");
     let (ok, _, said) = hark(&["migrate"], &[("HARK_DATABASE__URL", &database)]).await;
     assert!(!ok);
@@ -115,7 +115,7 @@ async fn a_server_that_does_not_answer_is_named_by_its_config_key_and_its_cause_
     assert_eq!(said.matches("Connection refused").count(), 1, "{said}");
 
     // A nats-server without JetStream: say to start it with -js.
-    let port = free_port();
+    let port = server_port();
     let mut plain = Command::new("nats-server")
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
@@ -171,7 +171,7 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
 
     // The address without its scheme is taken as http://.
-    let api = env.grpc_url().replace("http://", "");
+    let api = env.grpc_url().await.replace("http://", "");
     let mut child = Command::new(hark_binary())
         .args([
             "task", "new", "--wait", "--api", &api, "--owner", "cli:ada", "a drink",
@@ -333,7 +333,7 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
 #[tokio::test]
 async fn health_migrate_and_config_errors_speak_chinese_in_a_chinese_locale() {
     let zh = ("LANG", "zh_CN.UTF-8");
-    let closed = free_port();
+    let closed = closed_port();
     let listen = format!("127.0.0.1:{closed}");
 
     let (ok, _, said) = hark(

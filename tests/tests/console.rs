@@ -6,7 +6,7 @@
 
 use std::{path::PathBuf, process::Stdio};
 
-use hark_e2e::{Env, free_port};
+use hark_e2e::Env;
 use hark_proto::v1 as pb;
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use serde_json::{Value, json};
@@ -56,21 +56,19 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
             Step::say("Hello {answer}"),
         ]),
     );
-    let console_port = free_port();
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     env.set("HARK_CONTROL__API_TOKENS", TOKEN);
-    env.set(
-        "HARK_CONTROL__HTTP_LISTEN",
-        &format!("127.0.0.1:{console_port}"),
-    );
     env.set("HARK_GATEWAY__HTTP__PLATFORMS", "web");
     env.set("HARK_GATEWAY__HTTP__BOTS", "web:playground");
     // The chat speaks Chinese; the console follows each reader's browser instead.
     env.set("HARK_CHAT__LANGUAGE", "zh");
+    // The gateway first: the console's playground reaches it at gateway.listen.
+    let mut gateway = env.spawn(&["gateway"], &[]);
+    env.gateway_port().await;
     let mut control = env.spawn(&["control"], &[]);
     let mut client = env.client().await;
-    let mut gateway = env.spawn(&["gateway"], &[]);
+    let console_port = control.addr("control.http_listen").await.port();
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
 
     let shots = manifest_dir().join("../target/test-artifacts/console");

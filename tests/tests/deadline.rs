@@ -20,7 +20,7 @@ async fn killing_task_control_right_after_a_deadline_ends_a_task_ends_it_once() 
     let _api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_003, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_003, TOKEN).await;
 
     bot.group_message(5002, 100, "/task new --deadline 1h book a room")
         .await;

@@ -23,7 +23,7 @@ async fn killing_task_control_right_after_a_question_is_passed_on_passes_it_on_o
     let _api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_002, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_002, TOKEN).await;
 
     bot.group_message(5001, 100, "/task new book a room").await;
     bot.expect("the question", WAIT, |s| s.text.contains("Which day?"))

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hark_e2e::{Env, free_port};
+use hark_e2e::{Env, server_port};
 use hark_proto::v1 as pb;
 
 /// initdb and a first start of Postgres take a while on a loaded machine.
@@ -29,8 +29,8 @@ async fn closed(port: u16) -> bool {
 
 #[tokio::test]
 async fn hark_dev_starts_private_servers_where_none_answer_and_keeps_their_data() {
-    let pg_port = free_port();
-    let nats_port = free_port();
+    let pg_port = server_port();
+    let nats_port = server_port();
     let data = std::env::temp_dir().join(format!("hark-dev-{}", uuid::Uuid::new_v4().simple()));
     let env = Env::new().await;
     let database = format!("postgres://postgres@127.0.0.1:{pg_port}/hark");
@@ -233,7 +233,7 @@ impl Drop for PasswordPostgres {
 
 #[tokio::test]
 async fn the_distributions_servers_are_told_apart_from_down_ones_and_never_waited_on() {
-    let (pg_port, nats_port) = (free_port(), free_port());
+    let (pg_port, nats_port) = (server_port(), server_port());
     let _postgres = PasswordPostgres::start(pg_port);
     // Debian's nats-server as its package starts it: without JetStream.
     let _nats = tokio::process::Command::new("nats-server")

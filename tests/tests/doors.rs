@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use hark_e2e::{Env, bot::Bot, free_port};
+use hark_e2e::{Env, bot::Bot};
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -93,25 +93,21 @@ fn commands(shape: &str) -> Vec<String> {
 async fn hostile_input_at_every_door_is_refused_or_handled_and_the_next_message_is_served() {
     let llm = hark_e2e::booking_llm().await;
     let mut env = Env::new().await;
-    let console_port = free_port();
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", TOKEN);
     env.set("HARK_GATEWAY__HTTP__PLATFORMS", "myapp");
     env.set("HARK_GATEWAY__HTTP__BOTS", "myapp:main");
     env.set("HARK_GATEWAY__HTTP__TOKEN", HTTP_TOKEN);
-    env.set(
-        "HARK_CONTROL__HTTP_LISTEN",
-        &format!("127.0.0.1:{console_port}"),
-    );
     env.set("HARK_PERMISSION__ADMINS", "qq:100");
     // Every hostile input reaches hark, rather than the flood limits before it.
     env.set("HARK_GATEWAY__RATE_LIMIT", "1000000");
     env.set("HARK_CHAT__COMMANDS_PER_MINUTE", "0");
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
+    let console_port = control.addr("control.http_listen").await.port();
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_001, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_001, TOKEN).await;
     let shapes = hostile();
     let mut sent = 0;
 
@@ -166,7 +162,10 @@ async fn hostile_input_at_every_door_is_refused_or_handled_and_the_next_message_
     // 3. The HTTP adapter: hostile bodies; each is a 4xx, never a 5xx, and the next is taken.
     hark_core::install_crypto();
     let http = reqwest::Client::new();
-    let adapter = format!("http://127.0.0.1:{}/api/v1/messages", env.gateway_port);
+    let adapter = format!(
+        "http://127.0.0.1:{}/api/v1/messages",
+        env.gateway_port().await
+    );
     let post = |body: String| {
         http.post(&adapter)
             .bearer_auth(HTTP_TOKEN)

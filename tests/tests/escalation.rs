@@ -36,7 +36,7 @@ async fn killing_task_control_right_after_an_escalation_asks_the_next_person_onc
     let _api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_004, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_004, TOKEN).await;
 
     bot.group_message(5003, 100, "/task new book a room").await;
     bot.expect("the question", WAIT, |s| {
@@ -135,7 +135,7 @@ async fn killing_task_control_right_after_one_of_two_needed_answers_counts_it_on
     let _api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_005, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_005, TOKEN).await;
 
     bot.group_message(5004, 100, "/task new book a room").await;
     let mut mentioned = Vec::new();

@@ -19,7 +19,7 @@ use std::{
 
 use futures_util::{SinkExt, StreamExt};
 use hark_e2e::{
-    Env, Process, free_port,
+    Env, Process,
     servers::{PrivateNats, PrivatePostgres},
 };
 use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
@@ -82,6 +82,19 @@ impl Role {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         self.process = Some(env.spawn_named(&self.name, &args, &extra));
+    }
+
+    /// Once started with `var` on port 0: the address it bound for `key`, kept in `var` so that
+    /// it binds the same port each time it is started again.
+    async fn pin(&mut self, key: &str, var: &str) -> u16 {
+        let process = self.process.as_ref().expect("started");
+        let port = process.addr(key).await.port();
+        for (k, v) in &mut self.extra {
+            if k == var {
+                *v = format!("127.0.0.1:{port}");
+            }
+        }
+        port
     }
 
     fn kind(&self) -> &str {
@@ -440,32 +453,24 @@ async fn under_random_kills_and_outages_no_task_loses_or_mixes_up_its_answers() 
     ] {
         env.set(key, &value);
     }
-    let grpc = [env.grpc_port, free_port()];
-    let gateways = [env.gateway_port, free_port()];
-    let grpc_urls: Vec<String> = grpc
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
+    // Each task-control and gateway binds port 0 first, and that port after each kill.
     let mut roles: Vec<Role> = Vec::new();
-    for (i, port) in grpc.iter().enumerate() {
+    for i in 0..2 {
         roles.push(Role {
             name: format!("control-{}", i + 1),
             args: vec!["control".into()],
-            extra: vec![(
-                "HARK_CONTROL__GRPC_LISTEN".into(),
-                format!("127.0.0.1:{port}"),
-            )],
+            extra: vec![("HARK_CONTROL__GRPC_LISTEN".into(), "127.0.0.1:0".into())],
             process: None,
             kills: 0,
             back_at: None,
         });
     }
-    for (i, port) in gateways.iter().enumerate() {
+    for i in 0..2 {
         roles.push(Role {
             name: format!("gateway-{}", i + 1),
             args: vec!["gateway".into()],
             extra: vec![
-                ("HARK_GATEWAY__LISTEN".into(), format!("127.0.0.1:{port}")),
+                ("HARK_GATEWAY__LISTEN".into(), "127.0.0.1:0".into()),
                 (
                     "HARK_GATEWAY__SPOOL_DIR".into(),
                     env.spool_dir()
@@ -492,6 +497,21 @@ async fn under_random_kills_and_outages_no_task_loses_or_mixes_up_its_answers() 
     for role in &mut roles {
         role.start(&env);
     }
+    let (mut grpc, mut gateways) = (Vec::new(), Vec::new());
+    for role in &mut roles {
+        match role.kind() {
+            "control" => grpc.push(
+                role.pin("control.grpc_listen", "HARK_CONTROL__GRPC_LISTEN")
+                    .await,
+            ),
+            "gateway" => gateways.push(role.pin("gateway.listen", "HARK_GATEWAY__LISTEN").await),
+            _ => {}
+        }
+    }
+    let grpc_urls: Vec<String> = grpc
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
     env.client().await;
     let (posted_tx, mut posted) = mpsc::unbounded_channel();
     let mut bots = [

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use hark_e2e::{Env, Process, bot::Bot, free_port};
+use hark_e2e::{Env, Process, bot::Bot, closed_port};
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use prometheus_parse::{Scrape, Value};
 
@@ -96,21 +96,19 @@ impl Hark {
         let mut env = Env::new().await;
         env.set("HARK_LLM__BASE_URL", &llm.base_url());
         env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "tok");
-        let (control_port, worker_port) = (free_port(), free_port());
-        let control = env.spawn(
-            &["control"],
-            &[("HARK_METRICS__LISTEN", &format!("127.0.0.1:{control_port}"))],
-        );
+        let control = env.spawn(&["control"], &[("HARK_METRICS__LISTEN", "127.0.0.1:0")]);
         env.client().await;
         let gateway = env.spawn(&["gateway"], &[("HARK_METRICS__TOKEN", "scrape-token")]);
         let worker = env.spawn(
             &["worker", "--id", "w1"],
-            &[("HARK_METRICS__LISTEN", &format!("127.0.0.1:{worker_port}"))],
+            &[("HARK_METRICS__LISTEN", "127.0.0.1:0")],
         );
-        let bot = Bot::connect(env.gateway_port, 42, "tok").await;
+        let bot = Bot::connect(env.gateway_port().await, 42, "tok").await;
+        let control_metrics = control.addr("metrics.listen").await;
+        let worker_metrics = worker.addr("metrics.listen").await;
         Self {
-            control_metrics: format!("http://127.0.0.1:{control_port}/metrics"),
-            worker_metrics: format!("http://127.0.0.1:{worker_port}"),
+            control_metrics: format!("http://{control_metrics}/metrics"),
+            worker_metrics: format!("http://{worker_metrics}"),
             env,
             llm,
             control,
@@ -125,7 +123,7 @@ impl Hark {
     }
 
     async fn gateway(&self) -> Metrics {
-        let url = format!("http://127.0.0.1:{}/metrics", self.env.gateway_port);
+        let url = format!("http://127.0.0.1:{}/metrics", self.env.gateway_port().await);
         Metrics::of(&url, Some("scrape-token")).await
     }
 
@@ -189,7 +187,7 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
         .spawn(&["health", "worker"], &[("HARK_METRICS__LISTEN", &listen)]);
     let status = probe.exited_within(WAIT).await.expect("the probe ends");
     assert!(status.success(), "{}", probe.output());
-    let nowhere = format!("127.0.0.1:{}", free_port());
+    let nowhere = format!("127.0.0.1:{}", closed_port());
     let mut probe = hark
         .env
         .spawn(&["health", "worker"], &[("HARK_METRICS__LISTEN", &nowhere)]);
@@ -205,7 +203,7 @@ async fn each_roles_metrics_move_as_a_task_asks_is_answered_completes_and_anothe
     assert_eq!(before.at("hark_tasks_created_total", &qq), 0.0);
     assert_eq!(before.at("hark_tasks", &[("state", "waiting_input")]), 0.0);
     // Tokens are refused to strangers wherever a token is set.
-    let url = format!("http://127.0.0.1:{}/metrics", hark.env.gateway_port);
+    let url = format!("http://127.0.0.1:{}/metrics", hark.env.gateway_port().await);
     let refused = answer(&url, None).await;
     assert_eq!(refused.status(), 401);
     // Nor does a bot's token read them.

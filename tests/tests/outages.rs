@@ -18,6 +18,12 @@ const OWNER: i64 = 100;
 
 /// What `hark health <role>` says now: its exit status.
 async fn healthy(env: &Env, role: &str) -> bool {
+    // The port `hark health` asks, once the role reported it.
+    match role {
+        "control" => drop(env.grpc_port().await),
+        "gateway" => drop(env.gateway_port().await),
+        _ => {}
+    }
     let mut check = env.spawn(&["health", role], &[]);
     check
         .exited_within(WAIT)
@@ -135,7 +141,7 @@ async fn every_role_waits_for_postgres_and_nats_at_start_and_says_so() {
         .await;
     // Up, and not ready: the health checks say so instead of the processes exiting.
     assert!(!healthy(&env, "control").await, "control is not ready yet");
-    let base = format!("http://127.0.0.1:{}", env.gateway_port);
+    let base = format!("http://127.0.0.1:{}", env.gateway_port().await);
     let (status, _) = get(&format!("{base}/healthz")).await;
     assert_eq!(status, 200, "the gateway is alive");
     let (status, body) = get(&format!("{base}/readyz")).await;
@@ -224,7 +230,7 @@ impl Outage {
         env.client().await;
         let gateway = env.spawn(&["gateway"], gateway_vars);
         let worker = env.spawn(&["worker", "--id", "w1"], &[]);
-        let mut bot = Bot::connect(env.gateway_port, 42, "tok").await;
+        let mut bot = Bot::connect(env.gateway_port().await, 42, "tok").await;
         bot.group_message(GROUP, OWNER, "/task new paint the fence")
             .await;
         bot.expect("the question", WAIT, |s| s.text.contains("Which colour?"))
@@ -244,7 +250,7 @@ impl Outage {
     async fn spooled(&self) -> u64 {
         let (_, health) = get(&format!(
             "http://127.0.0.1:{}/healthz",
-            self.env.gateway_port
+            self.env.gateway_port().await
         ))
         .await;
         health["spooled"].as_u64().unwrap_or(0)
@@ -293,7 +299,7 @@ async fn a_gateway_killed_while_nats_is_away_loses_none_of_the_messages_it_read(
     hark.gateway.kill().await;
     hark.nats.start_again();
     hark.gateway = hark.env.spawn(&["gateway"], &[]);
-    hark.bot = Bot::connect(hark.env.gateway_port, 42, "tok").await;
+    hark.bot = Bot::connect(hark.env.gateway_port().await, 42, "tok").await;
 
     let mut posted = Vec::new();
     while !(posted.iter().any(|t: &String| t.contains("Painted green."))
@@ -331,7 +337,7 @@ async fn a_gateway_killed_right_after_spooling_or_right_after_publishing_applies
             .expect("the gateway dies at the failpoint");
         assert!(!status.success(), "{failpoint}");
         hark.gateway = hark.env.spawn(&["gateway"], &[]);
-        hark.bot = Bot::connect(hark.env.gateway_port, 42, "tok").await;
+        hark.bot = Bot::connect(hark.env.gateway_port().await, 42, "tok").await;
         let done = hark
             .bot
             .expect("the result", WAIT, |s| s.text.contains("Painted"))
@@ -360,7 +366,10 @@ async fn the_http_adapter_accepts_only_what_jetstream_has() {
     env.set("HARK_GATEWAY__HTTP__BOTS", "myapp:main");
     let mut gateway = env.spawn(&["gateway"], &[]);
     gateway.wait_for_output("gateway started", WAIT).await;
-    let url = format!("http://127.0.0.1:{}/api/v1/messages", env.gateway_port);
+    let url = format!(
+        "http://127.0.0.1:{}/api/v1/messages",
+        env.gateway_port().await
+    );
     let post = |id: &'static str| {
         let url = url.clone();
         async move {

@@ -20,7 +20,7 @@ async fn a_poison_command_and_an_unreadable_message_stop_nothing_and_are_shown()
     let _api = env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 3_889_001, TOKEN).await;
+    let mut bot = Bot::connect(env.gateway_port().await, 3_889_001, TOKEN).await;
 
     // The command that once panicked task-control's chat consumer: a clear refusal instead.
     bot.group_message(5001, 100, "/task new --in 70000000h x")
@@ -50,6 +50,7 @@ async fn a_poison_command_and_an_unreadable_message_stop_nothing_and_are_shown()
 
     // What was set aside is shown, with its reason; listing it is not a failure.
     let deadline = tokio::time::Instant::now() + WAIT;
+    env.grpc_port().await;
     let listed = loop {
         let mut health = env.spawn(&["health", "--dead-letters"], &[]);
         let status = health.exited_within(WAIT).await.expect("hark health ends");

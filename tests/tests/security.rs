@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use hark_e2e::{Env, bot::Bot, free_port};
+use hark_e2e::{Env, bot::Bot, closed_port};
 use hark_proto::v1 as pb;
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 
@@ -108,7 +108,7 @@ async fn no_role_prints_a_secret_while_it_starts_runs_and_fails() {
     }
 
     // Failing to reach the database names it without its password.
-    let port = free_port();
+    let port = closed_port();
     let mut migrate = env.spawn(
         &["migrate"],
         &[(
@@ -135,7 +135,7 @@ async fn no_role_prints_a_secret_while_it_starts_runs_and_fails() {
 #[tokio::test]
 async fn a_role_reachable_from_other_hosts_without_its_token_does_not_start() {
     let env = Env::new().await;
-    let everywhere = format!("0.0.0.0:{}", free_port());
+    let everywhere = "0.0.0.0:0".to_owned();
     let mut gateway = env.spawn(&["gateway"], &[("HARK_GATEWAY__LISTEN", &everywhere)]);
     let status = gateway.exited_within(WAIT).await.expect("refused at start");
     assert!(!status.success());
@@ -181,10 +181,7 @@ async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
     // The README's QQ setup: every interface, the OneBot token set, nothing else.
-    env.set(
-        "HARK_GATEWAY__LISTEN",
-        &format!("0.0.0.0:{}", env.gateway_port),
-    );
+    env.set("HARK_GATEWAY__LISTEN", "0.0.0.0:0");
     env.set(
         "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
         "3f9c2a7be41d08c6a5f3e9d27b1c40aa",
@@ -195,7 +192,7 @@ async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
     let mut bot = Bot::connect(
-        env.gateway_port,
+        env.gateway_port().await,
         3_889_001,
         "3f9c2a7be41d08c6a5f3e9d27b1c40aa",
     )
@@ -206,7 +203,10 @@ async fn the_spoofed_qq_answer_of_the_review_is_refused_and_wakes_nothing() {
 
     // The review's curl, as the owner and as an admin.
     hark_core::install_crypto();
-    let url = format!("http://127.0.0.1:{}/api/v1/messages", env.gateway_port);
+    let url = format!(
+        "http://127.0.0.1:{}/api/v1/messages",
+        env.gateway_port().await
+    );
     for (user, text) in [("100", "spoofed answer"), ("20001", "/task list all")] {
         let body = serde_json::json!({"platform": "qq", "bot_id": "3889001",
             "stream": "group:5001", "sender": {"user_id": user}, "text": text,

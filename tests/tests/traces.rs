@@ -150,7 +150,7 @@ async fn one_chat_round_trip_is_traced_across_the_three_services_and_the_resume_
     env.client().await;
     let mut gateway = env.spawn(&["gateway"], &[]);
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    let mut bot = Bot::connect(env.gateway_port, 42, "tok").await;
+    let mut bot = Bot::connect(env.gateway_port().await, 42, "tok").await;
 
     bot.group_message(777, 100, "/task new check the weather")
         .await;

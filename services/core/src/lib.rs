@@ -9,6 +9,7 @@
 //! - [`consume`] takes messages off a JetStream consumer so that no single one can stop it: a
 //!   panic is caught, and a message that never succeeds is set aside in the dead-letter stream.
 //! - [`error`] is the one classification of failures that every service maps from.
+//! - [`listen`] says where a role listens once bound, for listeners configured on port 0.
 //! - [`startup`] waits for a dependency that does not answer yet, saying what it waits for.
 //! - [`metrics`] counts and times what each role does, for Prometheus, without locks.
 //! - [`secret`] types tokens and passwords so that nothing prints them.
@@ -22,6 +23,7 @@ pub mod consume;
 pub mod domain;
 pub mod error;
 pub mod failpoint;
+pub mod listen;
 pub mod metrics;
 pub mod publish;
 pub mod secret;

@@ -429,6 +429,7 @@ pub async fn serve(
             tracing::warn!(error = %e, "the metrics listener stopped");
         }
     });
+    crate::listen::bound("metrics.listen", bound);
     tracing::info!(addr = %bound, "metrics listening");
     Ok(bound)
 }

@@ -58,6 +58,9 @@ impl App {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Listen { addr, source })?;
+        if let Ok(bound) = listener.local_addr() {
+            hark_core::listen::bound("gateway.listen", bound);
+        }
         let spool_dir = config.gateway.spool_path();
         let (spool, left) = crate::spool::Spool::open(&spool_dir, config.gateway.spool_max_bytes)?;
         if !left.is_empty() {
@@ -199,7 +202,6 @@ impl App {
                 hark_core::secret::Failures::default(),
                 hark_core::secret::throttle,
             ));
-        tracing::debug!(addr = %listener.local_addr().map_err(Error::Serve)?, "gateway listening");
         let stop = shutdown.clone();
         let stopped_here = own.clone();
         // Chat frames are small and latency matters more than packet count.

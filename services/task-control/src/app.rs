@@ -242,7 +242,6 @@ impl App {
             api::Api::new(shared.clone()),
             api::Auth::new(shared.config.control.api_tokens.clone()),
         );
-        tracing::debug!(addr = %listener.local_addr().map_err(|e| Error::Serve(e.to_string()))?, "gRPC API listening");
         // Without TCP_NODELAY, answers to requests multiplexed on one connection wait for the
         // client's delayed ACK (40 ms) whenever an earlier reply is still unacknowledged.
         let incoming =
@@ -271,6 +270,9 @@ fn bind(config: &Config) -> Result<(std::net::TcpListener, Option<std::net::TcpL
     listener
         .set_nonblocking(true)
         .map_err(|source| Error::Listen { addr, source })?;
+    if let Ok(bound) = listener.local_addr() {
+        hark_core::listen::bound("control.grpc_listen", bound);
+    }
     let console = crate::console::bind(config).map_err(Error::Serve)?;
     Ok((listener, console))
 }

@@ -150,7 +150,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         config.control.max_watchers = config.control.max_watchers.max(streams.saturating_add(100));
         config.control.max_watchers_per_token = config.control.max_watchers_per_token.max(streams);
         procs::Processes::spawn(
-            &config,
+            &mut config,
             &llm.base_url(),
             args.workers,
             args.worker_concurrency,

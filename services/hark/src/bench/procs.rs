@@ -25,9 +25,10 @@ impl Processes {
     }
 
     /// Starts `hark control`, `hark gateway` and `workers` × `hark worker` with `config`'s
-    /// database and namespace, the workers calling `llm_url`.
+    /// database and namespace, the workers calling `llm_url`. A listener `config` puts on port
+    /// 0 is set to the address the process bound.
     pub async fn spawn(
-        config: &Config,
+        config: &mut Config,
         llm_url: &str,
         workers: u32,
         concurrency: u32,
@@ -78,11 +79,15 @@ impl Processes {
                 std::env::var("HARK_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
             ),
         ];
+        let addr_file =
+            std::env::temp_dir().join(format!("hark-bench-{}.addr", config.nats.namespace));
+        let _ = std::fs::remove_file(&addr_file);
         let start = |args: Vec<String>, observed: Vec<(String, String)>| -> anyhow::Result<Proc> {
             let child = Command::new(&exe)
                 .args(&args)
                 .env_remove("HARK_CONFIG")
                 .envs(env.iter().map(|(k, v)| (k.to_string(), v.clone())))
+                .env(hark_core::listen::ENV_ADDR_FILE, &addr_file)
                 .envs(observed)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -99,9 +104,12 @@ impl Processes {
         let observed =
             |role: &str, index: usize| observing.map(|o| o.env(role, index)).unwrap_or_default();
         let mut procs = vec![start(vec!["control".into()], observed("control", 0))?];
+        config.control.grpc_listen = bound(&addr_file, "control.grpc_listen").await?;
         // task-control migrates and creates the streams; the others start once it answers.
         connect_api(config).await?;
         procs.push(start(vec!["gateway".into()], observed("gateway", 0))?);
+        config.gateway.listen = bound(&addr_file, "gateway.listen").await?;
+        let _ = std::fs::remove_file(&addr_file);
         for n in 1..=workers {
             procs.push(start(
                 vec!["worker".into(), "--id".into(), format!("bench-w{n}")],
@@ -192,6 +200,18 @@ pub fn postgres_pss() -> u64 {
         }
     }
     total
+}
+
+/// The address the process started last bound for `key`, as it wrote it to `file`.
+async fn bound(file: &std::path::Path, key: &str) -> anyhow::Result<std::net::SocketAddr> {
+    for _ in 0..600 {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if let Some(addr) = hark_core::listen::last(&text, key) {
+            return Ok(addr);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the bench's hark processes did not say within 60 s where {key} listens")
 }
 
 pub async fn connect_api(config: &Config) -> anyhow::Result<TaskServiceClient<Channel>> {

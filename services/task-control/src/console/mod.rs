@@ -79,6 +79,7 @@ pub async fn serve(shared: Shared, listener: std::net::TcpListener, shutdown: Ca
         }
     };
     if let Ok(addr) = listener.local_addr() {
+        hark_core::listen::bound("control.http_listen", addr);
         tracing::info!(%addr, "web console listening");
     }
     let served = axum::serve(

@@ -937,6 +937,8 @@ impl Run<'_> {
                     choices: question.choices.clone(),
                     multiple: question.multiple,
                     fields: question.fields.clone(),
+                    escalate_to: question.escalate_to.clone(),
+                    escalate_after_s: question.escalate_after_s,
                     ..Default::default()
                 };
                 match control.ask(request, self.gone).await {

@@ -305,3 +305,142 @@ async fn a_questionnaire_asks_confirms_several_choices_and_forms_and_outputs_the
     );
     bed.stop().await;
 }
+
+/// The open question of `task` asked of `owner`, once there is one.
+async fn open_question_of(bed: &Bed, task: &str, owner: &str) -> pb::Question {
+    hark_testkit::eventually(
+        &format!("a question of {task} is open to {owner}"),
+        WAIT,
+        || async {
+            bed.task(task)
+                .await
+                .questions
+                .into_iter()
+                .find(|q| q.owner == owner && q.outcome == pb::QuestionOutcome::Open as i32)
+        },
+    )
+    .await
+}
+
+/// Answers question `id` as `answerer` and waits for the next question or the end.
+async fn answer_as(bed: &Bed, id: &str, answerer: &str, text: &str) -> pb::TaskEvent {
+    let replied = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: id.into(),
+            answer: text.into(),
+            answerer: answerer.into(),
+            wait: pb::AnswerWait::NextQuestionOrEnd as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    replied.event.expect("the next question or the end")
+}
+
+#[tokio::test]
+async fn a_questionnaires_questions_escalate_and_the_first_answer_of_anyone_asked_counts() {
+    let bed = bed().await;
+    let escalating = |key: &str, text: &str, to: &[&str]| pb::FormQuestion {
+        escalate_to: to.iter().map(|p| (*p).to_owned()).collect(),
+        escalate_after_s: 1,
+        ..question(key, text, &[])
+    };
+    let chat = pb::ChatRoute {
+        platform: "qq".into(),
+        bot_id: "1".into(),
+        stream: "group:5".into(),
+        ..Default::default()
+    };
+
+    // Nobody can be asked in a chat the task does not have, nor on another platform.
+    for (chat, named, why) in [
+        (None, "200", "this task has no chat"),
+        (Some(chat.clone()), "web:200", "web:200 is not on qq"),
+    ] {
+        let refused = bed
+            .client()
+            .await
+            .create_task(pb::CreateTaskRequest {
+                owner: "qq:100".into(),
+                chat,
+                questionnaire: vec![escalating("day", "Which day?", &[named])],
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(
+            refused
+                .message()
+                .contains("questionnaire: question 1: escalate_to")
+                && refused.message().contains(why),
+            "{}",
+            refused.message()
+        );
+    }
+
+    let id = bed
+        .create("qq:100", "", |r| {
+            r.chat = Some(chat);
+            r.questionnaire = vec![
+                escalating("day", "Which day?", &["200"]),
+                escalating("room", "Which room?", &["qq:300"]),
+            ];
+        })
+        .await;
+    let task = bed.task(&id).await.task.expect("task");
+    assert_eq!(task.questionnaire[0].escalate_to, ["qq:200"]);
+
+    // The first question, asked by a worker, goes to qq:200 too after a second; qq:200
+    // answers, and qq:100's is closed.
+    let first = open_question_of(&bed, &id, "qq:100").await;
+    assert_eq!(first.text, "Which day?");
+    let escalated = open_question_of(&bed, &id, "qq:200").await;
+    assert_eq!(escalated.text, "Which day?");
+    assert_eq!(escalated.chat.expect("chat").stream, "private:200");
+    let next = answer_as(&bed, &escalated.id, "qq:200", "Friday").await;
+    let room = next.question.expect("the second question");
+    assert_eq!(room.text, "Which room?");
+    assert_eq!(room.owner, "qq:100");
+
+    // The second, asked by task-control in the answer's statement, escalates the same way;
+    // this time the owner answers first.
+    let escalated = open_question_of(&bed, &id, "qq:300").await;
+    assert_eq!(escalated.text, "Which room?");
+    let end = answer_as(&bed, &room.id, "qq:100", "Blue").await;
+    assert_eq!(end.state, pb::TaskState::Completed as i32);
+    let output: serde_json::Value = serde_json::from_str(&end.result).expect("JSON output");
+    assert_eq!(output, serde_json::json!({"day": "Friday", "room": "Blue"}));
+
+    // The ledger: who answered each, and whose question the answer closed.
+    let questions = bed.task(&id).await.questions;
+    let seen: Vec<(&str, &str, i32)> = questions
+        .iter()
+        .map(|q| (q.text.as_str(), q.owner.as_str(), q.outcome))
+        .collect();
+    let answered = pb::QuestionOutcome::Answered as i32;
+    let superseded = pb::QuestionOutcome::Superseded as i32;
+    for want in [
+        ("Which day?", "qq:100", superseded),
+        ("Which day?", "qq:200", answered),
+        ("Which room?", "qq:100", answered),
+        ("Which room?", "qq:300", superseded),
+    ] {
+        assert!(seen.contains(&want), "{want:?} not in {seen:?}");
+    }
+    assert_eq!(questions.len(), 4, "{seen:?}");
+    let escalations = bed
+        .store
+        .transitions_of(id.parse().expect("id"))
+        .await
+        .expect("transitions")
+        .into_iter()
+        .filter(|t| t.event == "escalate")
+        .count();
+    assert_eq!(escalations, 2);
+    assert!(bed.llm.requests().is_empty(), "no model was called");
+    bed.stop().await;
+}

@@ -495,6 +495,8 @@ impl TaskService for Api {
                                 text: q.text,
                                 choices: q.choices,
                                 shape,
+                                escalate_to: q.escalate_to,
+                                escalate_after_s: q.escalate_after_s,
                             })
                         })
                         .collect::<Result<Vec<_>, Status>>()?,

@@ -130,6 +130,7 @@ impl App {
             max_attempts: i32::try_from(config.task.max_attempts).unwrap_or(i32::MAX),
         })
         .with_questionnaire_steps()
+        .with_remind_before(config.task.remind_before.0)
         .with_idle_workers(
             Arc::new(handoff::Idle::new(parked.clone(), handoffs)),
             config.task.lease.0,

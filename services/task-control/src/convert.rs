@@ -195,5 +195,7 @@ pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
         kind,
         multiple,
         fields,
+        escalate_to: q.escalate_to.clone(),
+        escalate_after_s: q.escalate_after_s,
     }
 }

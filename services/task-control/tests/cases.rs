@@ -89,6 +89,8 @@ async fn a_creation_decides_what_the_door_left_to_the_configuration() {
         text: "Your name?".into(),
         choices: vec![],
         shape: None,
+        escalate_to: vec![],
+        escalate_after_s: 0,
     }]);
     let titled = cases::create_task(&tc.shared, form).await.expect("created");
     assert_eq!(titled.goal, "a questionnaire of 1 questions");

@@ -30,7 +30,22 @@ pub struct FormQuestion {
     /// replicas that know only those, keep as above).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Shape>,
+    /// Whom it is asked of next, one after another, while it stays unanswered: people as
+    /// `platform:user_id`, or a bare user id on the platform of the task's chat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalate_to: Vec<String>,
+    /// Unanswered this many seconds, it goes to the next of `escalate_to`; 0: at its first
+    /// reminder.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub escalate_after_s: u32,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The most people one question is escalated to.
+pub const MAX_ESCALATE_TO: usize = 20;
 
 impl FormQuestion {
     /// What it accepts.
@@ -58,6 +73,8 @@ pub enum FormError {
     Choices { index: usize, why: ChoiceError },
     #[error("question {index}: {why}")]
     Shape { index: usize, why: ShapeError },
+    #[error("question {index}: escalate_to {why}")]
+    EscalateTo { index: usize, why: String },
 }
 
 /// Why a list of choices was refused.
@@ -153,11 +170,31 @@ pub fn questionnaire(given: Vec<FormQuestion>) -> Result<Vec<FormQuestion>, Form
             Some(shape) => shape.choices().to_vec(),
             None => choices,
         };
+        if question.escalate_to.len() > MAX_ESCALATE_TO {
+            return Err(FormError::EscalateTo {
+                index,
+                why: format!(
+                    "names {} people, more than the {MAX_ESCALATE_TO} allowed",
+                    question.escalate_to.len()
+                ),
+            });
+        }
+        let mut escalate_to = Vec::with_capacity(question.escalate_to.len());
+        for person in &question.escalate_to {
+            let person =
+                text::text(person, MAX_CHOICE_BYTES).map_err(|why| FormError::EscalateTo {
+                    index,
+                    why: format!("names someone whose name {why}"),
+                })?;
+            escalate_to.push(person.to_owned());
+        }
         kept.push(FormQuestion {
             key,
             text,
             choices,
             shape,
+            escalate_to,
+            escalate_after_s: question.escalate_after_s,
         });
     }
     Ok(kept)
@@ -287,6 +324,8 @@ mod tests {
             text: text.into(),
             choices: choices.iter().map(|c| (*c).to_owned()).collect(),
             shape: None,
+            escalate_to: Vec::new(),
+            escalate_after_s: 0,
         }
     }
 

@@ -165,8 +165,17 @@ fn check(shared: &Shared, new: &Create) -> Result<Checked, Error> {
 
 /// Creates a task, queued for its first run. A key used before gives the task it made, if that
 /// task was made by the same request (same goal and chat).
-pub async fn create_task(shared: &Shared, new: Create) -> Result<TaskRow, Error> {
+pub async fn create_task(shared: &Shared, mut new: Create) -> Result<TaskRow, Error> {
     let checked = check(shared, &new)?;
+    // The people a questionnaire's questions escalate to, each on the platform of its chat.
+    let platform = new.chat.as_ref().map(|c| c.platform.clone());
+    for (i, question) in new.questionnaire.iter_mut().flatten().enumerate() {
+        if !question.escalate_to.is_empty() {
+            let key = format!("questionnaire: question {}: escalate_to", i + 1);
+            question.escalate_to =
+                store::people_on(platform.as_deref(), &question.escalate_to, &key)?;
+        }
+    }
     let asked = (
         checked.goal.clone(),
         new.chat.as_ref().map(|c| c.stream.clone()),

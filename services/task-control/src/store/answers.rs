@@ -491,8 +491,8 @@ impl Store {
                     super::batch::Move::of(&decision),
                     generation,
                     answer,
-                    &questions,
-                    last,
+                    (&questions, last),
+                    &open_others,
                 )
                 .await;
         }

@@ -38,6 +38,11 @@ macro_rules! answered_and_audit {
                 UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_answer, inbound_message_id = t.c_inbound
                 FROM t WHERE q.id = t.c_answered AND q.outcome = ", sql_outcome!(open), "
+            ), superseded AS (
+                -- The same question escalated to others: the first answer closes theirs.
+                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
+                FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
+                  AND q.id <> t.c_answered
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
@@ -144,6 +149,8 @@ pub(super) struct FormAsk {
     handle: String,
     call_id: String,
     shape: Shape,
+    /// Whom it is asked of next while it stays unanswered, and when (see [`super::Escalation`]).
+    escalation: super::Escalation,
     outbox: Vec<OutboxMessage>,
 }
 
@@ -222,15 +229,16 @@ struct FinishRow {
 
 impl Store {
     /// Applies `answer` to `question` of a questionnaire waiting at `generation`, and takes the
-    /// step it leads to in the same statement. `last` is the questionnaire's last round.
+    /// step it leads to in the same statement. `last` is the questionnaire's last round;
+    /// `open_others` the questions of the same ask asked of others, which the answer closes.
     pub(super) async fn answer_form(
         &self,
         mut question: QuestionRow,
         answered_move: Move,
         generation: i64,
         answer: &Answer,
-        questions: &[FormQuestion],
-        last: Option<serde_json::Value>,
+        (questions, last): (&[FormQuestion], Option<serde_json::Value>),
+        open_others: &[crate::rows::Sibling],
     ) -> Result<AnswerOutcome, Error> {
         let task = question.task_id;
         let (number, mut answers) = match &last {
@@ -289,9 +297,13 @@ impl Store {
         };
         let row = match &step {
             Step::Finish(output) => {
-                let outbox = self
+                let mut outbox = self
                     .effects
                     .of(task, generation + 3, chat.as_ref(), None, &last);
+                outbox.extend(
+                    self.effects
+                        .answered_elsewhere(open_others, &answer.answerer),
+                );
                 self.decide(FormFinish {
                     answered: answered(messages),
                     output: output.clone(),
@@ -307,7 +319,7 @@ impl Store {
                 // fails the statement, and another is drawn.
                 for _ in 0..8 {
                     let handle = Handle::random().to_string();
-                    let outbox = chat
+                    let mut outbox = chat
                         .as_ref()
                         .map(|route| {
                             self.effects.question(
@@ -321,6 +333,10 @@ impl Store {
                             )
                         })
                         .unwrap_or_default();
+                    outbox.extend(
+                        self.effects
+                            .answered_elsewhere(open_others, &answer.answerer),
+                    );
                     let decided = self
                         .decide(FormAsk {
                             answered: answered(messages.clone()),
@@ -329,6 +345,13 @@ impl Store {
                             handle: handle.clone(),
                             call_id: progress::call_id(&next.key),
                             shape: next.shape(),
+                            escalation: super::Escalation {
+                                to: next.escalate_to.clone(),
+                                after: (next.escalate_after_s > 0).then(|| {
+                                    std::time::Duration::from_secs(next.escalate_after_s.into())
+                                }),
+                                remind_before: self.remind_before,
+                            },
                             outbox,
                         })
                         .await?;
@@ -388,11 +411,12 @@ impl Store {
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
                                      $7::text[], $8::jsonb[], $9::uuid[], $10::text[], $11::text[], $12::text[],
                                      $13::jsonb[], $19::text[], $20::text[], $21::text[], $22::text[],
-                                     $23::text[], $24::text[], $25::text[], $26::text[], $27::text[])
+                                     $23::text[], $24::text[], $25::text[], $26::text[], $27::text[],
+                                     $28::jsonb[], $29::bigint[], $30::bigint[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
                                          c_choices, c_af, c_at, c_ae, c_cf, c_ct, c_ce, c_lf, c_lt, c_le,
-                                         c_ord)
+                                         c_escalate_to, c_escalate_ms, c_remind_ms, c_ord)
             ), t AS (
                 UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
@@ -406,13 +430,24 @@ impl Store {
             answered_and_audit!("c_text"),
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
-                                       platform, bot_id, stream, choices, deadline)
+                                       platform, bot_id, stream, choices, deadline, escalate_to,
+                                       escalate_every_ms, escalate_at)
                 SELECT c_question, id, c_handle, c_text, '', c_call, c_round, owner, platform, bot_id,
-                       stream, c_choices,
-                       CASE WHEN on_timeout = ", sql_policy!(never), " THEN NULL
-                            WHEN ask_timeout_s > 0 THEN now() + ask_timeout_s * interval '1 second'
-                       END
-                FROM t RETURNING task_id, deadline
+                       stream, c_choices, d.deadline, e.people,
+                       CASE WHEN cardinality(e.people) > 0 THEN e.every END,
+                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END
+                FROM t
+                CROSS JOIN LATERAL (SELECT
+                       CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
+                            WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
+                       END AS deadline) d
+                -- As an agent's ask: escalated at the first reminder unless told when.
+                CROSS JOIN LATERAL (SELECT
+                       ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
+                       greatest(1000, coalesce(t.c_escalate_ms,
+                           (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
+                           t.c_remind_ms)) AS every) e
+                RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
@@ -431,7 +466,16 @@ impl Store {
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
             .bind(column(batch, |r| crate::rows::StoredShape::of(&r.shape)));
-        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
+        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves)
+            .bind(column(batch, |r| r.escalation.column()))
+            .bind(column(batch, |r| {
+                r.escalation
+                    .after
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            }))
+            .bind(column(batch, |r| {
+                i64::try_from(r.escalation.remind_before.as_millis()).unwrap_or(i64::MAX)
+            }));
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(

@@ -216,7 +216,7 @@ pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
-pub use worker::{AskInput, Claimed, Escalation, Resume};
+pub use worker::{AskInput, Claimed, Escalation, Resume, people_on};
 
 use hark_core::{
     domain::{Event, QuestionOutcome, TaskState},
@@ -629,6 +629,9 @@ pub struct Store {
     /// Whether a questionnaire's answer takes its next step in the same statement (see
     /// [`form`]) instead of queueing a run for a worker.
     form_steps: bool,
+    /// How long before its deadline an open question is reminded (`task.remind_before`): a
+    /// questionnaire's question escalates then unless told when.
+    remind_before: std::time::Duration,
     /// Workers polling this process: an answer claims its task for one of them in its own
     /// statement and hands the claim over here (see [`crate::handoff`]).
     handoffs: Option<answers::Handoffs>,
@@ -720,6 +723,7 @@ impl Store {
             form_asks: Default::default(),
             form_finishes: Default::default(),
             form_steps: false,
+            remind_before: std::time::Duration::from_secs(600),
             handoffs: None,
         }
     }
@@ -747,6 +751,15 @@ impl Store {
     }
 
     /// Takes a questionnaire's next step with each answer, in the answer's own statement.
+    /// `task.remind_before`, as a questionnaire's escalations follow it; zero keeps the default
+    /// of 10 minutes.
+    pub fn with_remind_before(mut self, remind_before: std::time::Duration) -> Self {
+        if !remind_before.is_zero() {
+            self.remind_before = remind_before;
+        }
+        self
+    }
+
     pub fn with_questionnaire_steps(mut self) -> Self {
         self.form_steps = true;
         self

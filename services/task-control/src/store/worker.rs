@@ -63,7 +63,11 @@ pub struct AskInput {
 
 /// The people `named` under `key`, each as `platform:user_id` on `platform` (the task's
 /// chat's), once each in the order given; or why one cannot be asked there.
-fn people_on(platform: Option<&str>, named: &[String], key: &str) -> Result<Vec<String>, Error> {
+pub fn people_on(
+    platform: Option<&str>,
+    named: &[String],
+    key: &str,
+) -> Result<Vec<String>, Error> {
     let Some(platform) = platform else {
         return Err(Error::Invalid(format!(
             "{key}: this task has no chat, so nobody else can be asked in one; ask without {key}"

@@ -34,15 +34,26 @@ async fn bed() -> Bed {
 
 /// Answers `task`'s open question and waits for the next question or the end.
 async fn answer_and_wait(bed: &Bed, task: &str, text: &str) -> pb::TaskEvent {
+    answered_then(
+        bed,
+        pb::AnswerQuestionRequest {
+            task_id: task.into(),
+            answer: text.into(),
+            answerer: "api:alice".into(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Sends `answer`, waiting for the next question or the end, and returns what came.
+async fn answered_then(bed: &Bed, answer: pb::AnswerQuestionRequest) -> pb::TaskEvent {
     let replied = bed
         .client()
         .await
         .answer_question(pb::AnswerQuestionRequest {
-            task_id: task.into(),
-            answer: text.into(),
-            answerer: "api:alice".into(),
             wait: pb::AnswerWait::NextQuestionOrEnd as i32,
-            ..Default::default()
+            ..answer
         })
         .await
         .expect("answered")
@@ -324,20 +335,16 @@ async fn open_question_of(bed: &Bed, task: &str, owner: &str) -> pb::Question {
 
 /// Answers question `id` as `answerer` and waits for the next question or the end.
 async fn answer_as(bed: &Bed, id: &str, answerer: &str, text: &str) -> pb::TaskEvent {
-    let replied = bed
-        .client()
-        .await
-        .answer_question(pb::AnswerQuestionRequest {
+    answered_then(
+        bed,
+        pb::AnswerQuestionRequest {
             question_id: id.into(),
             answer: text.into(),
             answerer: answerer.into(),
-            wait: pb::AnswerWait::NextQuestionOrEnd as i32,
             ..Default::default()
-        })
-        .await
-        .expect("answered")
-        .into_inner();
-    replied.event.expect("the next question or the end")
+        },
+    )
+    .await
 }
 
 #[tokio::test]

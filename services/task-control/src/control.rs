@@ -312,10 +312,6 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
                 to: request.escalate_to,
                 after: (request.escalate_after_s > 0)
                     .then(|| Duration::from_secs(request.escalate_after_s.into())),
-                // Without reminders, at what a reminder's default would be.
-                remind_before: Some(shared.config.task.remind_before.0)
-                    .filter(|d| !d.is_zero())
-                    .unwrap_or(Duration::from_secs(600)),
             },
             ask_to: request.ask_to,
             need: request.need.parse().map_err(invalid)?,

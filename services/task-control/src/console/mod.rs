@@ -66,6 +66,9 @@ pub fn bind(config: &hark_core::config::Config) -> Result<Option<std::net::TcpLi
     listener
         .set_nonblocking(true)
         .map_err(|e| format!("control.http_listen = {addr}: {e}"))?;
+    if let Ok(bound) = listener.local_addr() {
+        hark_core::listen::bound("control.http_listen", bound);
+    }
     Ok(Some(listener))
 }
 
@@ -79,7 +82,6 @@ pub async fn serve(shared: Shared, listener: std::net::TcpListener, shutdown: Ca
         }
     };
     if let Ok(addr) = listener.local_addr() {
-        hark_core::listen::bound("control.http_listen", addr);
         tracing::info!(%addr, "web console listening");
     }
     let served = axum::serve(

@@ -1004,15 +1004,8 @@ impl Store {
             .bind(column(batch, |r| r.trace.as_deref()))
             .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())))
             .bind(column(batch, |r| r.input.escalation.column()))
-            .bind(column(batch, |r| {
-                r.input
-                    .escalation
-                    .after
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            }))
-            .bind(column(batch, |r| {
-                i64::try_from(r.input.escalation.remind_before.as_millis()).unwrap_or(i64::MAX)
-            }))
+            .bind(column(batch, |r| r.input.escalation.after_ms()))
+            .bind(column(batch, |_| self.remind_before_ms()))
             .bind(column(batch, |r| {
                 r.audience.as_ref().map(|a| a.first.as_str())
             }))

@@ -350,7 +350,6 @@ impl Store {
                                 after: (next.escalate_after_s > 0).then(|| {
                                     std::time::Duration::from_secs(next.escalate_after_s.into())
                                 }),
-                                remind_before: self.remind_before,
                             },
                             outbox,
                         })
@@ -468,14 +467,8 @@ impl Store {
             .bind(column(batch, |r| crate::rows::StoredShape::of(&r.shape)));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves)
             .bind(column(batch, |r| r.escalation.column()))
-            .bind(column(batch, |r| {
-                r.escalation
-                    .after
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            }))
-            .bind(column(batch, |r| {
-                i64::try_from(r.escalation.remind_before.as_millis()).unwrap_or(i64::MAX)
-            }));
+            .bind(column(batch, |r| r.escalation.after_ms()))
+            .bind(column(batch, |_| self.remind_before_ms()));
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(

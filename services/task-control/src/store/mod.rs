@@ -630,7 +630,7 @@ pub struct Store {
     /// [`form`]) instead of queueing a run for a worker.
     form_steps: bool,
     /// How long before its deadline an open question is reminded (`task.remind_before`): a
-    /// questionnaire's question escalates then unless told when.
+    /// question escalates then unless told when.
     remind_before: std::time::Duration,
     /// Workers polling this process: an answer claims its task for one of them in its own
     /// statement and hands the claim over here (see [`crate::handoff`]).
@@ -751,13 +751,18 @@ impl Store {
     }
 
     /// Takes a questionnaire's next step with each answer, in the answer's own statement.
-    /// `task.remind_before`, as a questionnaire's escalations follow it; zero keeps the default
-    /// of 10 minutes.
+    /// `task.remind_before`, which an escalation without its own wait follows; zero (no
+    /// reminders) keeps the default of 10 minutes.
     pub fn with_remind_before(mut self, remind_before: std::time::Duration) -> Self {
         if !remind_before.is_zero() {
             self.remind_before = remind_before;
         }
         self
+    }
+
+    /// `remind_before` as the ask statements take it, in milliseconds.
+    fn remind_before_ms(&self) -> i64 {
+        i64::try_from(self.remind_before.as_millis()).unwrap_or(i64::MAX)
     }
 
     pub fn with_questionnaire_steps(mut self) -> Self {

@@ -111,13 +111,18 @@ pub struct Escalation {
     /// People as `platform:user_id`, or a bare user id on the platform of the task's chat.
     pub to: Vec<String>,
     /// Unanswered this long after it was asked, it goes to the first of `to`, and as long again
-    /// to each next one. `None`: at its first reminder, `remind_before` ahead of its deadline
-    /// (without a deadline, `remind_before` after it was asked).
+    /// to each next one. `None`: at its first reminder, `task.remind_before` ahead of its
+    /// deadline (without a deadline, `task.remind_before` after it was asked).
     pub after: Option<Duration>,
-    pub remind_before: Duration,
 }
 
 impl Escalation {
+    /// `after` as the ask statements take it, in milliseconds.
+    pub(super) fn after_ms(&self) -> Option<i64> {
+        self.after
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    }
+
     /// The people as the `escalate_to` column keeps them; `None` when nobody is named.
     pub(super) fn column(&self) -> Option<Json<&[String]>> {
         (!self.to.is_empty()).then_some(Json(self.to.as_slice()))
@@ -455,7 +460,6 @@ impl Store {
                 input.escalation = Escalation {
                     to: rest,
                     after: Some(Duration::ZERO),
-                    remind_before: input.escalation.remind_before,
                 };
                 Some(audience)
             }

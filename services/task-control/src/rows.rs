@@ -82,9 +82,29 @@ pub struct TaskRow {
     pub on_deadline: DeadlinePolicy,
 }
 
-impl TaskRow {
-    /// The task as the lifecycle decides on it, with its open question when it waits on one.
-    pub fn lifecycle(
+/// The columns of a task the lifecycle decides on, as every statement that feeds
+/// [`decide`](hark_core::domain::decide::decide) reads them (`lifecycle_columns!` in the store).
+/// [`Lifecycle::task`] is the one place a [`decide::Task`](hark_core::domain::decide::Task) is
+/// built from a row.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Lifecycle {
+    #[sqlx(rename = "task_state", try_from = "String")]
+    pub state: TaskState,
+    #[sqlx(rename = "task_on_timeout", try_from = "String")]
+    pub on_timeout: TimeoutPolicy,
+    #[sqlx(rename = "task_attempt")]
+    pub attempt: i32,
+    #[sqlx(rename = "task_pause_requested")]
+    pub pause_requested: bool,
+    /// When a paused task stopped; its last change where that was not recorded.
+    #[sqlx(rename = "task_paused_since")]
+    pub paused_since: OffsetDateTime,
+}
+
+impl Lifecycle {
+    /// The task as the lifecycle decides on it, with its open question when it has one; `None`
+    /// for a task waiting on a question that is not open.
+    pub fn task(
         &self,
         question: Option<hark_core::domain::decide::OpenQuestion>,
     ) -> Option<hark_core::domain::decide::Task> {
@@ -98,7 +118,7 @@ impl TaskRow {
                 question: question?,
             },
             TaskState::Paused => State::Paused {
-                since: self.paused_at.unwrap_or(self.updated_at),
+                since: self.paused_since,
                 question,
             },
             TaskState::Completed => State::Completed,
@@ -110,6 +130,27 @@ impl TaskRow {
             on_timeout: self.on_timeout,
             attempt: self.attempt,
         })
+    }
+}
+
+impl TaskRow {
+    /// The columns of the row the lifecycle decides on.
+    pub fn lifecycle_columns(&self) -> Lifecycle {
+        Lifecycle {
+            state: self.state,
+            on_timeout: self.on_timeout,
+            attempt: self.attempt,
+            pause_requested: self.pause_requested,
+            paused_since: self.paused_at.unwrap_or(self.updated_at),
+        }
+    }
+
+    /// The task as the lifecycle decides on it, with its open question when it waits on one.
+    pub fn lifecycle(
+        &self,
+        question: Option<hark_core::domain::decide::OpenQuestion>,
+    ) -> Option<hark_core::domain::decide::Task> {
+        self.lifecycle_columns().task(question)
     }
 
     /// The questions of a questionnaire, none for an agent task.

@@ -270,6 +270,9 @@ pub enum Refusal {
     NotDue,
     /// The task is already where the command would take it (a second pause, say).
     Already(TaskState),
+    /// The command reads more of the task than its state (an expiry its policy, a lost lease
+    /// its attempts), so it is not decided by [`decide_on_state`].
+    NeedsTask(Event),
 }
 
 impl fmt::Display for Refusal {
@@ -280,11 +283,47 @@ impl fmt::Display for Refusal {
             }
             Refusal::NotDue => f.write_str("it is not due yet"),
             Refusal::Already(state) => write!(f, "the task is already {state}"),
+            Refusal::NeedsTask(event) => {
+                write!(
+                    f,
+                    "`{event}` is decided from the task's row, not its state alone"
+                )
+            }
         }
     }
 }
 
 impl std::error::Error for Refusal {}
+
+impl Command<'_> {
+    /// Whether the decision reads the task beyond its state: an expiry reads its
+    /// `on_timeout`, a lost lease its `attempt`.
+    pub fn reads_task(&self) -> bool {
+        matches!(self, Command::Expire | Command::LeaseExpired)
+    }
+}
+
+/// Decides what `command` does to a task in `state` at `now`, for a statement that checks the
+/// state itself and reads nothing else of the task: the claim of a pending task, an ask or a
+/// finish of a running one, a reminder of a waiting one. A command that [reads the
+/// task](Command::reads_task) is refused, so nothing is decided from a guessed policy or attempt.
+pub fn decide_on_state(
+    state: State,
+    command: &Command<'_>,
+    now: OffsetDateTime,
+    policy: Policy,
+) -> Result<Decision, Refusal> {
+    if command.reads_task() {
+        return Err(Refusal::NeedsTask(command.event(TimeoutPolicy::default())));
+    }
+    // Neither field is read by a command that does not read the task (tested below).
+    let task = Task {
+        state,
+        on_timeout: TimeoutPolicy::default(),
+        attempt: 1,
+    };
+    decide(&task, command, now, policy)
+}
 
 /// Decides what `command` does to `task` at `now`.
 pub fn decide(
@@ -729,6 +768,36 @@ mod tests {
             Command::Expire => at(600),
             Command::Remind { .. } => at(570),
             _ => at(100),
+        }
+    }
+
+    #[test]
+    fn a_decision_on_the_state_alone_is_the_decision_on_any_task_in_that_state() {
+        for state in every_state() {
+            for command in every_command() {
+                let on_state = decide_on_state(state.clone(), &command, at(700), POLICY);
+                if command.reads_task() {
+                    assert!(
+                        matches!(on_state, Err(Refusal::NeedsTask(_))),
+                        "{command:?} from {state:?} was decided without the task's row"
+                    );
+                    continue;
+                }
+                for on_timeout in TimeoutPolicy::ALL {
+                    for attempt in 1..=POLICY.max_attempts + 1 {
+                        let task = Task {
+                            state: state.clone(),
+                            on_timeout,
+                            attempt,
+                        };
+                        assert_eq!(
+                            decide(&task, &command, at(700), POLICY),
+                            on_state,
+                            "{command:?} on {task:?}"
+                        );
+                    }
+                }
+            }
         }
     }
 

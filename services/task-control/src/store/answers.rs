@@ -1,7 +1,7 @@
 //! Answers: finding the question an answer is for, and applying it in one compare-and-set.
 
 use hark_core::domain::{
-    Event, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    Event, Owner, QuestionId, QuestionOutcome, TaskId, TaskState,
     decide::{self, Command},
     form::FormQuestion,
     shape::Shape,
@@ -100,14 +100,15 @@ fn together(shape: &Shape, before: &[&Sibling], answer: &Answer, denied: bool) -
     decision.to_string()
 }
 
-/// A question an answer may go to, read together with its task's state and generation (what
-/// the answer's compare-and-set starts from) and with whether the answer's inbound message was
-/// applied before.
+/// A question an answer may go to, read together with its task as the lifecycle decides on it
+/// and its generation (what the answer's compare-and-set starts from) and with whether the
+/// answer's inbound message was applied before.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AnswerTarget {
     #[sqlx(flatten)]
     pub question: QuestionRow,
-    task_state: String,
+    #[sqlx(flatten)]
+    task: crate::rows::Lifecycle,
     task_generation: i64,
     applied: bool,
     /// The questions of a questionnaire, and its last round as `{round, messages}`.
@@ -140,7 +141,7 @@ impl AnswerTarget {
             .map(|_| Json(serde_json::json!({"round": last_round.0, "messages": last_round.1})));
         Some(Self {
             question: question.clone(),
-            task_state: task.state.as_str().to_owned(),
+            task: task.lifecycle_columns(),
             task_generation: task.generation,
             applied: false,
             task_questionnaire: task.questionnaire.clone(),
@@ -355,7 +356,7 @@ impl Store {
     ) -> Result<AnswerOutcome, Error> {
         let AnswerTarget {
             question: mut question_row,
-            task_state: state,
+            task,
             task_generation: generation,
             applied,
             task_questionnaire,
@@ -419,36 +420,15 @@ impl Store {
                 &read
             }
         };
-        let state: TaskState = state
-            .parse()
-            .map_err(|_| Error::TaskNotFound(task_id.to_string()))?;
         // The task moves only from the generation just read. A question is only ever closed
         // together with a move of its task, so when this move wins the question is still open.
-        let Some(open) = question_row.open() else {
+        let Some(lifecycle) = question_row.open().and_then(|open| task.task(Some(open))) else {
             return Err(Error::QuestionClosed {
                 id: question.to_string(),
                 outcome: question_row.outcome,
             });
         };
         let now = OffsetDateTime::now_utc();
-        let lifecycle = decide::Task {
-            state: match state {
-                TaskState::WaitingInput => decide::State::WaitingInput { question: open },
-                TaskState::Paused => decide::State::Paused {
-                    since: now,
-                    question: Some(open),
-                },
-                TaskState::Pending => decide::State::Pending,
-                TaskState::Running => decide::State::Running {
-                    pause_requested: false,
-                },
-                TaskState::Completed => decide::State::Completed,
-                TaskState::Failed => decide::State::Failed,
-                TaskState::Cancelled => decide::State::Cancelled,
-            },
-            on_timeout: TimeoutPolicy::Resume,
-            attempt: 1,
-        };
         // Of an ask put to several people: more answers may be needed, and the model reads them
         // all with their authors; one denial of an approval ends it.
         let answered_before: Vec<&Sibling> = siblings

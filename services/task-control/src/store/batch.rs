@@ -8,7 +8,7 @@
 use std::{sync::Mutex, time::Duration};
 
 use futures_util::future::BoxFuture;
-use hark_core::domain::{Event, QuestionId, TaskId, TaskState, TimeoutPolicy, decide};
+use hark_core::domain::{Event, QuestionId, TaskId, TaskState, decide};
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use time::OffsetDateTime;
@@ -978,13 +978,8 @@ impl Store {
             .bind(consumed_ids);
         // Where an ask leads, decided for a task with and without a pause waiting for it.
         let asked = |pause_requested| {
-            let running = decide::Task {
-                state: decide::State::Running { pause_requested },
-                on_timeout: TimeoutPolicy::Resume,
-                attempt: 1,
-            };
-            decide::decide(
-                &running,
+            decide::decide_on_state(
+                decide::State::Running { pause_requested },
                 &decide::Command::Ask,
                 OffsetDateTime::now_utc(),
                 self.policy,

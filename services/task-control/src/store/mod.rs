@@ -153,12 +153,24 @@ macro_rules! active_states {
     };
 }
 
-/// The columns of `questions`, in the order of [`QuestionRow`].
-/// What an answer's compare-and-set starts from, beside its question: the task's state and
-/// generation, and for a questionnaire its questions and its last round (`t` is the task).
+/// The columns of a task the lifecycle decides on, read into [`crate::rows::Lifecycle`] (`t` is
+/// the task).
+macro_rules! lifecycle_columns {
+    () => {
+        "t.state AS task_state, t.on_timeout AS task_on_timeout, t.attempt AS task_attempt, \
+    t.pause_requested AS task_pause_requested, \
+    coalesce(t.paused_at, t.updated_at) AS task_paused_since"
+    };
+}
+
+/// What an answer's compare-and-set starts from, beside its question: the task as the
+/// lifecycle decides on it and its generation, and for a questionnaire its questions and its
+/// last round (`t` is the task).
 macro_rules! answer_target_columns {
     () => {
-        "t.state AS task_state, t.generation AS task_generation, \
+        concat!(
+            lifecycle_columns!(),
+            ", t.generation AS task_generation, \
     t.questionnaire AS task_questionnaire, \
     CASE WHEN t.questionnaire IS NULL THEN NULL ELSE \
         (SELECT json_build_object('round', c.round, 'messages', c.messages) FROM checkpoints c \
@@ -170,9 +182,11 @@ macro_rules! answer_target_columns {
                 'answerer', s.answerer, 'answer', s.answer) ORDER BY s.closed_at, s.asked_at) \
          FROM questions s WHERE s.task_id = q.task_id AND s.ask_group = q.ask_group \
            AND s.id <> q.id) END AS siblings"
+        )
     };
 }
 
+/// The columns of `questions`, in the order of [`QuestionRow`].
 macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
@@ -589,6 +603,10 @@ impl Error {
                 state,
             },
             Refusal::NotDue => Error::Busy(format!("task {}: not due yet", task.to_string())),
+            Refusal::NeedsTask(event) => Error::Internal(format!(
+                "task {}: `{event}` was decided without the task's row",
+                task.to_string()
+            )),
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    DeadlinePolicy, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    DeadlinePolicy, QuestionId, QuestionOutcome, TaskId, TaskState,
     decide::{self, Command, Decision},
 };
 use time::OffsetDateTime;
@@ -33,8 +33,8 @@ struct DueQuestion {
     deadline: Option<OffsetDateTime>,
     task_id: Uuid,
     generation: i64,
-    attempt: i32,
-    on_timeout: String,
+    #[sqlx(flatten)]
+    task: crate::rows::Lifecycle,
     platform: Option<String>,
     bot_id: Option<String>,
     stream: Option<String>,
@@ -47,9 +47,8 @@ struct DueQuestion {
 struct DueTask {
     id: Uuid,
     generation: i64,
-    attempt: i32,
-    on_timeout: String,
-    pause_requested: bool,
+    #[sqlx(flatten)]
+    task: crate::rows::Lifecycle,
     platform: Option<String>,
     bot_id: Option<String>,
     stream: Option<String>,
@@ -57,14 +56,15 @@ struct DueTask {
 }
 
 impl DueTask {
-    fn lifecycle(&self) -> decide::Task {
-        decide::Task {
-            state: decide::State::Running {
-                pause_requested: self.pause_requested,
-            },
-            on_timeout: self.on_timeout.parse().unwrap_or_default(),
-            attempt: self.attempt,
-        }
+    /// The running task as the lifecycle decides on it (the sweeps pick running tasks, which
+    /// wait on no question).
+    fn lifecycle(&self) -> Result<decide::Task, Error> {
+        self.task.task(None).ok_or_else(|| {
+            Error::Internal(format!(
+                "task {}: a sweep of running tasks read {}",
+                self.id, self.task.state
+            ))
+        })
     }
 }
 
@@ -84,9 +84,9 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueQuestion>(concat!(
-            "SELECT q.handle, q.text, q.asked_at, q.deadline, t.id AS task_id, t.generation,
-                    t.attempt, t.on_timeout, t.platform, t.bot_id, t.stream, q.chat_message_id,
-                    now() AS db_now
+            "SELECT q.handle, q.text, q.asked_at, q.deadline, t.id AS task_id, t.generation, ",
+            lifecycle_columns!(),
+            ", t.platform, t.bot_id, t.stream, q.chat_message_id, now() AS db_now
              FROM questions q JOIN tasks t ON t.id = q.task_id
              WHERE q.outcome = ",
             sql_outcome!(open),
@@ -103,17 +103,14 @@ impl Store {
         let mut expired = 0;
         for q in due {
             let task = TaskId::from_uuid(q.task_id);
-            let lifecycle = decide::Task {
-                state: decide::State::WaitingInput {
-                    question: decide::OpenQuestion {
-                        handle: q.handle.clone(),
-                        text: q.text.clone(),
-                        asked_at: q.asked_at,
-                        deadline: q.deadline,
-                    },
-                },
-                on_timeout: q.on_timeout.parse().unwrap_or_default(),
-                attempt: q.attempt,
+            let open = decide::OpenQuestion {
+                handle: q.handle.clone(),
+                text: q.text.clone(),
+                asked_at: q.asked_at,
+                deadline: q.deadline,
+            };
+            let Some(lifecycle) = q.task.task(Some(open)) else {
+                continue;
             };
             let decision = match decide::decide(&lifecycle, &Command::Expire, q.db_now, self.policy)
             {
@@ -242,14 +239,15 @@ impl Store {
             let Some(route) = route(&q.platform, &q.bot_id, &q.stream) else {
                 continue;
             };
-            let Some(lifecycle) = q.open().map(|question| decide::Task {
-                state: decide::State::WaitingInput { question },
-                on_timeout: TimeoutPolicy::Resume,
-                attempt: 1,
-            }) else {
+            // The statement picked the question of a task that waits on it.
+            let Some(state) = q
+                .open()
+                .map(|question| decide::State::WaitingInput { question })
+            else {
                 continue;
             };
-            let Ok(decision) = decide::decide(&lifecycle, &command, *db_now, self.policy) else {
+            let Ok(decision) = decide::decide_on_state(state, &command, *db_now, self.policy)
+            else {
                 continue;
             };
             outbox.extend(self.effects.of(
@@ -269,14 +267,15 @@ impl Store {
     pub async fn recover_leases(&self, max_attempts: i32, limit: i64) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, DueTask>(
-            "SELECT id, generation, attempt, on_timeout, pause_requested, platform, bot_id, stream,
-                    now() AS db_now
-             FROM tasks
-             WHERE state = $2 AND lease_until < now()
+        let due = sqlx::query_as::<_, DueTask>(concat!(
+            "SELECT t.id, t.generation, ",
+            lifecycle_columns!(),
+            ", t.platform, t.bot_id, t.stream, now() AS db_now
+             FROM tasks t
+             WHERE t.state = $2 AND lease_until < now()
              ORDER BY lease_until LIMIT $1
              FOR UPDATE SKIP LOCKED",
-        )
+        ))
         .bind(limit)
         .bind(TaskState::Running.as_str())
         .fetch_all(&mut *tx)
@@ -284,7 +283,7 @@ impl Store {
         let mut moved = 0;
         let policy = decide::Policy { max_attempts };
         for t in due {
-            match decide::decide(&t.lifecycle(), &Command::LeaseExpired, t.db_now, policy) {
+            match decide::decide(&t.lifecycle()?, &Command::LeaseExpired, t.db_now, policy) {
                 Ok(decision) => {
                     if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
                         moved += 1;
@@ -310,15 +309,16 @@ impl Store {
         }
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, DueTask>(
-            "SELECT id, generation, attempt, on_timeout, pause_requested, platform, bot_id, stream,
-                    now() AS db_now
-             FROM tasks
-             WHERE state = $3
+        let due = sqlx::query_as::<_, DueTask>(concat!(
+            "SELECT t.id, t.generation, ",
+            lifecycle_columns!(),
+            ", t.platform, t.bot_id, t.stream, now() AS db_now
+             FROM tasks t
+             WHERE t.state = $3
                AND run_ms + extract(epoch FROM now() - coalesce(running_since, now())) * 1000 > $1
              LIMIT $2
              FOR UPDATE SKIP LOCKED",
-        )
+        ))
         .bind(max.as_millis() as i64)
         .bind(limit)
         .bind(TaskState::Running.as_str())
@@ -331,7 +331,7 @@ impl Store {
         let mut failed = Vec::new();
         for t in due {
             let command = Command::Fail { error: &error };
-            let decision = decide::decide(&t.lifecycle(), &command, t.db_now, self.policy)
+            let decision = decide::decide(&t.lifecycle()?, &command, t.db_now, self.policy)
                 .map_err(|r| Error::refused(t.id, r))?;
             // The worker still runs it: told to stop, unlike a worker that failed its own task.
             let hint = self.effects.stop_hint(TaskId::from_uuid(t.id));
@@ -402,7 +402,7 @@ impl Store {
             .of(task, t.generation + 1, chat.as_ref(), None, &decision);
         let detail = decision.error().unwrap_or_default().to_owned();
         let mut change = Cas::new(task, t.generation, decision, "timer");
-        change.pause_guard = Some(t.pause_requested);
+        change.pause_guard = Some(t.task.pause_requested);
         change.detail = &detail;
         change.outbox = outbox;
         Ok(self.cas(conn, change, sent).await?.is_some())

@@ -566,18 +566,8 @@ impl Store {
         state: decide::State,
         command: &Command<'_>,
     ) -> Result<decide::Decision, Error> {
-        let lifecycle = decide::Task {
-            state,
-            on_timeout: hark_core::domain::TimeoutPolicy::Resume,
-            attempt: 1,
-        };
-        decide::decide(
-            &lifecycle,
-            command,
-            time::OffsetDateTime::now_utc(),
-            self.policy,
-        )
-        .map_err(|r| Error::refused(task, r))
+        decide::decide_on_state(state, command, time::OffsetDateTime::now_utc(), self.policy)
+            .map_err(|r| Error::refused(task, r))
     }
 
     /// Ends a running task with its final answer, sent to its chat.

@@ -316,6 +316,95 @@ async fn task_new_wait_follows_the_task_and_answers_from_stdin() {
         !ok && said.contains("maybe") && said.contains("fail or cancel"),
         "{said}"
     );
+    // A questionnaire's questions escalate to the people named, each resolved on the chat's
+    // platform; someone on another platform is refused, naming the key.
+    let questionnaire = |people: &'static [&'static str]| {
+        let mut args = vec![
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--json",
+            "--chat",
+            "qq",
+            "10001",
+            "group:42",
+            "--ask",
+            "Which size?|S|M",
+            "--ask",
+            "Which colour?",
+        ];
+        for person in people {
+            args.extend(["--escalate-to", person]);
+        }
+        args.extend(["--escalate-after", "30m", "a shirt"]);
+        args
+    };
+    let (ok, created, said) = hark(&questionnaire(&["222", "qq:333"]), &[]).await;
+    assert!(ok, "{created}{said}");
+    let created: serde_json::Value = serde_json::from_str(created.trim()).expect("json");
+    for question in created["questionnaire"].as_array().expect("questions") {
+        assert_eq!(
+            question["escalate_to"],
+            serde_json::json!(["qq:222", "qq:333"]),
+            "{created}"
+        );
+        assert_eq!(question["escalate_after_s"], 1800, "{created}");
+    }
+    let (ok, _, said) = hark(&questionnaire(&["tg:9"]), &[]).await;
+    assert!(
+        !ok && said.contains("escalate_to") && said.contains("tg:9"),
+        "{said}"
+    );
+    // Or put to several people at once, two of whom must answer.
+    let (ok, created, said) = hark(
+        &[
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--json",
+            "--chat",
+            "qq",
+            "10001",
+            "group:42",
+            "--ask",
+            "Which size?|S|M",
+            "--ask-to",
+            "222",
+            "--ask-to",
+            "333",
+            "--need",
+            "2",
+            "a shirt",
+        ],
+        &[],
+    )
+    .await;
+    assert!(ok, "{created}{said}");
+    let created: serde_json::Value = serde_json::from_str(created.trim()).expect("json");
+    assert_eq!(
+        created["questionnaire"][0]["ask_to"],
+        serde_json::json!(["qq:222", "qq:333"]),
+        "{created}"
+    );
+    assert_eq!(created["questionnaire"][0]["need"], "2", "{created}");
+    // Escalation is a questionnaire's, in a chat.
+    let (ok, _, said) = hark(
+        &[
+            "task",
+            "new",
+            "--api",
+            &api,
+            "--escalate-to",
+            "222",
+            "a shirt",
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok && said.contains("--ask"), "{said}");
+
     // The CLI's errors name the CLI's commands, not the chat's.
     let (ok, _, said) = hark(&["task", "get", "--api", &api, "x"], &[]).await;
     assert!(!ok, "{said}");

@@ -16,6 +16,7 @@ use hark_core::{
 };
 use hark_proto::v1 as pb;
 use serde_json::{Value, json};
+use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -90,6 +91,30 @@ pub fn language_line(language: Language) -> &'static str {
     }
 }
 
+/// What the model is told of the task's own deadline, when it has one: when it passes, how
+/// far off that is at `now`, and what happens then.
+fn deadline_line(spec: &pb::TaskSpec, now: OffsetDateTime) -> Option<String> {
+    let deadline = spec.deadline.as_ref()?;
+    let at = OffsetDateTime::from_unix_timestamp(deadline.seconds).ok()?;
+    let left = hark_core::domain::HumanDuration::from_secs((at - now).unsigned_abs().as_secs());
+    let left = if at > now {
+        format!("{left} from now")
+    } else {
+        "already passed".to_owned()
+    };
+    let ends = match pb::DeadlinePolicy::try_from(spec.on_deadline) {
+        Ok(pb::DeadlinePolicy::Cancel) => "cancelled",
+        _ => "failed",
+    };
+    let at = at
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()?;
+    Some(format!(
+        "This task has a deadline: {at} ({left}). When it passes the task is {ends}, whatever it is \
+         doing, so finish before then; a question asked with ask_user waits no longer than that.\n"
+    ))
+}
+
 fn system_prompt(spec: &pb::TaskSpec, language: Language) -> String {
     let mut prompt = format!(
         "You are hark, an assistant working in the background on a task for {owner}. \
@@ -101,6 +126,9 @@ fn system_prompt(spec: &pb::TaskSpec, language: Language) -> String {
         owner = spec.owner
     );
     prompt.push_str(language_line(language));
+    if let Some(line) = deadline_line(spec, OffsetDateTime::now_utc()) {
+        prompt.push_str(&line);
+    }
     if !spec.can_ask {
         prompt.push_str("Nobody can answer questions for this task: do not call ask_user.\n");
     }
@@ -905,19 +933,25 @@ impl Run<'_> {
             Shape::from_proto(&q.kind, &q.choices, q.multiple, &q.fields).unwrap_or_default()
         };
         if let Some(resume) = resume {
-            let shape = spec
+            let asked = spec
                 .questionnaire
                 .iter()
-                .find(|q| resume.tool_call_id == progress::call_id(&q.key))
-                .map(shape_of)
-                .unwrap_or_default();
-            progress::record(
-                &mut answers,
-                &resume.tool_call_id,
-                resume.expired,
-                &resume.text,
-                &shape,
-            );
+                .find(|q| resume.tool_call_id == progress::call_id(&q.key));
+            // A question put to several people resumes with every answer and its author.
+            let all = asked
+                .filter(|q| q.ask_to.len() > 1 && !resume.expired)
+                .and_then(|_| serde_json::from_str::<Value>(&resume.text).ok())
+                .and_then(|mut v| v.get_mut("answers").map(Value::take));
+            match all {
+                Some(all) => progress::record_value(&mut answers, &resume.tool_call_id, all),
+                None => progress::record(
+                    &mut answers,
+                    &resume.tool_call_id,
+                    resume.expired,
+                    &resume.text,
+                    &asked.map(shape_of).unwrap_or_default(),
+                ),
+            }
         }
         let keys = spec.questionnaire.iter().map(|q| q.key.as_str());
         let control = &self.runner.control;
@@ -939,6 +973,8 @@ impl Run<'_> {
                     fields: question.fields.clone(),
                     escalate_to: question.escalate_to.clone(),
                     escalate_after_s: question.escalate_after_s,
+                    ask_to: question.ask_to.clone(),
+                    need: question.need.clone(),
                     ..Default::default()
                 };
                 match control.ask(request, self.gone).await {
@@ -986,6 +1022,30 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_is_told_the_tasks_deadline_and_what_it_does() {
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).expect("time");
+        let mut spec = pb::TaskSpec::default();
+        assert_eq!(deadline_line(&spec, now), None);
+        spec.deadline = Some(prost_types::Timestamp {
+            seconds: 1_800_000_000 + 5400,
+            nanos: 0,
+        });
+        let line = deadline_line(&spec, now).expect("a line");
+        assert!(
+            line.contains("2027-01-15T09:30:00Z") && line.contains("1h30m from now"),
+            "{line}"
+        );
+        assert!(line.contains("the task is failed"), "{line}");
+        spec.on_deadline = pb::DeadlinePolicy::Cancel as i32;
+        let late = now + time::Duration::hours(2);
+        let line = deadline_line(&spec, late).expect("a line");
+        assert!(
+            line.contains("already passed") && line.contains("the task is cancelled"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn escalate_to_takes_one_person_or_a_list() {

@@ -155,7 +155,8 @@ impl Registry {
                     json!({"type": "object", "properties": {
                         "question": {"type": "string", "description": "The question, short and specific."},
                         "context": {"type": "string", "description": "Optional background shown after the question."},
-                        "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer."},
+                        "timeout_s": {"type": "integer", "minimum": 10, "description": "Optional: seconds to wait for an answer. \
+                            A task with a deadline ends then, whatever its questions wait for."},
                         "kind": {"type": "string", "enum": ["text", "choice", "confirm", "form"],
                             "description": "Optional: what the answer is. text (the default): free text; \
                             choice: one of `choices` (or several with `multiple`), the result is {\"choice\": …} \

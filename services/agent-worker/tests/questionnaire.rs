@@ -347,6 +347,21 @@ async fn answer_as(bed: &Bed, id: &str, answerer: &str, text: &str) -> pb::TaskE
     .await
 }
 
+/// The task's questions are exactly `want`: each question's text, whom it was asked of, and
+/// how it closed.
+async fn assert_ledger(bed: &Bed, task: &str, want: &[(&str, &str, pb::QuestionOutcome)]) {
+    let questions = bed.task(task).await.questions;
+    let seen: Vec<(&str, &str, i32)> = questions
+        .iter()
+        .map(|q| (q.text.as_str(), q.owner.as_str(), q.outcome))
+        .collect();
+    for &(text, owner, outcome) in want {
+        let want = (text, owner, outcome as i32);
+        assert!(seen.contains(&want), "{want:?} not in {seen:?}");
+    }
+    assert_eq!(questions.len(), want.len(), "{seen:?}");
+}
+
 #[tokio::test]
 async fn a_questionnaires_questions_escalate_and_the_first_answer_of_anyone_asked_counts() {
     let bed = bed().await;
@@ -423,22 +438,21 @@ async fn a_questionnaires_questions_escalate_and_the_first_answer_of_anyone_aske
     assert_eq!(output, serde_json::json!({"day": "Friday", "room": "Blue"}));
 
     // The ledger: who answered each, and whose question the answer closed.
-    let questions = bed.task(&id).await.questions;
-    let seen: Vec<(&str, &str, i32)> = questions
-        .iter()
-        .map(|q| (q.text.as_str(), q.owner.as_str(), q.outcome))
-        .collect();
-    let answered = pb::QuestionOutcome::Answered as i32;
-    let superseded = pb::QuestionOutcome::Superseded as i32;
-    for want in [
-        ("Which day?", "qq:100", superseded),
-        ("Which day?", "qq:200", answered),
-        ("Which room?", "qq:100", answered),
-        ("Which room?", "qq:300", superseded),
-    ] {
-        assert!(seen.contains(&want), "{want:?} not in {seen:?}");
-    }
-    assert_eq!(questions.len(), 4, "{seen:?}");
+    let (answered, superseded) = (
+        pb::QuestionOutcome::Answered,
+        pb::QuestionOutcome::Superseded,
+    );
+    assert_ledger(
+        &bed,
+        &id,
+        &[
+            ("Which day?", "qq:100", superseded),
+            ("Which day?", "qq:200", answered),
+            ("Which room?", "qq:100", answered),
+            ("Which room?", "qq:300", superseded),
+        ],
+    )
+    .await;
     let escalations = bed
         .store
         .transitions_of(id.parse().expect("id"))
@@ -448,6 +462,173 @@ async fn a_questionnaires_questions_escalate_and_the_first_answer_of_anyone_aske
         .filter(|t| t.event == "escalate")
         .count();
     assert_eq!(escalations, 2);
+    assert!(bed.llm.requests().is_empty(), "no model was called");
+    bed.stop().await;
+}
+
+#[tokio::test]
+async fn a_questionnaires_question_put_to_several_people_waits_for_the_answers_it_needs() {
+    let bed = bed().await;
+    let put_to = |key: &str, text: &str, to: &[&str], need: &str| pb::FormQuestion {
+        ask_to: to.iter().map(|p| (*p).to_owned()).collect(),
+        need: need.into(),
+        ..question(key, text, &["Mon", "Fri"])
+    };
+    let chat = pb::ChatRoute {
+        platform: "qq".into(),
+        bot_id: "1".into(),
+        stream: "group:5".into(),
+        ..Default::default()
+    };
+
+    // ask_to is checked at creation: people on the chat's platform, a need it can read, and
+    // not together with escalate_to.
+    let both = pb::FormQuestion {
+        escalate_to: vec!["400".into()],
+        ..put_to("day", "Which day?", &["200"], "")
+    };
+    for (question, why) in [
+        (
+            put_to("day", "Which day?", &["web:2"], ""),
+            "web:2 is not on qq",
+        ),
+        (put_to("day", "Which day?", &["200"], "most"), "`most`"),
+        (both, "cannot be combined with escalate_to"),
+    ] {
+        let refused = bed
+            .client()
+            .await
+            .create_task(pb::CreateTaskRequest {
+                owner: "qq:100".into(),
+                chat: Some(chat.clone()),
+                questionnaire: vec![question],
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(
+            refused.message().contains("question 1") && refused.message().contains(why),
+            "{}",
+            refused.message()
+        );
+    }
+
+    let id = bed
+        .create("qq:100", "", |r| {
+            r.chat = Some(chat);
+            r.questionnaire = vec![
+                put_to("day", "Which day?", &["200", "qq:300"], "all"),
+                put_to("room", "Which room?", &["400", "500"], "any"),
+            ];
+        })
+        .await;
+
+    // The first question, asked by a worker, goes to both at once, in the group, and never to
+    // the owner; it waits for both.
+    let first = open_question_of(&bed, &id, "qq:200").await;
+    let second = open_question_of(&bed, &id, "qq:300").await;
+    for asked in [&first, &second] {
+        assert_eq!(asked.text, "Which day?");
+        assert_eq!(asked.chat.as_ref().expect("chat").stream, "group:5");
+    }
+    let counted = bed
+        .client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: first.id.clone(),
+            answer: "2".into(),
+            answerer: "qq:200".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("kept")
+        .into_inner();
+    assert_eq!(
+        counted.task.expect("task").state,
+        pb::TaskState::WaitingInput as i32,
+        "one answer of two needed"
+    );
+    let next = answer_as(&bed, &second.id, "qq:300", "Mon").await;
+    let room = next.question.expect("the second question");
+    assert_eq!(room.text, "Which room?");
+
+    // The second, asked in the answer's statement, goes to both of its people; the first
+    // answer is enough, and the other's question is closed.
+    assert_eq!(room.owner, "qq:400");
+    let other = open_question_of(&bed, &id, "qq:500").await;
+    assert_eq!(other.text, "Which room?");
+    let end = answer_as(&bed, &other.id, "qq:500", "Fri").await;
+    assert_eq!(end.state, pb::TaskState::Completed as i32);
+    let output: serde_json::Value = serde_json::from_str(&end.result).expect("JSON output");
+    assert_eq!(
+        output,
+        serde_json::json!({
+            "day": [{"by": "qq:200", "answer": "Fri"}, {"by": "qq:300", "answer": "Mon"}],
+            "room": [{"by": "qq:500", "answer": "Fri"}],
+        })
+    );
+    let (answered, superseded) = (
+        pb::QuestionOutcome::Answered,
+        pb::QuestionOutcome::Superseded,
+    );
+    assert_ledger(
+        &bed,
+        &id,
+        &[
+            ("Which day?", "qq:200", answered),
+            ("Which day?", "qq:300", answered),
+            ("Which room?", "qq:400", superseded),
+            ("Which room?", "qq:500", answered),
+        ],
+    )
+    .await;
+
+    // Answered while its task is paused, the step is the worker's once resumed: it records the
+    // answers with their authors all the same.
+    let id = bed
+        .create("qq:100", "", |r| {
+            r.chat = Some(pb::ChatRoute {
+                platform: "qq".into(),
+                bot_id: "1".into(),
+                stream: "group:5".into(),
+                ..Default::default()
+            });
+            r.questionnaire = vec![put_to("day", "Which day?", &["200", "300"], "any")];
+        })
+        .await;
+    let asked = open_question_of(&bed, &id, "qq:300").await;
+    bed.client()
+        .await
+        .pause_task(pb::PauseTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .expect("paused");
+    bed.client()
+        .await
+        .answer_question(pb::AnswerQuestionRequest {
+            question_id: asked.id.clone(),
+            answer: "Mon".into(),
+            answerer: "qq:300".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("answered while paused");
+    bed.client()
+        .await
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .expect("resumed");
+    let done = bed.wait_state(&id, pb::TaskState::Completed, WAIT).await;
+    let output: serde_json::Value =
+        serde_json::from_str(&done.task.expect("task").result).expect("JSON output");
+    assert_eq!(
+        output,
+        serde_json::json!({"day": [{"by": "qq:300", "answer": "Mon"}]})
+    );
     assert!(bed.llm.requests().is_empty(), "no model was called");
     bed.stop().await;
 }

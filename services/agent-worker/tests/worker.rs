@@ -53,6 +53,48 @@ async fn a_question_suspends_the_task_and_the_answer_resumes_it_to_the_end() {
 }
 
 #[tokio::test]
+async fn the_model_is_told_the_deadline_of_a_task_that_has_one() {
+    let llm = llm(vec![Step::say("Done in time.")]).await;
+    let mut bed = Bed::start(llm, |_| {}).await;
+    bed.add_worker("w1").await;
+    let timed = bed
+        .create("api:alice", "book a hotel", |r| {
+            r.deadline = Some(prost_types::Duration {
+                seconds: 7200,
+                nanos: 0,
+            });
+            r.on_deadline = pb::DeadlinePolicy::Cancel as i32;
+        })
+        .await;
+    bed.wait_state(&timed, pb::TaskState::Completed, WAIT).await;
+    let untimed = bed.create("api:alice", "book a flight", |_| {}).await;
+    bed.wait_state(&untimed, pb::TaskState::Completed, WAIT)
+        .await;
+    let systems: Vec<String> = bed
+        .llm
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(systems.len(), 2, "{systems:?}");
+    // The first request is the timed task's: both ran on one worker, one after the other.
+    assert!(
+        systems[0].contains("This task has a deadline")
+            && systems[0].contains("from now")
+            && systems[0].contains("the task is cancelled"),
+        "{}",
+        systems[0]
+    );
+    assert!(!systems[1].contains("deadline"), "{}", systems[1]);
+    bed.stop().await;
+}
+
+#[tokio::test]
 async fn an_idle_worker_is_handed_the_answered_task_without_the_run_queue() {
     let llm = llm(vec![
         Step::ask("Which city?"),

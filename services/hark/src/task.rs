@@ -32,55 +32,75 @@ pub struct TaskArgs {
     command: TaskCommand,
 }
 
+/// What `hark task new` takes.
+#[derive(Debug, Args)]
+struct NewArgs {
+    /// Who the task works for, as platform:user_id.
+    #[arg(long, default_value = "cli:local")]
+    owner: String,
+    /// Default question deadline, e.g. 90s, 30m, 2h [default: task.ask_timeout]
+    #[arg(long)]
+    timeout: Option<HumanDuration>,
+    /// On a question's expiry: resume, fail or never [default: task.on_timeout]
+    #[arg(long)]
+    on_timeout: Option<String>,
+    /// How long the task may take in all, e.g. 2h [default: task.deadline]
+    #[arg(long, conflicts_with_all = ["start_in", "cron"])]
+    deadline: Option<HumanDuration>,
+    /// When the deadline passes: fail or cancel [default: task.on_deadline]
+    #[arg(long, requires = "deadline")]
+    on_deadline: Option<String>,
+    /// Ask and report in this chat: platform, bot and stream (e.g. qq 10001 group:123456).
+    #[arg(long, num_args = 3, value_names = ["PLATFORM", "BOT", "STREAM"])]
+    chat: Option<Vec<String>>,
+    /// Idempotency key: the same key creates the task once.
+    #[arg(long)]
+    request_id: Option<String>,
+    /// Make it a questionnaire, which asks these questions in turn without an agent; each
+    /// is its text, then any choices after `|` (e.g. --ask "Which size?|S|M|L").
+    #[arg(long = "ask", value_name = "QUESTION")]
+    questionnaire: Vec<String>,
+    /// Each question still unanswered is also asked of this person, then the next (a user
+    /// id on the platform of --chat, or platform:user_id); the first answer counts.
+    #[arg(long = "escalate-to", value_name = "PERSON", requires_all = ["questionnaire", "chat"])]
+    escalate_to: Vec<String>,
+    /// How long each question waits before it goes to the next of --escalate-to, e.g. 30m
+    /// [default: at its first reminder, task.remind_before ahead of its deadline]
+    #[arg(long, value_name = "DURATION", requires = "escalate_to")]
+    escalate_after: Option<HumanDuration>,
+    /// Put each question to these people at once instead of the owner (named as for
+    /// --escalate-to); in a group chat each is asked there, with a mention.
+    #[arg(long = "ask-to", value_name = "PERSON", requires_all = ["questionnaire", "chat"],
+          conflicts_with = "escalate_to")]
+    ask_to: Vec<String>,
+    /// With --ask-to: how many must answer each question: any, all or a number [default: any]
+    #[arg(long, requires = "ask_to")]
+    need: Option<String>,
+    /// Start it later: after this long (e.g. 30m).
+    #[arg(long = "in", value_name = "DURATION", conflicts_with = "cron")]
+    start_in: Option<HumanDuration>,
+    /// Start it again at every time this cron expression names (e.g. "0 9 * * 1-5").
+    #[arg(long)]
+    cron: Option<String>,
+    /// The time zone of --cron [default: the server's task.timezone].
+    #[arg(long)]
+    timezone: Option<String>,
+    /// -100..100: when workers are scarce, higher priorities are claimed first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Then follow the task until it ends: each question is shown and answered with a line
+    /// read from stdin (or in its chat); exits 1 when it fails or is cancelled.
+    #[arg(long, conflicts_with_all = ["start_in", "cron"])]
+    wait: bool,
+    /// What the task should achieve (for a questionnaire, an optional title).
+    #[arg(trailing_var_arg = true)]
+    goal: Vec<String>,
+}
+
 #[derive(Debug, Subcommand)]
 enum TaskCommand {
     /// Create a task.
-    New {
-        /// Who the task works for, as platform:user_id.
-        #[arg(long, default_value = "cli:local")]
-        owner: String,
-        /// Default question deadline, e.g. 90s, 30m, 2h [default: task.ask_timeout]
-        #[arg(long)]
-        timeout: Option<HumanDuration>,
-        /// On a question's expiry: resume, fail or never [default: task.on_timeout]
-        #[arg(long)]
-        on_timeout: Option<String>,
-        /// How long the task may take in all, e.g. 2h [default: task.deadline]
-        #[arg(long, conflicts_with_all = ["start_in", "cron"])]
-        deadline: Option<HumanDuration>,
-        /// When the deadline passes: fail or cancel [default: task.on_deadline]
-        #[arg(long, requires = "deadline")]
-        on_deadline: Option<String>,
-        /// Ask and report in this chat: platform, bot and stream (e.g. qq 10001 group:123456).
-        #[arg(long, num_args = 3, value_names = ["PLATFORM", "BOT", "STREAM"])]
-        chat: Option<Vec<String>>,
-        /// Idempotency key: the same key creates the task once.
-        #[arg(long)]
-        request_id: Option<String>,
-        /// Make it a questionnaire, which asks these questions in turn without an agent; each
-        /// is its text, then any choices after `|` (e.g. --ask "Which size?|S|M|L").
-        #[arg(long = "ask", value_name = "QUESTION")]
-        questionnaire: Vec<String>,
-        /// Start it later: after this long (e.g. 30m).
-        #[arg(long = "in", value_name = "DURATION", conflicts_with = "cron")]
-        start_in: Option<HumanDuration>,
-        /// Start it again at every time this cron expression names (e.g. "0 9 * * 1-5").
-        #[arg(long)]
-        cron: Option<String>,
-        /// The time zone of --cron [default: the server's task.timezone].
-        #[arg(long)]
-        timezone: Option<String>,
-        /// -100..100: when workers are scarce, higher priorities are claimed first.
-        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-        priority: i32,
-        /// Then follow the task until it ends: each question is shown and answered with a line
-        /// read from stdin (or in its chat); exits 1 when it fails or is cancelled.
-        #[arg(long, conflicts_with_all = ["start_in", "cron"])]
-        wait: bool,
-        /// What the task should achieve (for a questionnaire, an optional title).
-        #[arg(trailing_var_arg = true)]
-        goal: Vec<String>,
-    },
+    New(Box<NewArgs>),
     /// List tasks, newest first.
     List {
         #[arg(long)]
@@ -365,7 +385,11 @@ fn task_json(t: &pb::Task) -> Value {
         "generation": t.generation, "attempt": t.attempt, "rounds": t.rounds, "result": t.result, "error": t.error,
         "created_at": time_of(&t.created_at), "updated_at": time_of(&t.updated_at), "finished_at": time_of(&t.finished_at),
         "open_question": t.open_question.as_ref().map_or(Value::Null, question_json),
-        "questionnaire": t.questionnaire.iter().map(|q| json!({"key": q.key, "text": q.text, "choices": q.choices})).collect::<Vec<_>>(),
+        "questionnaire": t.questionnaire.iter().map(|q| json!({
+            "key": q.key, "text": q.text, "choices": q.choices,
+            "escalate_to": q.escalate_to, "escalate_after_s": q.escalate_after_s,
+            "ask_to": q.ask_to, "need": q.need,
+        })).collect::<Vec<_>>(),
         "deadline": time_of(&t.deadline), "on_deadline": deadline_policy(t),
     })
 }
@@ -489,22 +513,27 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
     let mut api = client(config, &args).await?;
     let json_out = args.json;
     match args.command {
-        TaskCommand::New {
-            owner,
-            timeout,
-            on_timeout,
-            deadline,
-            on_deadline,
-            chat,
-            request_id,
-            questionnaire,
-            start_in,
-            cron,
-            timezone,
-            priority,
-            wait,
-            goal,
-        } => {
+        TaskCommand::New(new) => {
+            let NewArgs {
+                owner,
+                timeout,
+                on_timeout,
+                deadline,
+                on_deadline,
+                chat,
+                request_id,
+                questionnaire,
+                escalate_to,
+                escalate_after,
+                ask_to,
+                need,
+                start_in,
+                cron,
+                timezone,
+                priority,
+                wait,
+                goal,
+            } = *new;
             if goal.is_empty() && questionnaire.is_empty() {
                 anyhow::bail!(crate::said!(
                     zh: "请说明任务要达成什么，或用 --ask 给出它的问题",
@@ -519,6 +548,12 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                         key: String::new(),
                         text: parts.next().unwrap_or_default().to_owned(),
                         choices: parts.map(str::to_owned).collect(),
+                        escalate_to: escalate_to.clone(),
+                        escalate_after_s: escalate_after
+                            .map(|d| u32::try_from(d.0.as_secs()).unwrap_or(u32::MAX))
+                            .unwrap_or(0),
+                        ask_to: ask_to.clone(),
+                        need: need.clone().unwrap_or_default(),
                         ..Default::default()
                     }
                 })

@@ -497,6 +497,8 @@ impl TaskService for Api {
                                 shape,
                                 escalate_to: q.escalate_to,
                                 escalate_after_s: q.escalate_after_s,
+                                ask_to: q.ask_to,
+                                need: q.need,
                             })
                         })
                         .collect::<Result<Vec<_>, Status>>()?,

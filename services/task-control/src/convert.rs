@@ -197,5 +197,7 @@ pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
         fields,
         escalate_to: q.escalate_to.clone(),
         escalate_after_s: q.escalate_after_s,
+        ask_to: q.ask_to.clone(),
+        need: q.need.clone(),
     }
 }

@@ -38,13 +38,21 @@ pub struct FormQuestion {
     /// reminder.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub escalate_after_s: u32,
+    /// The people it is put to at once instead of the task's owner, named as in
+    /// `escalate_to`; in a group chat each is asked there, otherwise in their own chat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ask_to: Vec<String>,
+    /// With `ask_to`: how many of them must answer, as [`Need`](super::Need) reads it ("any",
+    /// "all" or a number); empty: any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub need: String,
 }
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// The most people one question is escalated to.
+/// The most people one question is escalated to, or put to at once.
 pub const MAX_ESCALATE_TO: usize = 20;
 
 impl FormQuestion {
@@ -75,6 +83,10 @@ pub enum FormError {
     Shape { index: usize, why: ShapeError },
     #[error("question {index}: escalate_to {why}")]
     EscalateTo { index: usize, why: String },
+    #[error("question {index}: ask_to {why}")]
+    AskTo { index: usize, why: String },
+    #[error("question {index}: {why}")]
+    Need { index: usize, why: String },
 }
 
 /// Why a list of choices was refused.
@@ -170,23 +182,27 @@ pub fn questionnaire(given: Vec<FormQuestion>) -> Result<Vec<FormQuestion>, Form
             Some(shape) => shape.choices().to_vec(),
             None => choices,
         };
-        if question.escalate_to.len() > MAX_ESCALATE_TO {
-            return Err(FormError::EscalateTo {
+        let escalate_to =
+            people(&question.escalate_to).map_err(|why| FormError::EscalateTo { index, why })?;
+        let ask_to = people(&question.ask_to).map_err(|why| FormError::AskTo { index, why })?;
+        if !ask_to.is_empty() && !escalate_to.is_empty() {
+            return Err(FormError::AskTo {
                 index,
-                why: format!(
-                    "names {} people, more than the {MAX_ESCALATE_TO} allowed",
-                    question.escalate_to.len()
-                ),
+                why: "cannot be combined with escalate_to: ask everyone at once with ask_to, \
+                      or one after another with escalate_to"
+                    .into(),
             });
         }
-        let mut escalate_to = Vec::with_capacity(question.escalate_to.len());
-        for person in &question.escalate_to {
-            let person =
-                text::text(person, MAX_CHOICE_BYTES).map_err(|why| FormError::EscalateTo {
+        let need = question.need.trim().to_ascii_lowercase();
+        if !need.is_empty() {
+            if ask_to.is_empty() {
+                return Err(FormError::Need {
                     index,
-                    why: format!("names someone whose name {why}"),
-                })?;
-            escalate_to.push(person.to_owned());
+                    why: "need counts the answers of ask_to; name the people with ask_to".into(),
+                });
+            }
+            need.parse::<super::Need>()
+                .map_err(|why| FormError::Need { index, why })?;
         }
         kept.push(FormQuestion {
             key,
@@ -195,9 +211,30 @@ pub fn questionnaire(given: Vec<FormQuestion>) -> Result<Vec<FormQuestion>, Form
             shape,
             escalate_to,
             escalate_after_s: question.escalate_after_s,
+            ask_to,
+            need,
         });
     }
     Ok(kept)
+}
+
+/// A list of people as a question names them, each a short text, at most
+/// [`MAX_ESCALATE_TO`]; or why it is refused.
+fn people(named: &[String]) -> Result<Vec<String>, String> {
+    if named.len() > MAX_ESCALATE_TO {
+        return Err(format!(
+            "names {} people, more than the {MAX_ESCALATE_TO} allowed",
+            named.len()
+        ));
+    }
+    named
+        .iter()
+        .map(|person| {
+            text::text(person, MAX_CHOICE_BYTES)
+                .map(str::to_owned)
+                .map_err(|why| format!("names someone whose name {why}"))
+        })
+        .collect()
 }
 
 /// The choice an answer picks: its number (from 1), or its text ignoring case and the space
@@ -272,17 +309,43 @@ pub mod progress {
         text: &str,
         shape: &Shape,
     ) {
+        let value = if expired {
+            Value::Null
+        } else {
+            value(text, shape)
+        };
+        record_value(answers, call_id, value);
+    }
+
+    /// Records `value` as the answer to the question asked under `call_id`.
+    pub fn record_value(answers: &mut Map<String, Value>, call_id: &str, value: Value) {
         if let Some(key) = call_id.strip_prefix("form:") {
-            let value = match shape {
-                _ if expired => Value::Null,
-                Shape::Text
-                | Shape::Choice {
-                    multiple: false, ..
-                } => Value::String(text.to_owned()),
-                _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
-            };
             answers.insert(key.to_owned(), value);
         }
+    }
+
+    /// An answer's text as the output keeps it: text and a single choice as text, anything
+    /// else as the JSON it is.
+    pub fn value(text: &str, shape: &Shape) -> Value {
+        match shape {
+            Shape::Text
+            | Shape::Choice {
+                multiple: false, ..
+            } => Value::String(text.to_owned()),
+            _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
+        }
+    }
+
+    /// The answers of a question put to several people, as the output keeps them: each with
+    /// its author, in the order they came.
+    pub fn together<'a>(
+        answers: impl IntoIterator<Item = (&'a str, &'a str)>,
+        shape: &Shape,
+    ) -> Value {
+        answers
+            .into_iter()
+            .map(|(by, text)| json!({"by": by, "answer": value(text, shape)}))
+            .collect()
     }
 
     /// The key of the first question not answered yet, among `keys` in order.
@@ -326,6 +389,8 @@ mod tests {
             shape: None,
             escalate_to: Vec::new(),
             escalate_after_s: 0,
+            ask_to: Vec::new(),
+            need: String::new(),
         }
     }
 

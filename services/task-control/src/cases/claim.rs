@@ -105,6 +105,8 @@ pub fn claim_response(
                 .iter()
                 .map(convert::form_question)
                 .collect(),
+            deadline: claimed.task.deadline_at.map(convert::timestamp),
+            on_deadline: claimed.task.on_deadline.to_proto() as i32,
         }),
         resume: claimed.resume.map(|r| pb::Resume {
             question_id: r.question_id.to_string(),

@@ -167,13 +167,18 @@ fn check(shared: &Shared, new: &Create) -> Result<Checked, Error> {
 /// task was made by the same request (same goal and chat).
 pub async fn create_task(shared: &Shared, mut new: Create) -> Result<TaskRow, Error> {
     let checked = check(shared, &new)?;
-    // The people a questionnaire's questions escalate to, each on the platform of its chat.
+    // The people a questionnaire's questions escalate to or are put to, each on the platform
+    // of its chat.
     let platform = new.chat.as_ref().map(|c| c.platform.clone());
     for (i, question) in new.questionnaire.iter_mut().flatten().enumerate() {
         if !question.escalate_to.is_empty() {
             let key = format!("questionnaire: question {}: escalate_to", i + 1);
             question.escalate_to =
                 store::people_on(platform.as_deref(), &question.escalate_to, &key)?;
+        }
+        if !question.ask_to.is_empty() {
+            let key = format!("questionnaire: question {}: ask_to", i + 1);
+            question.ask_to = store::people_on(platform.as_deref(), &question.ask_to, &key)?;
         }
     }
     let asked = (

@@ -3,7 +3,7 @@
 use hark_core::domain::{
     Event, Owner, QuestionId, QuestionOutcome, TaskId, TaskState,
     decide::{self, Command},
-    form::FormQuestion,
+    form::{FormQuestion, progress},
     shape::Shape,
 };
 use hark_proto::v1 as pb;
@@ -446,12 +446,22 @@ impl Store {
                 .collect(question_row, generation, answer, &decision, (have, need))
                 .await;
         }
-        let model_answer = question_row.ask_group.map(|_| {
-            if question_row.askees > 1 {
-                together(&shape, &answered_before, answer, denied)
-            } else {
-                answer.text.clone()
-            }
+        // A questionnaire records every answer with its author, each as its output keeps it.
+        let is_form = task_questionnaire.as_ref().is_some_and(|q| !q.0.is_empty());
+        let form_answers = (is_form && question_row.askees > 1).then(|| {
+            let before = answered_before.iter().map(|s| {
+                (
+                    s.answerer.as_deref().unwrap_or(&s.owner),
+                    s.answer.as_deref().unwrap_or_default(),
+                )
+            });
+            let this = (answer.answerer.as_str(), answer.text.as_str());
+            progress::together(before.chain([this]), &shape)
+        });
+        let model_answer = question_row.ask_group.map(|_| match &form_answers {
+            Some(all) => serde_json::json!({ "answers": all }).to_string(),
+            None if question_row.askees > 1 => together(&shape, &answered_before, answer, denied),
+            None => answer.text.clone(),
         });
         let open_others: Vec<Sibling> = siblings
             .iter()
@@ -473,6 +483,7 @@ impl Store {
                     answer,
                     (&questions, last),
                     &open_others,
+                    form_answers,
                 )
                 .await;
         }

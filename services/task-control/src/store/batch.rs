@@ -247,7 +247,7 @@ pub(super) struct AskRequest {
 impl AskRequest {
     /// The question this ask created, as the task that won it holds it.
     fn asked(&self, task: &TaskRow, deadline: Option<time::OffsetDateTime>) -> pb::Question {
-        crate::convert::asked(
+        let mut asked = crate::convert::asked(
             task,
             crate::rows::Asked {
                 id: self.question,
@@ -257,7 +257,15 @@ impl AskRequest {
                 shape: &self.input.shape,
                 deadline,
             },
-        )
+        );
+        // Put to others than the owner: asked of the first of them, where they are asked.
+        if let Some(audience) = &self.audience {
+            asked.owner = audience.first.to_string();
+            if let Some(chat) = asked.chat.as_mut() {
+                chat.stream = audience.stream.clone();
+            }
+        }
+        asked
     }
 }
 
@@ -285,6 +293,43 @@ pub(super) struct OutboxColumns<'a> {
 /// A statement of a batch, its arguments bound so far.
 pub(super) type BatchQuery<'q, R> =
     sqlx::query::QueryAs<'q, sqlx::Postgres, R, sqlx::postgres::PgArguments>;
+
+/// Whom each of a batch of asks goes to beside the owner, as both ask statements take it: the
+/// escalation's people, its wait and the reminder's lead in milliseconds, then the audience's
+/// first person, stream, need, number of people and group.
+pub(super) struct AskedColumns<'a> {
+    pub(super) escalation: &'a super::Escalation,
+    pub(super) audience: Option<&'a super::worker::Audience>,
+    pub(super) question: QuestionId,
+}
+
+impl<'a> AskedColumns<'a> {
+    /// Binds the eight columns of `batch`, in order, as the next arguments of `query`.
+    pub(super) fn bind<'q, T, R>(
+        query: BatchQuery<'q, R>,
+        batch: &'a [T],
+        remind_before_ms: i64,
+        of: impl Fn(&'a T) -> AskedColumns<'a>,
+    ) -> BatchQuery<'q, R>
+    where
+        'a: 'q,
+    {
+        let asks: Vec<AskedColumns<'a>> = batch.iter().map(of).collect();
+        query
+            .bind(column(&asks, |a| a.escalation.column()))
+            .bind(column(&asks, |a| a.escalation.after_ms()))
+            .bind(column(&asks, |_| remind_before_ms))
+            .bind(column(&asks, |a| a.audience.map(|a| a.first.as_str())))
+            .bind(column(&asks, |a| a.audience.map(|a| a.stream.as_str())))
+            .bind(column(&asks, |a| a.audience.map_or(1, |a| a.need)))
+            .bind(column(&asks, |a| a.audience.map_or(1, |a| a.askees)))
+            .bind(column(&asks, |a| {
+                a.audience
+                    .filter(|a| a.askees > 1)
+                    .map(|_| a.question.as_uuid())
+            }))
+    }
+}
 
 impl<'a> OutboxColumns<'a> {
     /// Binds the five columns, in order, as the next arguments of `query`.
@@ -987,7 +1032,7 @@ impl Store {
             .map(|d| d.to.as_str())
             .map_err(|r| Error::Internal(format!("an ask was refused: {r}")))
         };
-        let rows: Vec<BatchRow> = out
+        let query = out
             .bind_to(query)
             .bind(column(batch, |r| {
                 crate::rows::StoredShape::of(&r.input.shape)
@@ -997,26 +1042,13 @@ impl Store {
             .bind(TaskState::Running.as_str())
             .bind(Event::Ask.as_str())
             .bind(column(batch, |r| r.trace.as_deref()))
-            .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())))
-            .bind(column(batch, |r| r.input.escalation.column()))
-            .bind(column(batch, |r| r.input.escalation.after_ms()))
-            .bind(column(batch, |_| self.remind_before_ms()))
-            .bind(column(batch, |r| {
-                r.audience.as_ref().map(|a| a.first.as_str())
-            }))
-            .bind(column(batch, |r| {
-                r.audience.as_ref().map(|a| a.stream.as_str())
-            }))
-            .bind(column(batch, |r| r.audience.as_ref().map_or(1, |a| a.need)))
-            .bind(column(batch, |r| {
-                r.audience.as_ref().map_or(1, |a| a.askees)
-            }))
-            .bind(column(batch, |r| {
-                r.audience
-                    .as_ref()
-                    .filter(|a| a.askees > 1)
-                    .map(|_| r.question.as_uuid())
-            }))
+            .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())));
+        let rows: Vec<BatchRow> =
+            AskedColumns::bind(query, batch, self.remind_before_ms(), |r| AskedColumns {
+                escalation: &r.input.escalation,
+                audience: r.audience.as_ref(),
+                question: r.question,
+            })
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

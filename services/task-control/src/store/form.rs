@@ -18,7 +18,7 @@ use sqlx::types::Json;
 
 use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
-    batch::{BatchQuery, Batched, Batches, Move, OutboxColumns, column, in_order},
+    batch::{AskedColumns, BatchQuery, Batched, Batches, Move, OutboxColumns, column, in_order},
 };
 
 /// What an answer to a questionnaire leads to.
@@ -151,6 +151,8 @@ pub(super) struct FormAsk {
     shape: Shape,
     /// Whom it is asked of next while it stays unanswered, and when (see [`super::Escalation`]).
     escalation: super::Escalation,
+    /// The people it is put to at once instead of the owner.
+    audience: Option<super::worker::Audience>,
     outbox: Vec<OutboxMessage>,
 }
 
@@ -230,7 +232,10 @@ struct FinishRow {
 impl Store {
     /// Applies `answer` to `question` of a questionnaire waiting at `generation`, and takes the
     /// step it leads to in the same statement. `last` is the questionnaire's last round;
-    /// `open_others` the questions of the same ask asked of others, which the answer closes.
+    /// `open_others` the questions of the same ask asked of others, which the answer closes;
+    /// `all`, for a question put to several people, every answer with its author, which is
+    /// recorded instead of `answer` alone.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn answer_form(
         &self,
         mut question: QuestionRow,
@@ -239,6 +244,7 @@ impl Store {
         answer: &Answer,
         (questions, last): (&[FormQuestion], Option<serde_json::Value>),
         open_others: &[crate::rows::Sibling],
+        all: Option<serde_json::Value>,
     ) -> Result<AnswerOutcome, Error> {
         let task = question.task_id;
         let (number, mut answers) = match &last {
@@ -250,13 +256,16 @@ impl Store {
                 })?,
             ),
         };
-        progress::record(
-            &mut answers,
-            &question.tool_call_id,
-            false,
-            &answer.text,
-            &question.shape(),
-        );
+        match all {
+            Some(all) => progress::record_value(&mut answers, &question.tool_call_id, all),
+            None => progress::record(
+                &mut answers,
+                &question.tool_call_id,
+                false,
+                &answer.text,
+                &question.shape(),
+            ),
+        }
         let keys = questions.iter().map(|q| q.key.as_str());
         let step = match progress::next(keys.clone(), &answers)
             .and_then(|k| questions.iter().find(|q| q.key == k))
@@ -314,25 +323,60 @@ impl Store {
             }
             Step::Ask(next) => {
                 let id = QuestionId::new();
+                let need = next
+                    .need
+                    .parse()
+                    .map_err(|e| Error::Internal(format!("questionnaire {task}: {e}")))?;
+                let (audience, escalation) =
+                    match super::worker::Audience::of(chat.as_ref(), &next.ask_to, need)? {
+                        // The others are asked right after, as an escalation that does not wait.
+                        Some((audience, rest)) => (
+                            Some(audience),
+                            super::Escalation {
+                                to: rest,
+                                after: Some(std::time::Duration::ZERO),
+                            },
+                        ),
+                        None => (
+                            None,
+                            super::Escalation {
+                                to: next.escalate_to.clone(),
+                                after: (next.escalate_after_s > 0).then(|| {
+                                    std::time::Duration::from_secs(next.escalate_after_s.into())
+                                }),
+                            },
+                        ),
+                    };
                 let mut won = None;
                 // A handle is unique among the owner's open questions in the stream; one taken
                 // fails the statement, and another is drawn.
                 for _ in 0..8 {
                     let handle = Handle::random().to_string();
-                    let mut outbox = chat
-                        .as_ref()
-                        .map(|route| {
-                            self.effects.question(
-                                route,
+                    let mut outbox = match (&chat, &audience) {
+                        (Some(route), Some(audience)) => {
+                            let (route, mentions) = audience.route(route);
+                            self.effects.question_mentioning(
+                                &route,
                                 task,
                                 id,
                                 &handle,
                                 &next.text,
                                 "",
                                 &next.shape(),
+                                &mentions,
                             )
-                        })
-                        .unwrap_or_default();
+                        }
+                        (Some(route), None) => self.effects.question(
+                            route,
+                            task,
+                            id,
+                            &handle,
+                            &next.text,
+                            "",
+                            &next.shape(),
+                        ),
+                        (None, _) => Vec::new(),
+                    };
                     outbox.extend(
                         self.effects
                             .answered_elsewhere(open_others, &answer.answerer),
@@ -345,12 +389,8 @@ impl Store {
                             handle: handle.clone(),
                             call_id: progress::call_id(&next.key),
                             shape: next.shape(),
-                            escalation: super::Escalation {
-                                to: next.escalate_to.clone(),
-                                after: (next.escalate_after_s > 0).then(|| {
-                                    std::time::Duration::from_secs(next.escalate_after_s.into())
-                                }),
-                            },
+                            escalation: escalation.clone(),
+                            audience: audience.clone(),
                             outbox,
                         })
                         .await?;
@@ -371,13 +411,19 @@ impl Store {
                                 deadline,
                             };
                             let call_id = progress::call_id(&next.key);
-                            let question = QuestionRow::asked(&row, asked, &call_id, number, None);
+                            let mut question =
+                                QuestionRow::asked(&row, asked, &call_id, number, None);
+                            if let Some(audience) = &audience {
+                                audience.asked(&mut question);
+                                // The others are asked now, not at the next tick.
+                                self.wake_timers();
+                            }
                             self.remember_asked(super::answers::AnswerTarget::asked(
                                 &question,
                                 &row,
                                 (number, &messages),
                             ));
-                            let asked = crate::convert::asked(&row, asked);
+                            let asked = crate::convert::question(&question);
                             won = Some(Some((*row, Some(asked))));
                             break;
                         }
@@ -411,11 +457,13 @@ impl Store {
                                      $7::text[], $8::jsonb[], $9::uuid[], $10::text[], $11::text[], $12::text[],
                                      $13::jsonb[], $19::text[], $20::text[], $21::text[], $22::text[],
                                      $23::text[], $24::text[], $25::text[], $26::text[], $27::text[],
-                                     $28::jsonb[], $29::bigint[], $30::bigint[])
+                                     $28::jsonb[], $29::bigint[], $30::bigint[], $31::text[], $32::text[],
+                                     $33::smallint[], $34::smallint[], $35::uuid[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
                                          c_choices, c_af, c_at, c_ae, c_cf, c_ct, c_ce, c_lf, c_lt, c_le,
-                                         c_escalate_to, c_escalate_ms, c_remind_ms, c_ord)
+                                         c_escalate_to, c_escalate_ms, c_remind_ms, c_owner, c_stream,
+                                         c_need, c_askees, c_group, c_ord)
             ), t AS (
                 UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
@@ -430,22 +478,25 @@ impl Store {
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, deadline, escalate_to,
-                                       escalate_every_ms, escalate_at)
-                SELECT c_question, id, c_handle, c_text, '', c_call, c_round, owner, platform, bot_id,
-                       stream, c_choices, d.deadline, e.people,
+                                       escalate_every_ms, escalate_at, need, askees, ask_group)
+                SELECT c_question, id, c_handle, c_text, '', c_call, c_round, coalesce(c_owner, owner),
+                       platform, bot_id, coalesce(c_stream, stream), c_choices, d.deadline, e.people,
                        CASE WHEN cardinality(e.people) > 0 THEN e.every END,
-                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END
+                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END,
+                       c_need, c_askees, c_group
                 FROM t
                 CROSS JOIN LATERAL (SELECT
                        CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
                             WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
                        END AS deadline) d
-                -- As an agent's ask: escalated at the first reminder unless told when.
+                -- As an agent's ask: escalated at the first reminder unless told when; put to
+                -- several at once (0): right away.
                 CROSS JOIN LATERAL (SELECT
                        ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
+                       CASE WHEN t.c_escalate_ms = 0 THEN 0 ELSE
                        greatest(1000, coalesce(t.c_escalate_ms,
                            (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
-                           t.c_remind_ms)) AS every) e
+                           t.c_remind_ms)) END AS every) e
                 RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
@@ -465,10 +516,12 @@ impl Store {
             .bind(column(batch, |r| r.handle.as_str()))
             .bind(column(batch, |r| r.call_id.as_str()))
             .bind(column(batch, |r| crate::rows::StoredShape::of(&r.shape)));
-        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves)
-            .bind(column(batch, |r| r.escalation.column()))
-            .bind(column(batch, |r| r.escalation.after_ms()))
-            .bind(column(batch, |_| self.remind_before_ms()));
+        let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
+        let query = AskedColumns::bind(query, batch, self.remind_before_ms(), |r| AskedColumns {
+            escalation: &r.escalation,
+            audience: r.audience.as_ref(),
+            question: r.question,
+        });
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(

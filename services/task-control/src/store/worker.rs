@@ -105,6 +105,67 @@ pub(super) struct Audience {
     pub(super) askees: i16,
 }
 
+impl Audience {
+    /// Whom an ask put to the people `ask_to` at once (each on the platform of `chat`, the
+    /// task's) goes to first, and where, with the others it goes to right after; `None` when it
+    /// names nobody. In a group, each is asked there; otherwise in their own private chat.
+    pub(super) fn of(
+        chat: Option<&ChatRoute>,
+        ask_to: &[String],
+        need: Need,
+    ) -> Result<Option<(Audience, Vec<String>)>, Error> {
+        if ask_to.is_empty() {
+            return Ok(None);
+        }
+        let platform = chat.map(|c| c.platform.as_str());
+        let people = people_on(platform, ask_to, "ask_to")?;
+        let first: Owner = people[0]
+            .parse()
+            .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?;
+        let in_group = chat
+            .and_then(|c| c.stream.parse::<StreamId>().ok())
+            .filter(StreamId::is_group);
+        let stream = match in_group {
+            Some(group) => group.as_str().to_owned(),
+            None => StreamId::private(first.user_id())
+                .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?
+                .as_str()
+                .to_owned(),
+        };
+        let audience = Audience {
+            first,
+            stream,
+            need: need.of(people.len()),
+            askees: i16::try_from(people.len()).unwrap_or(i16::MAX),
+        };
+        Ok(Some((audience, people[1..].to_vec())))
+    }
+
+    /// The route the first is asked on, in the task's chat `route`, and whom the question
+    /// mentions there (the first, in a group).
+    pub(super) fn route(&self, route: &ChatRoute) -> (ChatRoute, Vec<String>) {
+        let route = ChatRoute {
+            stream: self.stream.clone(),
+            ..route.clone()
+        };
+        let mentions = if route.stream.starts_with("group:") {
+            vec![self.first.user_id().to_owned()]
+        } else {
+            Vec::new()
+        };
+        (route, mentions)
+    }
+
+    /// `question`, as the ask statement created it, put to this audience.
+    pub(super) fn asked(&self, question: &mut QuestionRow) {
+        question.owner = self.first.clone();
+        question.stream = Some(self.stream.clone());
+        question.need = self.need;
+        question.askees = self.askees;
+        question.ask_group = (self.askees > 1).then(|| question.id.as_uuid());
+    }
+}
+
 /// Whom an unanswered question is asked of next, one after another, and when.
 #[derive(Debug, Clone, Default)]
 pub struct Escalation {
@@ -430,34 +491,11 @@ impl Store {
             let escalation = input.escalation.clone().resolved(platform)?;
             input.to_mut().escalation = escalation;
         }
-        let audience = match (&chat, input.ask_to.is_empty()) {
-            (_, true) => None,
-            (chat, false) => {
-                let people = people_on(platform, &input.ask_to, "ask_to")?;
-                let first: Owner = people[0]
-                    .parse()
-                    .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?;
-                let in_group = chat
-                    .as_ref()
-                    .and_then(|c| c.stream.parse::<StreamId>().ok())
-                    .filter(StreamId::is_group);
-                let stream = match in_group {
-                    Some(group) => group.as_str().to_owned(),
-                    None => StreamId::private(first.user_id())
-                        .map_err(|e| Error::Invalid(format!("ask_to: {e}")))?
-                        .as_str()
-                        .to_owned(),
-                };
-                let audience = Audience {
-                    first,
-                    stream,
-                    need: input.need.of(people.len()),
-                    askees: i16::try_from(people.len()).unwrap_or(i16::MAX),
-                };
+        let audience = match Audience::of(chat.as_ref(), &input.ask_to, input.need)? {
+            None => None,
+            Some((audience, rest)) => {
                 // The others are asked right after, as an escalation that does not wait.
-                let rest = people[1..].to_vec();
-                let input = input.to_mut();
-                input.escalation = Escalation {
+                input.to_mut().escalation = Escalation {
                     to: rest,
                     after: Some(Duration::ZERO),
                 };
@@ -477,15 +515,7 @@ impl Store {
                 // Put to someone else than the owner: in the group, with a mention; in private,
                 // in their own chat.
                 (Some(route), Some(audience)) => {
-                    let route = ChatRoute {
-                        stream: audience.stream.clone(),
-                        ..route.clone()
-                    };
-                    let mentions = if route.stream.starts_with("group:") {
-                        vec![audience.first.user_id().to_owned()]
-                    } else {
-                        Vec::new()
-                    };
+                    let (route, mentions) = audience.route(route);
                     self.effects.question_mentioning(
                         &route,
                         lease.task,
@@ -540,11 +570,7 @@ impl Store {
                 input.waits_for,
             );
             if let Some(audience) = &audience {
-                question.owner = audience.first.clone();
-                question.stream = Some(audience.stream.clone());
-                question.need = audience.need;
-                question.askees = audience.askees;
-                question.ask_group = (audience.askees > 1).then(|| question_id.as_uuid());
+                audience.asked(&mut question);
                 // The others are asked now, not at the next tick.
                 self.wake_timers();
             }

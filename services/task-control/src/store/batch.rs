@@ -856,8 +856,11 @@ impl Store {
                 FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
             ), superseded AS (
                 -- The same ask put to others: the first answer closes theirs.
+                -- Only a question of an ask group has others; looked up by the group, so a
+                -- question of none costs one primary-key read.
                 UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
-                FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
+                FROM t JOIN questions a ON a.id = t.c_question
+                WHERE q.ask_group = a.ask_group AND q.outcome = ", sql_outcome!(open), "
                   AND q.id <> t.c_question
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)

@@ -311,7 +311,7 @@ fn reused(id: &str, what: &str) -> Status {
 const OPERATOR: cases::Caller = cases::Caller::Operator("api");
 
 /// A use case's refusal as a gRPC status, naming the request's field where one is at fault.
-fn case_status(error: cases::Error, request_id: Option<&str>) -> Status {
+pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Status {
     use cases::Error as E;
     match error {
         E::CannotHaveTasks { .. } => Status::permission_denied(error.to_string()),

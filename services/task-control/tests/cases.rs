@@ -204,3 +204,34 @@ async fn an_instruction_is_checked_and_recorded_as_its_callers() {
     );
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_reminder_is_sent_only_for_a_question_of_a_task_the_caller_sees() {
+    let tc = TestControl::start().await;
+    let (task, question) =
+        common::tasks::waiting_task_in(&tc.store, Some(common::tasks::group_chat())).await;
+    let person = |who: &str| Caller::Person {
+        owner: owner(who),
+        role: Role::User,
+    };
+
+    // Someone else's question is not found, and nobody is reminded.
+    let refused = cases::remind(&tc.shared, &person("qq:999"), question)
+        .await
+        .expect_err("not theirs");
+    assert_eq!(refused.kind(), Kind::NotFound, "{refused}");
+    let untouched = tc.store.get_question(question).await.expect("question");
+    assert!(untouched.reminded_at.is_none(), "{untouched:?}");
+
+    // The task's owner reminds; a second reminder within the minute is refused, whoever asks.
+    let reminded = cases::remind(&tc.shared, &person(task.owner.as_str()), question)
+        .await
+        .expect("reminded");
+    assert!(reminded.reminded_at.is_some(), "{reminded:?}");
+    let again = cases::remind(&tc.shared, &Caller::Operator("console"), question)
+        .await
+        .expect_err("too soon");
+    assert!(again.to_string().contains("#"), "{again}");
+    assert_eq!(again.kind(), Kind::Exhausted, "{again}");
+    tc.stop().await;
+}

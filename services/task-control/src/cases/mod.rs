@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hark_core::{
     domain::{
-        DeadlinePolicy, Owner, Role, TaskId, TaskRef, TimeoutPolicy, duration,
+        DeadlinePolicy, Owner, QuestionId, Role, TaskId, TaskRef, TimeoutPolicy, duration,
         form::FormQuestion,
         schedule::{Cron, Overlap},
         text,
@@ -23,7 +23,9 @@ pub use delegate::delegate;
 
 use crate::{
     shared::Shared,
-    store::{self, ChatRoute, NewSchedule, NewTask, ScheduleRow, TaskRow, TellDelivery},
+    store::{
+        self, ChatRoute, NewSchedule, NewTask, QuestionRow, ScheduleRow, TaskRow, TellDelivery,
+    },
 };
 
 /// Why a use case refused, or the store's error when it could not be applied.
@@ -318,6 +320,24 @@ pub async fn pause(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
 /// Resumes a paused task: waiting on its open question again, or queued.
 pub async fn resume(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
     Ok(shared.store.resume(found.id, found.caller.actor()).await?)
+}
+
+/// Reminds the person question `id` is asked of, now, deadline or not (the console's
+/// "remind"), at most once a minute. Only a question of a task the caller sees: another
+/// person's question is not found, as if it did not exist, and nothing is sent.
+pub async fn remind(
+    shared: &Shared,
+    caller: &Caller,
+    id: QuestionId,
+) -> Result<QuestionRow, Error> {
+    if let Some(owner) = caller.sees_only() {
+        let asked = shared.store.get_question(id).await?;
+        let task = shared.store.get_task(asked.task_id).await?;
+        if task.owner != *owner {
+            return Err(store::Error::QuestionNotFound(id.to_string()).into());
+        }
+    }
+    Ok(shared.store.remind_now(id).await?)
 }
 
 /// Gives the task an instruction: its agent reads it before its next round, or when it is

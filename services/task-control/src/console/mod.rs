@@ -599,6 +599,9 @@ async fn delegate(
     })))
 }
 
+/// Who acts through the console: its tokens are operators'.
+const CONSOLE: crate::cases::Caller = crate::cases::Caller::Operator("console");
+
 /// The body of `remind`: nothing but `{}`, so that it too is JSON only.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -614,12 +617,9 @@ async fn remind(
     let id: QuestionId = id
         .parse()
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("question id: {e}")))?;
-    let question = console
-        .shared
-        .store
-        .remind_now(id)
+    let question = crate::cases::remind(&console.shared, &CONSOLE, id)
         .await
-        .map_err(|e| refused(crate::api::status_of(e)))?;
+        .map_err(|e| refused(crate::api::case_status(e, None)))?;
     Ok(Json(json!({
         "question": json::question(&crate::convert::question(&question))
     })))

@@ -32,6 +32,16 @@ async fn bed() -> Bed {
     bed
 }
 
+/// The QQ group 5, where the tests that ask several people ask them.
+fn group_chat() -> pb::ChatRoute {
+    pb::ChatRoute {
+        platform: "qq".into(),
+        bot_id: "1".into(),
+        stream: "group:5".into(),
+        ..Default::default()
+    }
+}
+
 /// Answers `task`'s open question and waits for the next question or the end.
 async fn answer_and_wait(bed: &Bed, task: &str, text: &str) -> pb::TaskEvent {
     answered_then(
@@ -370,12 +380,7 @@ async fn a_questionnaires_questions_escalate_and_the_first_answer_of_anyone_aske
         escalate_after_s: 1,
         ..question(key, text, &[])
     };
-    let chat = pb::ChatRoute {
-        platform: "qq".into(),
-        bot_id: "1".into(),
-        stream: "group:5".into(),
-        ..Default::default()
-    };
+    let chat = group_chat();
 
     // Nobody can be asked in a chat the task does not have, nor on another platform.
     for (chat, named, why) in [
@@ -474,12 +479,7 @@ async fn a_questionnaires_question_put_to_several_people_waits_for_the_answers_i
         need: need.into(),
         ..question(key, text, &["Mon", "Fri"])
     };
-    let chat = pb::ChatRoute {
-        platform: "qq".into(),
-        bot_id: "1".into(),
-        stream: "group:5".into(),
-        ..Default::default()
-    };
+    let chat = group_chat();
 
     // ask_to is checked at creation: people on the chat's platform, a need it can read, and
     // not together with escalate_to.
@@ -588,12 +588,7 @@ async fn a_questionnaires_question_put_to_several_people_waits_for_the_answers_i
     // answers with their authors all the same.
     let id = bed
         .create("qq:100", "", |r| {
-            r.chat = Some(pb::ChatRoute {
-                platform: "qq".into(),
-                bot_id: "1".into(),
-                stream: "group:5".into(),
-                ..Default::default()
-            });
+            r.chat = Some(group_chat());
             r.questionnaire = vec![put_to("day", "Which day?", &["200", "300"], "any")];
         })
         .await;

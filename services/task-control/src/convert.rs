@@ -5,7 +5,7 @@ use time::OffsetDateTime;
 
 use hark_core::domain::{TaskState, form::FormQuestion, shape::Shape};
 
-use crate::rows::{Asked, ChatRoute, Instruction, QuestionRow, ScheduleRow, TaskRow};
+use crate::rows::{ChatRoute, Instruction, QuestionRow, ScheduleRow, TaskRow};
 
 /// The most of a task's output an event carries; beyond it the event says it was cut.
 pub const EVENT_RESULT_MAX: usize = 64 * 1024;
@@ -167,22 +167,6 @@ pub fn shaped(shape: &Shape) -> pb::Question {
         multiple,
         fields,
         ..Default::default()
-    }
-}
-
-pub fn asked(task: &TaskRow, q: Asked<'_>) -> pb::Question {
-    pb::Question {
-        id: q.id.to_string(),
-        task_id: task.id.to_string(),
-        handle: q.handle.to_owned(),
-        text: q.text.to_owned(),
-        context: q.context.to_owned(),
-        owner: task.owner.to_string(),
-        chat: task.chat().map(|c| route(&c)),
-        outcome: pb::QuestionOutcome::Open as i32,
-        asked_at: Some(timestamp(task.updated_at)),
-        deadline: q.deadline.map(timestamp),
-        ..shaped(q.shape)
     }
 }
 

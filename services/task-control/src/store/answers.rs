@@ -61,12 +61,10 @@ pub enum AnswerOutcome {
     },
 }
 
-/// What the model reads of an ask put to several people: every answer with its author, in the
-/// order they came (`answer` the last). For an approval, the decision they make together: a
-/// denial, or an approval (for the rest of the task when every approver said so) with the first
-/// arguments an approver changed.
-fn together(shape: &Shape, before: &[&Sibling], answer: &Answer, denied: bool) -> String {
-    let all: Vec<(&str, &str)> = before
+/// Every answer to an ask put to several people, as `(by, text)` in the order they came:
+/// the answers `before`, then `answer`.
+fn authored<'a>(before: &[&'a Sibling], answer: &'a Answer) -> Vec<(&'a str, &'a str)> {
+    before
         .iter()
         .map(|s| {
             (
@@ -75,7 +73,15 @@ fn together(shape: &Shape, before: &[&Sibling], answer: &Answer, denied: bool) -
             )
         })
         .chain([(answer.answerer.as_str(), answer.text.as_str())])
-        .collect();
+        .collect()
+}
+
+/// What the model reads of an ask put to several people: every answer with its author, in the
+/// order they came (`answer` the last). For an approval, the decision they make together: a
+/// denial, or an approval (for the rest of the task when every approver said so) with the first
+/// arguments an approver changed.
+fn together(shape: &Shape, before: &[&Sibling], answer: &Answer, denied: bool) -> String {
+    let all = authored(before, answer);
     let answers: Vec<serde_json::Value> = all
         .iter()
         .map(|(by, text)| serde_json::json!({"by": by, "answer": shape.value_of(text)}))
@@ -389,6 +395,7 @@ impl Store {
         // A question of a shape takes an answer that fits it, kept as the agent reads it (a
         // questionnaire keeps a choice's text as it is); one that does not fit changes nothing.
         let shape = question_row.shape();
+        let questionnaire = task_questionnaire.as_ref().is_some_and(|q| !q.0.is_empty());
         let read;
         let answer = match (&shape, &answer.json) {
             (hark_core::domain::shape::Shape::Text, None) => answer,
@@ -406,7 +413,6 @@ impl Store {
                     shape: Box::new(shape.clone()),
                     misfit,
                 })?;
-                let questionnaire = task_questionnaire.as_ref().is_some_and(|q| !q.0.is_empty());
                 let text = match value {
                     serde_json::Value::String(text) if shape.is_text() || questionnaire => text,
                     value if questionnaire => value.to_string(),
@@ -447,17 +453,8 @@ impl Store {
                 .await;
         }
         // A questionnaire records every answer with its author, each as its output keeps it.
-        let is_form = task_questionnaire.as_ref().is_some_and(|q| !q.0.is_empty());
-        let form_answers = (is_form && question_row.askees > 1).then(|| {
-            let before = answered_before.iter().map(|s| {
-                (
-                    s.answerer.as_deref().unwrap_or(&s.owner),
-                    s.answer.as_deref().unwrap_or_default(),
-                )
-            });
-            let this = (answer.answerer.as_str(), answer.text.as_str());
-            progress::together(before.chain([this]), &shape)
-        });
+        let form_answers = (questionnaire && question_row.askees > 1)
+            .then(|| progress::together(authored(&answered_before, answer), &shape));
         let model_answer = question_row.ask_group.map(|_| match &form_answers {
             Some(all) => serde_json::json!({ "answers": all }).to_string(),
             None if question_row.askees > 1 => together(&shape, &answered_before, answer, denied),

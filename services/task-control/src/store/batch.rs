@@ -247,25 +247,14 @@ pub(super) struct AskRequest {
 impl AskRequest {
     /// The question this ask created, as the task that won it holds it.
     fn asked(&self, task: &TaskRow, deadline: Option<time::OffsetDateTime>) -> pb::Question {
-        let mut asked = crate::convert::asked(
+        crate::convert::question(&super::worker::asked_question(
             task,
-            crate::rows::Asked {
-                id: self.question,
-                handle: &self.handle,
-                text: &self.input.question,
-                context: &self.input.context,
-                shape: &self.input.shape,
-                deadline,
-            },
-        );
-        // Put to others than the owner: asked of the first of them, where they are asked.
-        if let Some(audience) = &self.audience {
-            asked.owner = audience.first.to_string();
-            if let Some(chat) = asked.chat.as_mut() {
-                chat.stream = audience.stream.clone();
-            }
-        }
-        asked
+            self.question,
+            &self.handle,
+            &self.input,
+            self.audience.as_ref(),
+            deadline,
+        ))
     }
 }
 
@@ -854,15 +843,7 @@ impl Store {
                                        answer = t.c_text, inbound_message_id = t.c_inbound,
                                        model_answer = t.c_model
                 FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
-            ), superseded AS (
-                -- The same ask put to others: the first answer closes theirs.
-                -- Only a question of an ask group has others; looked up by the group, so a
-                -- question of none costs one primary-key read.
-                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
-                FROM t JOIN questions a ON a.id = t.c_question
-                WHERE q.ask_group = a.ask_group AND q.outcome = ", sql_outcome!(open), "
-                  AND q.id <> t.c_question
-            ), applied AS (
+            ), ", supersede_others!("c_question"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
@@ -968,24 +949,14 @@ impl Store {
                                        need, askees, ask_group)
                 SELECT c_question, id, c_handle, c_text, c_context, c_tool_call_id, c_round,
                        coalesce(c_owner, owner), platform, bot_id, coalesce(c_stream, stream),
-                       c_choices, c_traceparent, c_waits_for, d.deadline, e.people, 
-                       CASE WHEN cardinality(e.people) > 0 THEN e.every END,
-                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END,
-                       c_need, c_askees, c_group
+                       c_choices, c_traceparent, c_waits_for, d.deadline, ", asked_values!(), "
                 FROM t
                 CROSS JOIN LATERAL (SELECT
                        CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
                             WHEN t.c_timeout_ms IS NOT NULL THEN now() + t.c_timeout_ms * interval '1 millisecond'
                             WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
                        END AS deadline) d
-                -- Escalated at the first reminder unless told when: remind_before ahead of the
-                -- deadline, or after it without one. Put to several at once (0): right away.
-                CROSS JOIN LATERAL (SELECT
-                       ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
-                       CASE WHEN t.c_escalate_ms = 0 THEN 0 ELSE
-                       greatest(1000, coalesce(t.c_escalate_ms,
-                           (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
-                           t.c_remind_ms)) END AS every) e
+                ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)

@@ -38,15 +38,7 @@ macro_rules! answered_and_audit {
                 UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_answer, inbound_message_id = t.c_inbound
                 FROM t WHERE q.id = t.c_answered AND q.outcome = ", sql_outcome!(open), "
-            ), superseded AS (
-                -- The same question escalated to others: the first answer closes theirs.
-                -- Only a question of an ask group has others; looked up by the group, so a
-                -- question of none costs one primary-key read.
-                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
-                FROM t JOIN questions a ON a.id = t.c_answered
-                WHERE q.ask_group = a.ask_group AND q.outcome = ", sql_outcome!(open), "
-                  AND q.id <> t.c_answered
-            ), applied AS (
+            ), ", supersede_others!("c_answered"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
@@ -332,14 +324,7 @@ impl Store {
                     .map_err(|e| Error::Internal(format!("questionnaire {task}: {e}")))?;
                 let (audience, escalation) =
                     match super::worker::Audience::of(chat.as_ref(), &next.ask_to, need)? {
-                        // The others are asked right after, as an escalation that does not wait.
-                        Some((audience, rest)) => (
-                            Some(audience),
-                            super::Escalation {
-                                to: rest,
-                                after: Some(std::time::Duration::ZERO),
-                            },
-                        ),
+                        Some((audience, others)) => (Some(audience), others),
                         None => (
                             None,
                             super::Escalation {
@@ -350,36 +335,20 @@ impl Store {
                             },
                         ),
                     };
+                let shape = next.shape();
                 let mut won = None;
                 // A handle is unique among the owner's open questions in the stream; one taken
                 // fails the statement, and another is drawn.
                 for _ in 0..8 {
                     let handle = Handle::random().to_string();
-                    let mut outbox = match (&chat, &audience) {
-                        (Some(route), Some(audience)) => {
-                            let (route, mentions) = audience.route(route);
-                            self.effects.question_mentioning(
-                                &route,
-                                task,
-                                id,
-                                &handle,
-                                &next.text,
-                                "",
-                                &next.shape(),
-                                &mentions,
-                            )
-                        }
-                        (Some(route), None) => self.effects.question(
-                            route,
-                            task,
-                            id,
-                            &handle,
-                            &next.text,
-                            "",
-                            &next.shape(),
-                        ),
-                        (None, _) => Vec::new(),
-                    };
+                    let mut outbox = self.asking(
+                        chat.as_ref(),
+                        audience.as_ref(),
+                        task,
+                        id,
+                        &handle,
+                        (&next.text, "", &shape),
+                    );
                     outbox.extend(
                         self.effects
                             .answered_elsewhere(open_others, &answer.answerer),
@@ -391,7 +360,7 @@ impl Store {
                             text: next.text.clone(),
                             handle: handle.clone(),
                             call_id: progress::call_id(&next.key),
-                            shape: next.shape(),
+                            shape: shape.clone(),
                             escalation: escalation.clone(),
                             audience: audience.clone(),
                             outbox,
@@ -404,7 +373,6 @@ impl Store {
                             break;
                         }
                         FormAsked::Won(row, deadline) => {
-                            let shape = next.shape();
                             let asked = crate::rows::Asked {
                                 id,
                                 handle: &handle,
@@ -483,23 +451,13 @@ impl Store {
                                        platform, bot_id, stream, choices, deadline, escalate_to,
                                        escalate_every_ms, escalate_at, need, askees, ask_group)
                 SELECT c_question, id, c_handle, c_text, '', c_call, c_round, coalesce(c_owner, owner),
-                       platform, bot_id, coalesce(c_stream, stream), c_choices, d.deadline, e.people,
-                       CASE WHEN cardinality(e.people) > 0 THEN e.every END,
-                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END,
-                       c_need, c_askees, c_group
+                       platform, bot_id, coalesce(c_stream, stream), c_choices, d.deadline, ", asked_values!(), "
                 FROM t
                 CROSS JOIN LATERAL (SELECT
                        CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
                             WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
                        END AS deadline) d
-                -- As an agent's ask: escalated at the first reminder unless told when; put to
-                -- several at once (0): right away.
-                CROSS JOIN LATERAL (SELECT
-                       ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
-                       CASE WHEN t.c_escalate_ms = 0 THEN 0 ELSE
-                       greatest(1000, coalesce(t.c_escalate_ms,
-                           (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
-                           t.c_remind_ms)) END AS every) e
+                ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)

@@ -186,6 +186,57 @@ macro_rules! answer_target_columns {
     };
 }
 
+/// The CTE that closes the other open questions of the ask an answer answered, as superseded:
+/// the same ask put to others, whose first answer closes theirs. `$answered` names the column
+/// of `t` that holds the answered question. Only a question of an ask group has others, looked
+/// up by the group, so a question of none costs one primary-key read.
+macro_rules! supersede_others {
+    ($answered:literal) => {
+        concat!(
+            "superseded AS (
+                UPDATE questions q SET outcome = ",
+            sql_outcome!(superseded),
+            ", closed_at = now()
+                FROM t JOIN questions a ON a.id = t.",
+            $answered,
+            "
+                WHERE q.ask_group = a.ask_group AND q.outcome = ",
+            sql_outcome!(open),
+            "
+                  AND q.id <> t.",
+            $answered,
+            "
+            )"
+        )
+    };
+}
+
+/// Whom a new question goes to beside the owner, from the columns `batch::AskedColumns` binds:
+/// the values of `escalate_to, escalate_every_ms, escalate_at, need, askees, ask_group`, read
+/// from the lateral `asked_escalation!()` (`e`).
+macro_rules! asked_values {
+    () => {
+        "e.people,
+                       CASE WHEN cardinality(e.people) > 0 THEN e.every END,
+                       CASE WHEN cardinality(e.people) > 0 THEN now() + e.every * interval '1 millisecond' END,
+                       c_need, c_askees, c_group"
+    };
+}
+
+/// To whom a new question escalates (`e.people`) and how long after it is asked (`e.every`):
+/// at its first reminder unless told when, `remind_before` ahead of its deadline (`d.deadline`)
+/// or after it was asked without one; put to several at once (0), right away.
+macro_rules! asked_escalation {
+    () => {
+        "CROSS JOIN LATERAL (SELECT
+                       ARRAY(SELECT jsonb_array_elements_text(t.c_escalate_to)) AS people,
+                       CASE WHEN t.c_escalate_ms = 0 THEN 0 ELSE
+                       greatest(1000, coalesce(t.c_escalate_ms,
+                           (extract(epoch FROM d.deadline - now()) * 1000)::bigint - t.c_remind_ms,
+                           t.c_remind_ms)) END AS every) e"
+    };
+}
+
 /// The columns of `questions`, in the order of [`QuestionRow`].
 macro_rules! question_columns {
     () => {

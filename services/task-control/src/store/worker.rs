@@ -107,13 +107,14 @@ pub(super) struct Audience {
 
 impl Audience {
     /// Whom an ask put to the people `ask_to` at once (each on the platform of `chat`, the
-    /// task's) goes to first, and where, with the others it goes to right after; `None` when it
-    /// names nobody. In a group, each is asked there; otherwise in their own private chat.
+    /// task's) goes to first, and where, with the escalation that asks the others right after;
+    /// `None` when it names nobody. In a group, each is asked there; otherwise in their own
+    /// private chat.
     pub(super) fn of(
         chat: Option<&ChatRoute>,
         ask_to: &[String],
         need: Need,
-    ) -> Result<Option<(Audience, Vec<String>)>, Error> {
+    ) -> Result<Option<(Audience, Escalation)>, Error> {
         if ask_to.is_empty() {
             return Ok(None);
         }
@@ -138,7 +139,12 @@ impl Audience {
             need: need.of(people.len()),
             askees: i16::try_from(people.len()).unwrap_or(i16::MAX),
         };
-        Ok(Some((audience, people[1..].to_vec())))
+        // The others are asked right after, as an escalation that does not wait.
+        let others = Escalation {
+            to: people[1..].to_vec(),
+            after: Some(Duration::ZERO),
+        };
+        Ok(Some((audience, others)))
     }
 
     /// The route the first is asked on, in the task's chat `route`, and whom the question
@@ -164,6 +170,36 @@ impl Audience {
         question.askees = self.askees;
         question.ask_group = (self.askees > 1).then(|| question.id.as_uuid());
     }
+}
+
+/// The question an ask created, as the statement that won it left `task`: `id`, by its
+/// `handle`, with its `deadline`, asked of the task's owner or of `audience`.
+pub(super) fn asked_question(
+    task: &TaskRow,
+    id: QuestionId,
+    handle: &str,
+    input: &AskInput,
+    audience: Option<&Audience>,
+    deadline: Option<time::OffsetDateTime>,
+) -> QuestionRow {
+    let mut question = QuestionRow::asked(
+        task,
+        crate::rows::Asked {
+            id,
+            handle,
+            text: &input.question,
+            context: &input.context,
+            shape: &input.shape,
+            deadline,
+        },
+        &input.tool_call_id,
+        input.round,
+        input.waits_for,
+    );
+    if let Some(audience) = audience {
+        audience.asked(&mut question);
+    }
+    question
 }
 
 /// Whom an unanswered question is asked of next, one after another, and when.
@@ -493,12 +529,8 @@ impl Store {
         }
         let audience = match Audience::of(chat.as_ref(), &input.ask_to, input.need)? {
             None => None,
-            Some((audience, rest)) => {
-                // The others are asked right after, as an escalation that does not wait.
-                input.to_mut().escalation = Escalation {
-                    to: rest,
-                    after: Some(Duration::ZERO),
-                };
+            Some((audience, others)) => {
+                input.to_mut().escalation = others;
                 Some(audience)
             }
         };
@@ -509,34 +541,18 @@ impl Store {
         // fails the statement on the unique index, and a new handle is drawn.
         for _ in 0..8 {
             let handle = Handle::random().to_string();
-            let outbox = match (&chat, &audience) {
-                // A question for a subtask is not for the chat.
-                (Some(_), _) if input.waits_for.is_some() => Vec::new(),
-                // Put to someone else than the owner: in the group, with a mention; in private,
-                // in their own chat.
-                (Some(route), Some(audience)) => {
-                    let (route, mentions) = audience.route(route);
-                    self.effects.question_mentioning(
-                        &route,
-                        lease.task,
-                        question_id,
-                        &handle,
-                        &input.question,
-                        &input.context,
-                        &input.shape,
-                        &mentions,
-                    )
-                }
-                (Some(route), None) => self.effects.question(
-                    route,
+            // A question for a subtask is not for the chat.
+            let outbox = if input.waits_for.is_some() {
+                Vec::new()
+            } else {
+                self.asking(
+                    chat.as_ref(),
+                    audience.as_ref(),
                     lease.task,
                     question_id,
                     &handle,
-                    &input.question,
-                    &input.context,
-                    &input.shape,
-                ),
-                (None, _) => Vec::new(),
+                    (&input.question, &input.context, &input.shape),
+                )
             };
             let asked = self
                 .decide(super::batch::AskRequest {
@@ -554,23 +570,15 @@ impl Store {
                 super::batch::Asked::Lost => return Err(self.refusal(lease).await),
                 super::batch::Asked::HandleTaken => continue,
             };
-            // The question as the statement created it.
-            let mut question = QuestionRow::asked(
+            let question = asked_question(
                 &row.task,
-                crate::rows::Asked {
-                    id: question_id,
-                    handle: &handle,
-                    text: &input.question,
-                    context: &input.context,
-                    shape: &input.shape,
-                    deadline: row.asked_deadline,
-                },
-                &input.tool_call_id,
-                input.round,
-                input.waits_for,
+                question_id,
+                &handle,
+                input,
+                audience.as_ref(),
+                row.asked_deadline,
             );
-            if let Some(audience) = &audience {
-                audience.asked(&mut question);
+            if audience.is_some() {
                 // The others are asked now, not at the next tick.
                 self.wake_timers();
             }
@@ -582,6 +590,33 @@ impl Store {
             return Ok(question);
         }
         Err(Error::Busy("no free question handle after 8 tries".into()))
+    }
+
+    /// The chat messages that ask `question` of task `task`, by its `handle`, as its `text`,
+    /// `context` and `shape`: in `chat`, the task's; when it is put to others than the owner
+    /// (`audience`), in the group with a mention, or in private in their own chat. None
+    /// without a chat.
+    pub(super) fn asking(
+        &self,
+        chat: Option<&ChatRoute>,
+        audience: Option<&Audience>,
+        task: TaskId,
+        question: QuestionId,
+        handle: &str,
+        (text, context, shape): (&str, &str, &Shape),
+    ) -> Vec<super::OutboxMessage> {
+        match (chat, audience) {
+            (Some(route), Some(audience)) => {
+                let (route, mentions) = audience.route(route);
+                self.effects.question_mentioning(
+                    &route, task, question, handle, text, context, shape, &mentions,
+                )
+            }
+            (Some(route), None) => self
+                .effects
+                .question(route, task, question, handle, text, context, shape),
+            (None, _) => Vec::new(),
+        }
     }
 
     /// What `command` does to a task in `state`, for the hot moves whose statement checks the

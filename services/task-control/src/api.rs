@@ -176,9 +176,10 @@ impl Api {
             json,
             inbound_key,
         };
+        let answers = cases::answer::Answers::of(&self.shared);
         let applied = match target {
-            Target::Question(q) => store.answer(q, &answer).await,
-            Target::OpenOf(t) => store.answer_task(t, &answer).await,
+            Target::Question(q) => answers.answer(q, &answer).await,
+            Target::OpenOf(t) => answers.answer_task(t, &answer).await,
         };
         let (task, question, asked) = match applied {
             Ok(AnswerOutcome::Applied {

@@ -17,7 +17,9 @@ use hark_proto::v1 as pb;
 use tokio::{net::TcpListener, sync::mpsc::UnboundedReceiver};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{api, chat, control, handoff, shared::Shared, store, store::OutboxMessage, timers};
+use crate::{
+    api, cases::handoff, chat, control, shared::Shared, store, store::OutboxMessage, timers,
+};
 use hark_core::startup;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +46,6 @@ pub struct App {
     listener: TcpListener,
     /// Outbox messages of committed transactions, for the relay.
     committed: UnboundedReceiver<Vec<OutboxMessage>>,
-    /// Tasks answers claimed for polling workers, to hand over.
-    claims: UnboundedReceiver<handoff::Handoff>,
     /// The web console's listener (`control.http_listen`), when there is one.
     console: Option<std::net::TcpListener>,
 }
@@ -108,7 +108,6 @@ impl App {
             names,
         } = connection;
         let (relay, committed) = tokio::sync::mpsc::unbounded_channel();
-        let (handoffs, claims) = tokio::sync::mpsc::unbounded_channel();
         let parked = Arc::new(crate::parked::Parked::default());
         let platforms = std::iter::once(config.gateway.onebot.platform.clone())
             .chain(config.gateway.http.platforms.iter().cloned());
@@ -131,10 +130,6 @@ impl App {
         })
         .with_questionnaire_steps()
         .with_remind_before(config.task.remind_before.0)
-        .with_idle_workers(
-            Arc::new(handoff::Idle::new(parked.clone(), handoffs)),
-            config.task.lease.0,
-        )
         .with_metrics(metrics);
         Ok(Self {
             shared: Shared {
@@ -158,7 +153,6 @@ impl App {
             },
             listener,
             committed,
-            claims,
             console,
         })
     }
@@ -184,7 +178,6 @@ impl App {
             shared,
             listener,
             committed,
-            claims,
             console,
         } = self;
         let tracker = TaskTracker::new();
@@ -212,7 +205,6 @@ impl App {
         }
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
         tracker.spawn(handoff::forget_stopping(shared.clone(), shutdown.clone()));
-        tokio::spawn(handoff::hand_over_claims(shared.clone(), claims));
         tracker.spawn(timers::run(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::upkeep(shared.clone(), shutdown.clone()));
         tracker.spawn(timers::retention(shared.clone(), shutdown.clone()));

@@ -59,7 +59,7 @@ pub async fn serve(
         if message.subject.as_str() == poll_subject {
             // Parked before the next request is read, then held until a job comes for the
             // worker or its wait ends; not timed as a request.
-            if let Some(poll) = crate::handoff::park(&shared, message).await {
+            if let Some(poll) = crate::cases::handoff::park(&shared, message).await {
                 let shutdown = shutdown.clone();
                 tracker.spawn(async move { poll.hold(&shared, &shutdown).await });
             }

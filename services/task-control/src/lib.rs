@@ -26,7 +26,6 @@ pub mod control;
 pub mod convert;
 pub mod effects;
 pub mod events;
-pub mod handoff;
 pub mod limit;
 pub mod metrics;
 pub mod parked;

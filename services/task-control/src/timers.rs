@@ -45,7 +45,9 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
         .start_due_schedules(BATCH, task.max_active_per_owner)
         .await?
         .len();
-    let settled = store.settle_subtasks(BATCH).await?;
+    let settled =
+        crate::cases::answer::settle_subtasks(crate::cases::answer::Answers::of(shared), BATCH)
+            .await?;
     if expired + reminded + escalated + recovered + overtime.len() + overdue + scheduled + settled
         > 0
     {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{
-    TestDb,
+    Answering as _, TestDb,
     tasks::{answer, group_chat, waiting_task_in},
 };
 use hark_control::{

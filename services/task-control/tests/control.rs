@@ -1201,9 +1201,8 @@ async fn an_answer_decided_before_its_question_was_passed_on_loses_to_the_delega
     assert_eq!(after.state, TaskState::WaitingInput);
     assert_eq!(after.generation, before.generation + 1);
 
-    let lost = tc
-        .store
-        .answer_target(
+    let lost = hark_control::cases::answer::Answers::of(&tc.shared)
+        .target(
             target,
             &hark_control::store::Answer {
                 answerer: "qq:100".into(),

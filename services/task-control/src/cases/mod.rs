@@ -16,8 +16,10 @@ use hark_core::{
 };
 use time::OffsetDateTime;
 
+pub mod answer;
 pub mod claim;
 mod delegate;
+pub mod handoff;
 
 pub use delegate::delegate;
 

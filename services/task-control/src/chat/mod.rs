@@ -287,9 +287,10 @@ async fn apply(
         inbound_key: inbound.key(),
     };
     // An open question comes with its task as read; any other is looked up.
+    let answers = cases::answer::Answers::of(shared);
     let applied = match open.iter().find(|t| t.question.id == question.id) {
-        Some(target) => shared.store.answer_target(target.clone(), &answer).await,
-        None => shared.store.answer(question.id, &answer).await,
+        Some(target) => answers.target(target.clone(), &answer).await,
+        None => answers.answer(question.id, &answer).await,
     };
     match applied {
         Ok(AnswerOutcome::Applied { task, .. }) => {

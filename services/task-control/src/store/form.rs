@@ -231,10 +231,10 @@ impl Store {
     /// `all`, for a question put to several people, every answer with its author, which is
     /// recorded instead of `answer` alone.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn answer_form(
+    pub async fn answer_form(
         &self,
         mut question: QuestionRow,
-        answered_move: Move,
+        answered: &decide::Decision,
         generation: i64,
         answer: &Answer,
         (questions, last): (&[FormQuestion], Option<serde_json::Value>),
@@ -280,7 +280,7 @@ impl Store {
             }
         };
         let moves = Moves {
-            answer: answered_move,
+            answer: Move::of(answered),
             claim: Move::of(&claim),
             last: Move::of(&last),
         };

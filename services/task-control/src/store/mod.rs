@@ -269,7 +269,7 @@ pub use crate::rows::{
     Answer, ChatRoute, Instruction, Lease, QuestionRow, RoundRow, ScheduleRow, TaskRow,
     TransitionRow,
 };
-pub use answers::{AnswerOutcome, AnswerTarget, IdleWorker, IdleWorkers};
+pub use answers::{AnswerOutcome, AnswerTarget, SubtaskEnded, subtask_answerer};
 pub use chat::TellDelivery;
 pub use connect::{connect, migrate, probe};
 pub use delegate::{Delegated, Delegation};
@@ -641,7 +641,7 @@ impl Error {
     }
 
     /// What a refused decision tells the caller.
-    fn refused(task: impl ToString, refusal: hark_core::domain::decide::Refusal) -> Self {
+    pub fn refused(task: impl ToString, refusal: hark_core::domain::decide::Refusal) -> Self {
         use hark_core::domain::decide::Refusal;
         match refusal {
             Refusal::WrongState { from, event } => Error::WrongState {
@@ -701,9 +701,6 @@ pub struct Store {
     /// How long before its deadline an open question is reminded (`task.remind_before`): a
     /// question escalates then unless told when.
     remind_before: std::time::Duration,
-    /// Workers polling this process: an answer claims its task for one of them in its own
-    /// statement and hands the claim over here (see [`crate::handoff`]).
-    handoffs: Option<answers::Handoffs>,
 }
 
 /// A bounded memory of recently seen values by key; when full it forgets the oldest entries.
@@ -793,7 +790,6 @@ impl Store {
             form_finishes: Default::default(),
             form_steps: false,
             remind_before: std::time::Duration::from_secs(600),
-            handoffs: None,
         }
     }
 
@@ -834,19 +830,18 @@ impl Store {
         i64::try_from(self.remind_before.as_millis()).unwrap_or(i64::MAX)
     }
 
-    pub fn with_questionnaire_steps(mut self) -> Self {
-        self.form_steps = true;
-        self
+    /// What decisions follow (`task.max_attempts` and the like).
+    pub fn policy(&self) -> hark_core::domain::decide::Policy {
+        self.policy
     }
 
-    /// Lets an answer claim its task, under a lease of `lease`, for a worker of `idle` in its
-    /// own statement, and hand the worker that claim.
-    pub fn with_idle_workers(
-        mut self,
-        idle: std::sync::Arc<dyn IdleWorkers>,
-        lease: std::time::Duration,
-    ) -> Self {
-        self.handoffs = Some(answers::Handoffs { idle, lease });
+    /// Whether a questionnaire's answer takes its next step in its own statement.
+    pub fn takes_form_steps(&self) -> bool {
+        self.form_steps
+    }
+
+    pub fn with_questionnaire_steps(mut self) -> Self {
+        self.form_steps = true;
         self
     }
 

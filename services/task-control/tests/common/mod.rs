@@ -48,3 +48,51 @@ impl TestDb {
 
 pub mod control;
 pub mod tasks;
+
+/// Answers applied through the answer use case, as a replica that no worker polls applies
+/// them (every resume goes to the run queue).
+pub trait Answering {
+    fn answer<'a>(
+        &'a self,
+        question: hark_core::domain::QuestionId,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a;
+
+    fn answer_task<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a;
+
+    fn answer_target<'a>(
+        &'a self,
+        target: store::AnswerTarget,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a;
+}
+
+impl Answering for Store {
+    fn answer<'a>(
+        &'a self,
+        question: hark_core::domain::QuestionId,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a {
+        hark_control::cases::answer::Answers::in_store(self).answer(question, answer)
+    }
+
+    fn answer_task<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a {
+        hark_control::cases::answer::Answers::in_store(self).answer_task(task, answer)
+    }
+
+    fn answer_target<'a>(
+        &'a self,
+        target: store::AnswerTarget,
+        answer: &'a store::Answer,
+    ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a {
+        hark_control::cases::answer::Answers::in_store(self).target(target, answer)
+    }
+}

@@ -25,9 +25,9 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::claim;
 use crate::{
-    cases::claim,
-    parked::{MAX_WAIT, Parked, Waiter},
+    parked::{MAX_WAIT, Waiter},
     shared::Shared,
     store::{self, OutboxMessage},
 };
@@ -39,90 +39,19 @@ pub const ACK_WAIT: Duration = Duration::from_secs(5);
 /// `(subject, msg_id)`.
 pub type Delivered = Arc<Mutex<Vec<(String, String)>>>;
 
-/// A task an answer claimed for a polling worker in its own statement, to hand over.
-#[derive(Debug)]
-pub struct Handoff {
-    pub waiter: Waiter,
-    pub claimed: store::Claimed,
-    /// The run job the claim stands for (never published).
-    pub job: pb::RunJob,
-    /// The trace the run continues: the answer's.
-    pub trace: Option<String>,
-}
-
-/// The workers polling this replica, as the store's answers take them: a claim an answer wins
-/// for one is sent to [`hand_over_claims`].
-#[derive(Debug)]
-pub struct Idle {
-    parked: Arc<Parked>,
-    claims: tokio::sync::mpsc::UnboundedSender<Handoff>,
-}
-
-impl Idle {
-    pub fn new(parked: Arc<Parked>, claims: tokio::sync::mpsc::UnboundedSender<Handoff>) -> Self {
-        Self { parked, claims }
-    }
-}
-
-impl store::IdleWorkers for Idle {
-    fn take(&self) -> Option<Box<dyn store::IdleWorker>> {
-        let waiter = self.parked.take()?;
-        Some(Box::new(Taken {
-            waiter,
-            parked: self.parked.clone(),
-            claims: self.claims.clone(),
-        }))
-    }
-}
-
-/// A polling worker an answer took.
-struct Taken {
+/// Hands `claimed`, the claim of a task an answer won for `waiter` in its own statement, over
+/// to that worker: `job` is the run job the claim stands for (never published), `trace` the
+/// context the run continues.
+pub(super) fn hand(
+    shared: &Shared,
     waiter: Waiter,
-    parked: Arc<Parked>,
-    claims: tokio::sync::mpsc::UnboundedSender<Handoff>,
-}
-
-impl store::IdleWorker for Taken {
-    fn worker(&self) -> &str {
-        self.waiter.worker()
-    }
-
-    fn put_back(self: Box<Self>) {
-        self.parked.put_back(self.waiter);
-    }
-
-    fn hand(self: Box<Self>, claimed: store::Claimed, job: pb::RunJob, trace: Option<String>) {
-        let handoff = Handoff {
-            waiter: self.waiter,
-            claimed,
-            job,
-            trace,
-        };
-        if let Err(unsent) = self.claims.send(handoff) {
-            // Nobody hands it over (the process stops): the lease lapses and the task is
-            // recovered, as after a crash here.
-            tracing::warn!(task = %unsent.0.job.task_id, "a claimed task could not be handed over");
-        }
-    }
-}
-
-/// Hands over the tasks answers claimed for polling workers, until the answers stop.
-pub async fn hand_over_claims(
-    shared: Shared,
-    mut claims: tokio::sync::mpsc::UnboundedReceiver<Handoff>,
+    claimed: store::Claimed,
+    job: pb::RunJob,
+    trace: Option<String>,
 ) {
-    while let Some(handoff) = claims.recv().await {
-        let lease = shared.config.task.lease.0;
-        let claim = claim::claim_response(&shared, handoff.claimed, lease);
-        shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
-        tokio::spawn(deliver(
-            shared.clone(),
-            handoff.waiter,
-            claim,
-            handoff.job,
-            handoff.trace,
-        ));
-    }
+    let claim = claim::claim_response(shared, claimed, shared.config.task.lease.0);
+    shared.store.metrics().run_job(crate::metrics::HANDED_OVER);
+    tokio::spawn(deliver(shared.clone(), waiter, claim, job, trace));
 }
 
 /// A worker's poll, parked where the relay finds it. Parked in the order polls arrive (the

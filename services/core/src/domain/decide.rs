@@ -606,6 +606,72 @@ pub fn decide(
     })
 }
 
+/// What an answer's own statement does after the answer, when it also takes the task's next
+/// step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then<'a> {
+    /// A worker waiting for a job claims the task.
+    Claim,
+    /// task-control claims the task and asks its next question (a questionnaire's).
+    Ask,
+    /// task-control claims the task and finishes it with `result` (a questionnaire's output).
+    Finish { result: &'a str },
+}
+
+/// The moves of one statement that answers a task's question and takes its next step, in
+/// order: the answer, the claim, and for a step task-control takes itself the ask or the
+/// finish. The statement moves the task from the first `from` to the last `to`, and the audit
+/// keeps each move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub answer: Decision,
+    pub claim: Decision,
+    /// The ask or the finish; `None` for [`Then::Claim`].
+    pub then: Option<Decision>,
+}
+
+impl Chain {
+    /// The last move: where the statement leaves the task.
+    pub fn last(&self) -> &Decision {
+        self.then.as_ref().unwrap_or(&self.claim)
+    }
+}
+
+/// Decides an answer to `task` and the step `then` its statement takes after it, each move as
+/// [`decide`] decides it alone from where the move before left the task. `None` when the answer
+/// does not leave the task pending (a paused task keeps its answer and runs once resumed), so
+/// that the answer alone applies; refused as the answer is refused.
+pub fn answer_then(
+    task: &Task,
+    then: Then<'_>,
+    now: OffsetDateTime,
+    policy: Policy,
+) -> Result<Option<Chain>, Refusal> {
+    let answer = decide(task, &Command::Answer, now, policy)?;
+    if answer.to != TaskState::Pending {
+        return Ok(None);
+    }
+    let claim = decide_on_state(State::Pending, &Command::Claim, now, policy)?;
+    let running = || State::Running {
+        pause_requested: claim.pause_requested,
+    };
+    let then = match then {
+        Then::Claim => None,
+        Then::Ask => Some(decide_on_state(running(), &Command::Ask, now, policy)?),
+        Then::Finish { result } => Some(decide_on_state(
+            running(),
+            &Command::Finish { result },
+            now,
+            policy,
+        )?),
+    };
+    Ok(Some(Chain {
+        answer,
+        claim,
+        then,
+    }))
+}
+
 /// `Paused` when a pause waits, else `to`.
 fn pause_or(pause_requested: bool, to: TaskState) -> TaskState {
     if pause_requested {
@@ -799,6 +865,71 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_answer_and_the_step_its_statement_takes_are_each_decided_as_alone() {
+        let thens = [Then::Claim, Then::Ask, Then::Finish { result: "done" }];
+        for state in every_state() {
+            let task = task(state.clone());
+            let alone = decide(&task, &Command::Answer, at(20), POLICY);
+            for then in thens {
+                let chain = answer_then(&task, then, at(20), POLICY);
+                let chain = match (&alone, chain) {
+                    (Err(refused), Err(chained)) => {
+                        assert_eq!(refused, &chained, "{state:?}");
+                        continue;
+                    }
+                    (Ok(answer), Ok(None)) => {
+                        assert_ne!(answer.to, TaskState::Pending, "{state:?}");
+                        continue;
+                    }
+                    (Ok(answer), Ok(Some(chain))) => {
+                        assert_eq!(&chain.answer, answer, "{state:?}");
+                        chain
+                    }
+                    (alone, chained) => panic!("{state:?} {then:?}: {alone:?} vs {chained:?}"),
+                };
+                // Each move starts where the one before left the task.
+                assert_eq!(chain.claim.from, chain.answer.to);
+                assert_eq!(
+                    chain.claim,
+                    decide(&self::task(State::Pending), &Command::Claim, at(20), POLICY)
+                        .expect("a pending task is claimed")
+                );
+                let running = self::task(State::Running {
+                    pause_requested: false,
+                });
+                let expected = match then {
+                    Then::Claim => None,
+                    Then::Ask => Some(decide(&running, &Command::Ask, at(20), POLICY)),
+                    Then::Finish { result } => Some(decide(
+                        &running,
+                        &Command::Finish { result },
+                        at(20),
+                        POLICY,
+                    )),
+                };
+                assert_eq!(chain.then.clone().map(Ok), expected, "{state:?} {then:?}");
+                if let Some(last) = &chain.then {
+                    assert_eq!(last.from, chain.claim.to);
+                }
+                assert_eq!(
+                    chain.last().to,
+                    match then {
+                        Then::Claim => TaskState::Running,
+                        Then::Ask => TaskState::WaitingInput,
+                        Then::Finish { .. } => TaskState::Completed,
+                    }
+                );
+            }
+        }
+        // Only a waiting task chains; a paused one keeps the answer alone.
+        let paused = task(State::Paused {
+            since: at(10),
+            question: Some(question(Some(600))),
+        });
+        assert_eq!(answer_then(&paused, Then::Claim, at(20), POLICY), Ok(None));
     }
 
     #[test]

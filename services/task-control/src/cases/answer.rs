@@ -5,8 +5,8 @@
 
 use hark_core::domain::{
     QuestionId, QuestionOutcome, TaskId, TaskState,
-    decide::{self, Command},
-    form::progress,
+    decide::{self, Command, Then},
+    form::{FormQuestion, progress},
     shape::Shape,
 };
 use hark_proto::v1 as pb;
@@ -17,7 +17,10 @@ use super::handoff;
 use crate::{
     rows::Sibling,
     shared::Shared,
-    store::{Answer, AnswerOutcome, AnswerTarget, Error, Store, TaskRow, subtask_answerer},
+    store::{
+        Answer, AnswerOutcome, AnswerTarget, Error, FormStep, QuestionRow, Step, Store, TaskRow,
+        subtask_answerer,
+    },
 };
 
 /// Answers, applied to the store, with the hand-over when there is a replica's workers to hand
@@ -250,30 +253,34 @@ impl<'a> Answers<'a> {
             .collect();
         let decision = decide::decide(&lifecycle, &Command::Answer, now, policy)
             .map_err(|r| Error::refused(task_id, r))?;
+        let resumes = decision.to == TaskState::Pending;
         if let Some(Json(questions)) = task_questionnaire.filter(|_| self.store.takes_form_steps())
             && !questions.is_empty()
-            && decision.to == TaskState::Pending
+            && resumes
         {
             let last = form_last_round.map(|Json(round)| round);
-            return self
-                .store
-                .answer_form(
-                    question_row,
-                    &decision,
-                    generation,
-                    answer,
-                    (&questions, last),
-                    &open_others,
-                    form_answers,
-                )
-                .await;
+            let step = form_step(&question_row, &questions, last, answer, form_answers)?;
+            let then = match &step.step {
+                Step::Ask(_) => Then::Ask,
+                Step::Finish(output) => Then::Finish { result: output },
+            };
+            if let Some(chain) = decide::answer_then(&lifecycle, then, now, policy)
+                .map_err(|r| Error::refused(task_id, r))?
+            {
+                return self
+                    .store
+                    .answer_form(question_row, &chain, generation, answer, step, &open_others)
+                    .await;
+            }
         }
         // An answer that closes others' questions tells them, which only the plain statement does.
-        if decision.to == TaskState::Pending
+        if resumes
             && model_answer.is_none()
             && let Some(shared) = self.workers
+            && let Some(chain) = decide::answer_then(&lifecycle, Then::Claim, now, policy)
+                .map_err(|r| Error::refused(task_id, r))?
             && let Some(claimed) =
-                claim_for_idle(shared, &question_row, generation, answer, &decision).await?
+                claim_for_idle(shared, &question_row, generation, answer, &chain).await?
         {
             let mut question_row = question_row;
             question_row.answered_with(answer, claimed.updated_at);
@@ -302,39 +309,24 @@ impl<'a> Answers<'a> {
 /// as usual), or the task moved since it was read (the plain answer then says how).
 async fn claim_for_idle(
     shared: &Shared,
-    question: &crate::store::QuestionRow,
+    question: &QuestionRow,
     generation: i64,
     answer: &Answer,
-    answered: &decide::Decision,
+    chain: &decide::Chain,
 ) -> Result<Option<Box<TaskRow>>, Error> {
     let Some(waiter) = shared.parked.take() else {
         return Ok(None);
     };
-    let task = question.task_id;
-    let claimed = decide::decide_on_state(
-        decide::State::Pending,
-        &Command::Claim,
-        OffsetDateTime::now_utc(),
-        shared.store.policy(),
-    )
-    .map_err(|r| Error::refused(task, r));
-    let claimed = match claimed {
-        Ok(claim) => {
-            shared
-                .store
-                .answer_and_claim(
-                    question,
-                    generation,
-                    answer,
-                    waiter.worker(),
-                    shared.config.task.lease.0,
-                    answered,
-                    &claim,
-                )
-                .await
-        }
-        Err(e) => Err(e),
-    };
+    let claimed = shared
+        .store
+        .answer_and_claim(
+            question,
+            generation,
+            answer,
+            (waiter.worker(), shared.config.task.lease.0),
+            chain,
+        )
+        .await;
     let claimed = match claimed {
         Ok(Some(claimed)) => claimed,
         other => {
@@ -344,13 +336,63 @@ async fn claim_for_idle(
     };
     let task_row = Box::new(claimed.task.clone());
     let job = pb::RunJob {
-        task_id: task.to_string(),
+        task_id: question.task_id.to_string(),
         generation: (generation + 1) as u64,
         reason: pb::RunReason::ResumeReply as i32,
         ..Default::default()
     };
     handoff::hand(shared, waiter, claimed, job, hark_core::trace::outgoing());
     Ok(Some(task_row))
+}
+
+/// The step a questionnaire takes after `answer` to `question`: its round after `last` with
+/// the answer recorded (or `all`, every answer with its author, for a question put to several
+/// people), and its next question or its output.
+fn form_step<'q>(
+    question: &QuestionRow,
+    questions: &'q [FormQuestion],
+    last: Option<serde_json::Value>,
+    answer: &Answer,
+    all: Option<serde_json::Value>,
+) -> Result<FormStep<'q>, Error> {
+    let (round, mut answers) = match &last {
+        None => (1, serde_json::Map::new()),
+        Some(round) => (
+            round["round"].as_i64().unwrap_or(0) as i32 + 1,
+            progress::answers_in(&round["messages"]).map_err(|e| {
+                Error::Internal(format!(
+                    "the last round of questionnaire {}: {e}",
+                    question.task_id
+                ))
+            })?,
+        ),
+    };
+    match all {
+        Some(all) => progress::record_value(&mut answers, &question.tool_call_id, all),
+        None => progress::record(
+            &mut answers,
+            &question.tool_call_id,
+            false,
+            &answer.text,
+            &question.shape(),
+        ),
+    }
+    let keys = questions.iter().map(|q| q.key.as_str());
+    let step = match progress::next(keys.clone(), &answers)
+        .and_then(|k| questions.iter().find(|q| q.key == k))
+    {
+        Some(next) => Step::Ask(next),
+        None => Step::Finish(progress::output(keys, &answers)),
+    };
+    let asking = match &step {
+        Step::Ask(next) => Some(next.key.as_str()),
+        Step::Finish(_) => None,
+    };
+    Ok(FormStep {
+        round,
+        messages: serde_json::Value::Array(progress::step(&answers, asking)),
+        step,
+    })
 }
 
 /// Answers the open questions that wait for a subtask which has ended, with how it ended:

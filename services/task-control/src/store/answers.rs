@@ -283,19 +283,16 @@ impl Store {
     }
 
     /// Applies the answer and claims its task for `worker` under a lease of `lease`, in one
-    /// statement (`waiting_input → pending → running` as `answered` and `claimed` decided, both
-    /// moves in the audit, one commit). `None`, and nothing changed, when a task of a higher
-    /// priority is pending (it goes first) or the task moved since it was read.
-    #[allow(clippy::too_many_arguments)]
+    /// statement (`waiting_input → pending → running` as `chain` decided, both moves in the
+    /// audit, one commit). `None`, and nothing changed, when a task of a higher priority is
+    /// pending (it goes first) or the task moved since it was read.
     pub async fn answer_and_claim(
         &self,
         question: &QuestionRow,
         generation: i64,
         answer: &Answer,
-        worker: &str,
-        lease: std::time::Duration,
-        answered: &decide::Decision,
-        claimed: &decide::Decision,
+        (worker, lease): (&str, std::time::Duration),
+        chain: &decide::Chain,
     ) -> Result<Option<super::Claimed>, Error> {
         let Some(row) = self
             .answer_claim_statement(
@@ -304,8 +301,8 @@ impl Store {
                 answer,
                 worker,
                 lease,
-                Move::of(answered),
-                Move::of(claimed),
+                Move::of(&chain.answer),
+                Move::of(&chain.claim),
             )
             .await?
         else {

@@ -1,18 +1,14 @@
 //! A questionnaire's answer and its next step, in one statement. No model runs for a
 //! questionnaire, so its next step after an answer — ask the next question, or complete with
 //! every answer — needs no worker: the statement that records the answer also takes the step.
-//! Each of its moves is decided by `decide`, and the audit keeps them, one row each: the answer
-//! (`waiting_input → pending`), the claim by `task-control` (`pending → running`), and the ask
-//! (`running → waiting_input`) or the finish (`running → completed`); the task row goes from the
-//! first state to the last in one compare-and-set on its generation.
+//! Its moves come decided as one `decide::Chain`, and the audit keeps them, one row each: the
+//! answer (`waiting_input → pending`), the claim by `task-control` (`pending → running`), and the
+//! ask (`running → waiting_input`) or the finish (`running → completed`); the task row goes from
+//! the first state to the last in one compare-and-set on its generation.
 
 use futures_util::future::BoxFuture;
 use hark_core::domain::{
-    Handle, QuestionId,
-    decide::{self, Command},
-    form::FormQuestion,
-    form::progress,
-    shape::Shape,
+    Handle, QuestionId, decide, form::FormQuestion, form::progress, shape::Shape,
 };
 use sqlx::types::Json;
 
@@ -22,9 +18,21 @@ use super::{
 };
 
 /// What an answer to a questionnaire leads to.
-enum Step<'a> {
+#[derive(Debug)]
+pub enum Step<'a> {
+    /// Its next question.
     Ask(&'a FormQuestion),
+    /// Its completion with this output.
     Finish(String),
+}
+
+/// A questionnaire's step after an answer, as the answer's own statement takes it.
+#[derive(Debug)]
+pub struct FormStep<'a> {
+    /// The round the step stores, with its messages (every answer so far).
+    pub round: i32,
+    pub messages: serde_json::Value,
+    pub step: Step<'a>,
 }
 
 /// What both statements share, for each request `t` (the task row after its move, with the
@@ -67,6 +75,18 @@ pub(super) struct Moves {
 }
 
 impl Moves {
+    /// The moves of `chain`, which must take a step of task-control's own.
+    fn of(chain: &decide::Chain) -> Result<Self, Error> {
+        let then = chain.then.as_ref().ok_or_else(|| {
+            Error::Internal("a questionnaire's step was decided without its ask or finish".into())
+        })?;
+        Ok(Self {
+            answer: Move::of(&chain.answer),
+            claim: Move::of(&chain.claim),
+            last: Move::of(then),
+        })
+    }
+
     /// Binds every request's moves as nine text arrays.
     fn bind<'q, T, R>(
         query: BatchQuery<'q, R>,
@@ -225,70 +245,25 @@ struct FinishRow {
 }
 
 impl Store {
-    /// Applies `answer` to `question` of a questionnaire waiting at `generation`, and takes the
-    /// step it leads to in the same statement. `last` is the questionnaire's last round;
-    /// `open_others` the questions of the same ask asked of others, which the answer closes;
-    /// `all`, for a question put to several people, every answer with its author, which is
-    /// recorded instead of `answer` alone.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies `answer` to `question` of a questionnaire waiting at `generation`, and takes
+    /// `step` in the same statement, moving the task as `chain` decided. `open_others` are the
+    /// questions of the same ask asked of others, which the answer closes.
     pub async fn answer_form(
         &self,
         mut question: QuestionRow,
-        answered: &decide::Decision,
+        chain: &decide::Chain,
         generation: i64,
         answer: &Answer,
-        (questions, last): (&[FormQuestion], Option<serde_json::Value>),
+        FormStep {
+            round: number,
+            messages,
+            step,
+        }: FormStep<'_>,
         open_others: &[crate::rows::Sibling],
-        all: Option<serde_json::Value>,
     ) -> Result<AnswerOutcome, Error> {
         let task = question.task_id;
-        let (number, mut answers) = match &last {
-            None => (1, serde_json::Map::new()),
-            Some(round) => (
-                round["round"].as_i64().unwrap_or(0) as i32 + 1,
-                progress::answers_in(&round["messages"]).map_err(|e| {
-                    Error::Internal(format!("the last round of questionnaire {task}: {e}"))
-                })?,
-            ),
-        };
-        match all {
-            Some(all) => progress::record_value(&mut answers, &question.tool_call_id, all),
-            None => progress::record(
-                &mut answers,
-                &question.tool_call_id,
-                false,
-                &answer.text,
-                &question.shape(),
-            ),
-        }
-        let keys = questions.iter().map(|q| q.key.as_str());
-        let step = match progress::next(keys.clone(), &answers)
-            .and_then(|k| questions.iter().find(|q| q.key == k))
-        {
-            Some(next) => Step::Ask(next),
-            None => Step::Finish(progress::output(keys, &answers)),
-        };
-        // The moves the statement takes after the answer, each as `decide` has it.
-        let running = || decide::State::Running {
-            pause_requested: false,
-        };
-        let claim = self.decide_from(task, decide::State::Pending, &Command::Claim)?;
-        let last = match &step {
-            Step::Ask(_) => self.decide_from(task, running(), &Command::Ask)?,
-            Step::Finish(output) => {
-                self.decide_from(task, running(), &Command::Finish { result: output })?
-            }
-        };
-        let moves = Moves {
-            answer: Move::of(answered),
-            claim: Move::of(&claim),
-            last: Move::of(&last),
-        };
-        let asking = match step {
-            Step::Ask(next) => Some(next.key.as_str()),
-            Step::Finish(_) => None,
-        };
-        let messages = serde_json::Value::Array(progress::step(&answers, asking));
+        let moves = Moves::of(chain)?;
+        let last = chain.last();
         let chat = self.chat_of(task).await?;
         let answered = |messages: serde_json::Value| Answered {
             moves,
@@ -303,7 +278,7 @@ impl Store {
             Step::Finish(output) => {
                 let mut outbox = self
                     .effects
-                    .of(task, generation + 3, chat.as_ref(), None, &last);
+                    .of(task, generation + 3, chat.as_ref(), None, last);
                 outbox.extend(
                     self.effects
                         .answered_elsewhere(open_others, &answer.answerer),

@@ -273,6 +273,7 @@ pub use answers::{AnswerOutcome, AnswerTarget, SubtaskEnded, subtask_answerer};
 pub use chat::TellDelivery;
 pub use connect::{connect, migrate, probe};
 pub use delegate::{Delegated, Delegation};
+pub use form::{FormStep, Step};
 pub use hark_core::domain::Need;
 pub use hark_core::domain::schedule::Overlap;
 pub use ops::NewTask;

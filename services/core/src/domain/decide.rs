@@ -606,6 +606,26 @@ pub fn decide(
     })
 }
 
+/// When a question asked at `now` expires, the one rule every ask follows: never when its
+/// task's policy is `never`; else after the ask's own `timeout` when it set one, or else after
+/// the task's `ask_timeout` when that is not zero; else never. The ask statements render it as
+/// SQL from one template, which a test holds to this.
+pub fn question_deadline(
+    on_timeout: TimeoutPolicy,
+    timeout: Option<Duration>,
+    ask_timeout: Duration,
+    now: OffsetDateTime,
+) -> Option<OffsetDateTime> {
+    if on_timeout == TimeoutPolicy::Never {
+        return None;
+    }
+    match timeout {
+        Some(own) => Some(now + own),
+        None if !ask_timeout.is_zero() => Some(now + ask_timeout),
+        None => None,
+    }
+}
+
 /// What an answer's own statement does after the answer, when it also takes the task's next
 /// step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -951,11 +951,7 @@ impl Store {
                        coalesce(c_owner, owner), platform, bot_id, coalesce(c_stream, stream),
                        c_choices, c_traceparent, c_waits_for, d.deadline, ", asked_values!(), "
                 FROM t
-                CROSS JOIN LATERAL (SELECT
-                       CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
-                            WHEN t.c_timeout_ms IS NOT NULL THEN now() + t.c_timeout_ms * interval '1 millisecond'
-                            WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
-                       END AS deadline) d
+                CROSS JOIN LATERAL (SELECT ", question_deadline!("t.c_timeout_ms"), " AS deadline) d
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (

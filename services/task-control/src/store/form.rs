@@ -428,10 +428,7 @@ impl Store {
                 SELECT c_question, id, c_handle, c_text, '', c_call, c_round, coalesce(c_owner, owner),
                        platform, bot_id, coalesce(c_stream, stream), c_choices, d.deadline, ", asked_values!(), "
                 FROM t
-                CROSS JOIN LATERAL (SELECT
-                       CASE WHEN t.on_timeout = ", sql_policy!(never), " THEN NULL
-                            WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second'
-                       END AS deadline) d
+                CROSS JOIN LATERAL (SELECT ", question_deadline!("NULL::bigint"), " AS deadline) d
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (

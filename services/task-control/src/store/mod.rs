@@ -91,6 +91,23 @@ macro_rules! sql_policy {
     };
 }
 
+/// When a question asked now expires, as `hark_core::domain::decide::question_deadline` has it:
+/// `t` is the task, `$own_ms` the ask's own timeout in milliseconds (NULL when it set none).
+macro_rules! question_deadline {
+    ($own_ms:literal) => {
+        concat!(
+            "CASE WHEN t.on_timeout = ",
+            sql_policy!(never),
+            " THEN NULL WHEN ",
+            $own_ms,
+            " IS NOT NULL THEN now() + ",
+            $own_ms,
+            " * interval '1 millisecond' \
+             WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second' END"
+        )
+    };
+}
+
 /// A schedule's state as a SQL literal.
 macro_rules! sql_schedule {
     (active) => {
@@ -520,6 +537,49 @@ mod tests {
             assert_eq!(literal, format!("'{}'", event.as_str()));
         }
         assert_eq!(sql_event!(create), "'create'");
+    }
+
+    /// The deadline the ask statements give a question is the one `decide` has, for every
+    /// policy, with and without the ask's own timeout and the task's: evaluated by Postgres.
+    #[tokio::test]
+    async fn the_deadline_an_ask_statement_gives_is_the_lifecycles_own() {
+        use std::time::Duration;
+
+        use hark_core::domain::{TimeoutPolicy, decide::question_deadline};
+        let pool = sqlx::PgPool::connect(&hark_testkit::postgres_url())
+            .await
+            .expect("Postgres answers");
+        let sql = concat!(
+            "SELECT now(), ",
+            question_deadline!("t.c_timeout_ms"),
+            " FROM (SELECT $1::text AS on_timeout, $2::bigint AS c_timeout_ms,
+                           $3::int AS ask_timeout_s) t"
+        );
+        let mut checked = 0;
+        for policy in TimeoutPolicy::ALL {
+            for own in [None, Some(0), Some(1_500), Some(86_400_000)] {
+                for ask_timeout_s in [0, 1, 3_600] {
+                    let (now, deadline): (time::OffsetDateTime, Option<time::OffsetDateTime>) =
+                        sqlx::query_as(sql)
+                            .bind(policy.as_str())
+                            .bind(own)
+                            .bind(ask_timeout_s)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("the template evaluates");
+                    let decided = question_deadline(
+                        policy,
+                        own.map(|ms: i64| Duration::from_millis(ms as u64)),
+                        Duration::from_secs(ask_timeout_s as u64),
+                        now,
+                    );
+                    assert_eq!(deadline, decided, "{policy:?} {own:?} {ask_timeout_s}");
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, TimeoutPolicy::ALL.len() * 12);
+        pool.close().await;
     }
 
     #[test]

@@ -155,6 +155,52 @@ async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
 }
 
 #[tokio::test]
+async fn a_question_without_a_deadline_is_passed_on_the_time_paused_later() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    let task = new_task(store, Some(group_chat())).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    let mut input = ask_input(1, "call-1");
+    input.escalation = hark_control::store::Escalation {
+        to: vec!["qq:20002".into()],
+        after: Some(Duration::from_secs(600)),
+    };
+    let asked = store.ask(&claimed.lease, &input).await.expect("asked");
+    // No deadline: it waits as long as it takes, and only its escalation has a time.
+    sqlx::query("UPDATE questions SET deadline = NULL WHERE id = $1")
+        .bind(asked.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("deadline removed");
+    let before = store.get_question(asked.id).await.expect("question");
+    assert!(before.deadline.is_none());
+    let escalate_at = before.escalate_at.expect("it escalates at a time");
+
+    store.pause(task.id, "api").await.expect("pause");
+    sqlx::query("UPDATE tasks SET paused_at = paused_at - interval '1 hour' WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("paused an hour ago");
+    let resumed = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::WaitingInput);
+    let after = store.get_question(asked.id).await.expect("question");
+    assert!(after.deadline.is_none(), "it still has no deadline");
+    let by = after.escalate_at.expect("it still escalates") - escalate_at;
+    assert!(
+        by >= time::Duration::hours(1)
+            && by < time::Duration::hours(1) + time::Duration::minutes(1),
+        "the escalation moved on by the hour paused, not {by}"
+    );
+    // So it is not passed on at once: its time has not come.
+    assert_eq!(store.escalate_due(100).await.expect("sweep"), 0);
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
     let db = TestDb::new().await;
     let store = &db.store;

@@ -194,7 +194,8 @@ pub enum Effect {
     RecordError(String),
     /// Count one more attempt.
     CountAttempt,
-    /// Move the open question's deadline later by this much: the time the task stood paused.
+    /// Move the open question's deadline and its escalation, whichever it has, later by this
+    /// much: the time the task stood paused.
     ShiftDeadline(Duration),
 }
 
@@ -572,9 +573,11 @@ pub fn decide(
         (S::Paused { since, question }, C::Resume) => {
             let paused = (now - *since).unsigned_abs();
             match question {
-                Some(question) => {
+                Some(_) => {
+                    // Its clock stood still: the deadline, and when it is passed on to the
+                    // next person, which a question without a deadline may have too.
                     let mut effects = vec![];
-                    if question.deadline.is_some() && !paused.is_zero() {
+                    if !paused.is_zero() {
                         effects.push(Effect::ShiftDeadline(paused));
                     }
                     to(TaskState::WaitingInput, effects)
@@ -1242,6 +1245,18 @@ mod tests {
         assert_eq!(resumed.to, TaskState::WaitingInput);
         assert_eq!(
             resumed.effects,
+            vec![Effect::ShiftDeadline(Duration::from_secs(300))]
+        );
+        // A question without a deadline may still be passed on to someone at a time, which
+        // stood still as well.
+        let open_ended = task(State::Paused {
+            since: at(100),
+            question: Some(question(None)),
+        });
+        assert_eq!(
+            decide(&open_ended, &Command::Resume, at(400), POLICY)
+                .unwrap()
+                .effects,
             vec![Effect::ShiftDeadline(Duration::from_secs(300))]
         );
         let answered_while_paused = task(State::Paused {

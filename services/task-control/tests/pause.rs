@@ -25,6 +25,16 @@ async fn jobs_of(store: &Store, task: &TaskRow) -> Vec<(u64, i32)> {
         .collect()
 }
 
+/// A task in a group chat, claimed by `w1`.
+async fn running(store: &Store) -> (TaskRow, hark_control::store::Claimed) {
+    let task = new_task(store, Some(group_chat())).await;
+    let claimed = store
+        .claim(task.id, task.generation, "w1", LEASE)
+        .await
+        .expect("claim wins");
+    (task, claimed)
+}
+
 /// A task claimed by `w1` that asked "Which city?".
 async fn waiting(store: &Store) -> TaskRow {
     waiting_task(store).await.0
@@ -158,11 +168,7 @@ async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
 async fn a_question_without_a_deadline_is_passed_on_the_time_paused_later() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store, Some(group_chat())).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
+    let (task, claimed) = running(store).await;
     let mut input = ask_input(1, "call-1");
     input.escalation = hark_control::store::Escalation {
         to: vec!["qq:20002".into()],
@@ -204,11 +210,7 @@ async fn a_question_without_a_deadline_is_passed_on_the_time_paused_later() {
 async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store, Some(group_chat())).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
+    let (task, claimed) = running(store).await;
     let asked = store.pause(task.id, "api").await.expect("pause");
     assert_eq!(
         asked.state,
@@ -260,11 +262,7 @@ async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
 async fn an_ask_while_a_pause_waits_asks_and_pauses() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store, Some(group_chat())).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
+    let (task, claimed) = running(store).await;
     store.pause(task.id, "api").await.expect("pause requested");
     let question = store
         .ask(&claimed.lease, &ask_input(1, "call-1"))
@@ -286,11 +284,7 @@ async fn an_ask_while_a_pause_waits_asks_and_pauses() {
 async fn a_resume_before_the_boundary_withdraws_the_pause() {
     let db = TestDb::new().await;
     let store = &db.store;
-    let task = new_task(store, Some(group_chat())).await;
-    let claimed = store
-        .claim(task.id, task.generation, "w1", LEASE)
-        .await
-        .expect("claim wins");
+    let (task, claimed) = running(store).await;
     store.pause(task.id, "api").await.expect("pause requested");
     let withdrawn = store.resume(task.id, "api").await.expect("resume");
     assert_eq!(withdrawn.state, TaskState::Running);

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{
-    Answering as _, TestDb,
+    Cases as _, TestDb,
     tasks::{answer, group_chat, waiting_task_in},
 };
 use hark_control::{

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Answering as _, TestDb,
+    Cases as _, TestDb,
     tasks::{LEASE, answer, ask_input, group_chat, new_task, run_jobs, waiting_task},
 };
 use hark_control::store::{Error, Store, TaskRow};

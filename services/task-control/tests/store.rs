@@ -5,7 +5,7 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::{
-    Answering as _, TestDb,
+    Cases as _, TestDb,
     tasks::{
         LEASE, answer, ask_input, group_chat, new_task, new_task_spec, owner, run_jobs,
         waiting_task,

@@ -4,13 +4,17 @@
 use std::time::Duration;
 
 use hark_core::{
-    domain::{Role, TaskId},
+    domain::{Role, TaskId, TaskState, decide},
     error::Classified as _,
 };
 use hark_proto::v1 as pb;
 use prost::Message;
 
-use crate::{convert, shared::Shared, store};
+use crate::{
+    convert,
+    shared::Shared,
+    store::{self, Take},
+};
 
 pub(crate) fn refusal(
     reason: pb::RefusalReason,
@@ -42,7 +46,60 @@ pub fn refused(reason: pb::RefusalReason, message: impl Into<String>) -> pb::Cla
     }
 }
 
-/// Claims `task`, pending at `generation`, for `worker` (see [`store::Store::claim`]), and says
+/// Takes a pending task for `worker`, for the run job of `task` at `job_generation`: the job's
+/// own task if its generation is still current and no task of a higher priority is pending;
+/// else that task of a higher priority, or a task this job is owed to, so the claimed task may
+/// not be the job's. A job that stands for no task is refused as stale (or as cancelled).
+pub async fn claim(
+    store: &store::Store,
+    task: TaskId,
+    job_generation: i64,
+    worker: &str,
+    lease: Duration,
+) -> Result<store::Claimed, store::Error> {
+    let decided = decide::decide_on_state(
+        decide::State::Pending,
+        &decide::Command::Claim,
+        time::OffsetDateTime::now_utc(),
+        store.policy(),
+    )
+    .map_err(|r| store::Error::refused(task, r))?;
+    // The job's own task; when it is not the one to take, a task of a higher priority or one
+    // this job is owed to; when that went meanwhile, the job's own task again.
+    let mut attempts = 0;
+    loop {
+        let held = (worker, lease);
+        for take in [Take::Own, Take::Instead] {
+            if let Some(claimed) = store
+                .claim_task(take, (task, job_generation), held, &decided)
+                .await?
+            {
+                return Ok(claimed);
+            }
+        }
+        let current = store.get_task(task).await?;
+        attempts += 1;
+        if current.state == TaskState::Pending
+            && current.generation == job_generation
+            && attempts < 3
+        {
+            continue;
+        }
+        return Err(match current.state {
+            TaskState::Cancelled => store::Error::Cancelled {
+                task: task.to_string(),
+            },
+            state => store::Error::StaleJob {
+                task: task.to_string(),
+                state,
+                current: current.generation,
+                job: job_generation,
+            },
+        });
+    }
+}
+
+/// Claims `task`, pending at `generation`, for `worker` (see [`claim`]), and says
 /// what the worker needs to run it: the claim response a worker's claim request gets, and what
 /// a task handed to a polling worker carries.
 pub async fn claim_for(
@@ -52,9 +109,7 @@ pub async fn claim_for(
     worker: &str,
     lease: Duration,
 ) -> pb::ClaimResponse {
-    let result = shared
-        .store
-        .claim(task, generation, worker, lease)
+    let result = claim(&shared.store, task, generation, worker, lease)
         .await
         .map_err(|e| refusal_of(&e));
     match result {

@@ -299,7 +299,7 @@ pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
-pub use worker::{AskInput, Claimed, Escalation, Resume, people_on};
+pub use worker::{AskInput, Claimed, Escalation, Resume, Take, people_on};
 
 use hark_core::{
     domain::{Event, QuestionOutcome, TaskState},

@@ -261,65 +261,47 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
     })
 }
 
+/// Which task a claim for a run job takes (see [`Store::claim_task`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// The job's own task.
+    Own,
+    /// A task of a higher priority, or one the job is owed to.
+    Instead,
+}
+
 impl Store {
-    /// Takes a pending task for `worker`: the job's own task if its generation is still current
-    /// and no task of a higher priority is pending; else that task of a higher priority, or a
-    /// task this job is owed to (see [`Store::claim_best`]), so the claimed task may not be the
-    /// job's. One statement decides the claim and returns what the worker
-    /// needs: the checkpoint, the answer (or expiry notice) for its pending ask, and the
-    /// instructions told meanwhile.
-    pub async fn claim(
+    /// Claims a task for `worker` under a lease of `lease`, moving it as `decided`, for the run
+    /// job of `task` at `generation`: with [`Take::Own`] that task, when it is still pending at
+    /// that generation and no task of a higher priority is pending; with [`Take::Instead`] the
+    /// task the job stands for when its own is not the one to take (see [`Store::claim_best`]).
+    /// One statement decides the claim and returns what the worker needs: the checkpoint, the
+    /// answer (or expiry notice) for its pending ask, and the instructions told meanwhile.
+    /// `None` when there is no such task.
+    pub async fn claim_task(
         &self,
-        task: TaskId,
-        job_generation: i64,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Claimed, Error> {
-        // The job's own task; when it is not the one to take, a task of a higher priority or
-        // one this job is owed to; when that went meanwhile, the job's own task again.
-        let claim = self.decide_from(task, decide::State::Pending, &Command::Claim)?;
-        let decided = Move::of(&claim);
-        let mut attempts = 0;
-        let row = loop {
-            let own = self
-                .decide(super::batch::ClaimRequest {
+        take: Take,
+        (task, generation): (TaskId, i64),
+        (worker, lease): (&str, Duration),
+        decided: &decide::Decision,
+    ) -> Result<Option<Claimed>, Error> {
+        let row = match take {
+            Take::Own => {
+                self.decide(super::batch::ClaimRequest {
                     task,
-                    generation: job_generation,
+                    generation,
                     worker: worker.to_owned(),
                     lease,
-                    decided,
+                    decided: Move::of(decided),
                 })
-                .await?;
-            if let Some(row) = own {
-                break row;
-            }
-            if let Some(row) = self
-                .claim_best(task, job_generation, worker, lease, decided)
                 .await?
-            {
-                break row;
             }
-            let current = self.get_task(task).await?;
-            attempts += 1;
-            if current.state == TaskState::Pending
-                && current.generation == job_generation
-                && attempts < 3
-            {
-                continue;
+            Take::Instead => {
+                self.claim_best(task, generation, worker, lease, Move::of(decided))
+                    .await?
             }
-            return Err(match current.state {
-                TaskState::Cancelled => Error::Cancelled {
-                    task: task.to_string(),
-                },
-                state => Error::StaleJob {
-                    task: task.to_string(),
-                    state,
-                    current: current.generation,
-                    job: job_generation,
-                },
-            });
         };
-        Ok(self.claimed(row, worker))
+        Ok(row.map(|row| self.claimed(row, worker)))
     }
 
     /// What a worker needs of a task its claim won, from the claim statement's row.

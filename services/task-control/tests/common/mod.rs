@@ -49,9 +49,17 @@ impl TestDb {
 pub mod control;
 pub mod tasks;
 
-/// Answers applied through the answer use case, as a replica that no worker polls applies
-/// them (every resume goes to the run queue).
-pub trait Answering {
+/// The use cases of answering and claiming, on a store alone: as a replica that no worker polls
+/// applies them (every resume goes to the run queue).
+pub trait Cases {
+    fn claim<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        generation: i64,
+        worker: &'a str,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<store::Claimed, store::Error>> + Send + 'a;
+
     fn answer<'a>(
         &'a self,
         question: hark_core::domain::QuestionId,
@@ -71,7 +79,17 @@ pub trait Answering {
     ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a;
 }
 
-impl Answering for Store {
+impl Cases for Store {
+    fn claim<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        generation: i64,
+        worker: &'a str,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<store::Claimed, store::Error>> + Send + 'a {
+        hark_control::cases::claim::claim(self, task, generation, worker, lease)
+    }
+
     fn answer<'a>(
         &'a self,
         question: hark_core::domain::QuestionId,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::Cases as _;
+
 use hark_control::store::{Answer, AskInput, ChatRoute, NewTask, Store, TaskRow};
 use hark_core::{
     codec,

@@ -25,6 +25,26 @@ async fn jobs_of(store: &Store, task: &TaskRow) -> Vec<(u64, i32)> {
         .collect()
 }
 
+/// Resumes the paused `task` as if it had stood paused for an hour, back into waiting.
+async fn resume_after_an_hour(store: &Store, task: &TaskRow) {
+    sqlx::query("UPDATE tasks SET paused_at = paused_at - interval '1 hour' WHERE id = $1")
+        .bind(task.id.as_uuid())
+        .execute(store.pool())
+        .await
+        .expect("paused an hour ago");
+    let resumed = store.resume(task.id, "api").await.expect("resume");
+    assert_eq!(resumed.state, TaskState::WaitingInput);
+}
+
+/// `what` moved on by `by`: the hour the task stood paused, and the moments the resume took.
+fn moved_by_the_hour_paused(what: &str, by: time::Duration) {
+    assert!(
+        by >= time::Duration::hours(1)
+            && by < time::Duration::hours(1) + time::Duration::minutes(1),
+        "{what} moved on by the hour paused, not {by}"
+    );
+}
+
 /// A task in a group chat, claimed by `w1`.
 async fn running(store: &Store) -> (TaskRow, hark_control::store::Claimed) {
     let task = new_task(store, Some(group_chat())).await;
@@ -142,13 +162,7 @@ async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
         .execute(store.pool())
         .await
         .expect("deadline restored");
-    sqlx::query("UPDATE tasks SET paused_at = paused_at - interval '1 hour' WHERE id = $1")
-        .bind(task.id.as_uuid())
-        .execute(store.pool())
-        .await
-        .expect("paused an hour ago");
-    let resumed = store.resume(task.id, "api").await.expect("resume");
-    assert_eq!(resumed.state, TaskState::WaitingInput);
+    resume_after_an_hour(store, &task).await;
     let moved = store
         .get_question(question.id)
         .await
@@ -156,11 +170,7 @@ async fn a_paused_deadline_stands_still_and_moves_on_by_the_time_paused() {
         .deadline
         .expect("deadline");
     let by = moved - deadline;
-    assert!(
-        by >= time::Duration::hours(1)
-            && by < time::Duration::hours(1) + time::Duration::minutes(1),
-        "the deadline moved on by the hour paused, not {by}"
-    );
+    moved_by_the_hour_paused("the deadline", by);
     db.drop().await;
 }
 
@@ -186,21 +196,11 @@ async fn a_question_without_a_deadline_is_passed_on_the_time_paused_later() {
     let escalate_at = before.escalate_at.expect("it escalates at a time");
 
     store.pause(task.id, "api").await.expect("pause");
-    sqlx::query("UPDATE tasks SET paused_at = paused_at - interval '1 hour' WHERE id = $1")
-        .bind(task.id.as_uuid())
-        .execute(store.pool())
-        .await
-        .expect("paused an hour ago");
-    let resumed = store.resume(task.id, "api").await.expect("resume");
-    assert_eq!(resumed.state, TaskState::WaitingInput);
+    resume_after_an_hour(store, &task).await;
     let after = store.get_question(asked.id).await.expect("question");
     assert!(after.deadline.is_none(), "it still has no deadline");
     let by = after.escalate_at.expect("it still escalates") - escalate_at;
-    assert!(
-        by >= time::Duration::hours(1)
-            && by < time::Duration::hours(1) + time::Duration::minutes(1),
-        "the escalation moved on by the hour paused, not {by}"
-    );
+    moved_by_the_hour_paused("the escalation", by);
     // So it is not passed on at once: its time has not come.
     assert_eq!(store.escalate_due(100).await.expect("sweep"), 0);
     db.drop().await;

@@ -364,9 +364,7 @@ async fn complete(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refu
 async fn fail(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refusal>> {
     let request: pb::FailRequest = decode(payload)?;
     let lease = lease_of(request.lease.as_ref())?;
-    shared
-        .store
-        .fail(&lease, &strip_nul(request.error))
+    crate::cases::command::fail(&shared.store, &lease, &strip_nul(request.error))
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))
@@ -380,9 +378,8 @@ async fn release(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refus
     } else {
         strip_nul(request.reason)
     };
-    let released = shared
-        .store
-        .release(&lease, hark_core::domain::ids::shown(&reason).as_str())
+    let reason = hark_core::domain::ids::shown(&reason);
+    let released = crate::cases::command::release(&shared.store, &lease, reason.as_str())
         .await
         .map_err(|e| refusal_of(&e))?;
     tracing::info!(task = %released.id, worker = lease.worker_id, "a stopping worker handed its task back");

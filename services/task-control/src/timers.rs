@@ -40,7 +40,9 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
     let recovered = store.recover_leases(max_attempts, BATCH).await?;
     let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
-    let overdue = store.end_overdue(BATCH).await?.len();
+    let overdue = crate::cases::command::end_overdue(store, BATCH)
+        .await?
+        .len();
     let scheduled = store
         .start_due_schedules(BATCH, task.max_active_per_owner)
         .await?

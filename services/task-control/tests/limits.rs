@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::Cases as _;
 use common::control::{GROUP, TestControl};
 use hark_core::domain::TaskState;
 use hark_proto::v1 as pb;

@@ -239,10 +239,10 @@ async fn a_running_task_pauses_at_its_round_boundary_and_holds_no_worker() {
         .expect("checkpoint under the lease");
     assert!(pause, "the checkpoint tells the worker to pause");
     let jobs_before = jobs_of(store, &task).await;
-    let paused = store
-        .release(&claimed.lease, "paused by its owner")
-        .await
-        .expect("release");
+    let paused =
+        hark_control::cases::command::release(store, &claimed.lease, "paused by its owner")
+            .await
+            .expect("release");
     assert_eq!(paused.state, TaskState::Paused);
     assert!(!paused.pause_requested);
     assert!(paused.worker_id.is_none() && paused.lease_until.is_none());

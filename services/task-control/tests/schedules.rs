@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestDb, tasks::owner};
+use common::{Cases as _, TestDb, tasks::owner};
 use hark_control::store::{NewSchedule, Overlap, ScheduleRow, Store};
 use hark_core::domain::{TaskState, TimeoutPolicy, schedule::Cron};
 use time::OffsetDateTime;

@@ -237,11 +237,8 @@ async fn take_back(shared: &Shared, lease: &pb::Lease) {
     };
     // Refused when the worker took it after all and wrote since, or the task ended: then it
     // is not ours to take back. Should the store be down, the lease lapses instead.
-    if let Err(e) = shared
-        .store
-        .release(&held, "the worker did not take the task handed to it")
-        .await
-    {
+    let reason = "the worker did not take the task handed to it";
+    if let Err(e) = super::command::release(&shared.store, &held, reason).await {
         use hark_core::error::{Classified as _, Kind};
         match e.kind() {
             Kind::Gone | Kind::Conflict | Kind::NotFound => {

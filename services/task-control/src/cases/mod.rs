@@ -18,6 +18,7 @@ use time::OffsetDateTime;
 
 pub mod answer;
 pub mod claim;
+pub mod command;
 mod delegate;
 pub mod handoff;
 
@@ -308,20 +309,17 @@ pub async fn find(shared: &Shared, caller: &Caller, reference: &TaskRef) -> Resu
 /// Cancels the task: it ends `cancelled`, its open question with it, and its chat is told
 /// `reason`.
 pub async fn cancel(shared: &Shared, found: &Found, reason: &str) -> Result<TaskRow, Error> {
-    Ok(shared
-        .store
-        .cancel(found.id, found.caller.actor(), reason)
-        .await?)
+    Ok(command::cancel(&shared.store, found.id, found.caller.actor(), reason).await?)
 }
 
 /// Pauses the task, or asks its worker to pause it at the next round boundary.
 pub async fn pause(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
-    Ok(shared.store.pause(found.id, found.caller.actor()).await?)
+    Ok(command::pause(&shared.store, found.id, found.caller.actor()).await?)
 }
 
 /// Resumes a paused task: waiting on its open question again, or queued.
 pub async fn resume(shared: &Shared, found: &Found) -> Result<TaskRow, Error> {
-    Ok(shared.store.resume(found.id, found.caller.actor()).await?)
+    Ok(command::resume(&shared.store, found.id, found.caller.actor()).await?)
 }
 
 /// Reminds the person question `id` is asked of, now, deadline or not (the console's

@@ -3,8 +3,8 @@
 //! messages, and reports whether it won.
 
 use hark_core::domain::{
-    QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
-    decide::{self, Command, Decision, Effect},
+    QuestionOutcome, TaskId, TaskState,
+    decide::{self, Decision, Effect},
 };
 use sqlx::{Arguments as _, AssertSqlSafe, PgConnection, postgres::PgArguments, types::Json};
 use time::OffsetDateTime;
@@ -293,7 +293,7 @@ impl Store {
     }
 
     /// Explains why a lease-guarded write did not match.
-    pub(super) async fn refusal(&self, lease: &Lease) -> Error {
+    pub async fn refusal(&self, lease: &Lease) -> Error {
         match self.get_task(lease.task).await {
             Ok(task) if task.state == TaskState::Cancelled => Error::Cancelled {
                 task: lease.task.to_string(),
@@ -307,13 +307,9 @@ impl Store {
         }
     }
 
-    /// The task as it is now and what `command` does to it: the row, with its open question
-    /// when its state carries one.
-    pub(super) async fn decide_now(
-        &self,
-        task: TaskId,
-        command: &Command<'_>,
-    ) -> Result<(TaskRow, Decision), Error> {
+    /// The task as it is now, as the lifecycle decides on it: the row, and its lifecycle with
+    /// its open question when its state carries one.
+    pub async fn task_now(&self, task: TaskId) -> Result<(TaskRow, decide::Task), Error> {
         // The task and its open question from one snapshot, so that an answer committing in
         // between cannot leave a waiting task without its question.
         let sql = concat!(
@@ -346,14 +342,13 @@ impl Store {
         let lifecycle = row.lifecycle(question).ok_or_else(|| {
             Error::Internal(format!("task {task} waits without an open question"))
         })?;
-        let decision = decide::decide(&lifecycle, command, OffsetDateTime::now_utc(), self.policy)
-            .map_err(|r| Error::refused(task, r))?;
-        Ok((row, decision))
+        Ok((row, lifecycle))
     }
 
     /// Applies `decision`, taken on `row`, as one compare-and-set that also writes the messages
-    /// its effects imply. `None` when another writer moved the task first.
-    pub(super) async fn apply(
+    /// its effects imply. With `worker_guard`, only while that worker holds the task. `None`
+    /// when another writer moved the task first.
+    pub async fn apply(
         &self,
         row: &TaskRow,
         decision: Decision,
@@ -382,68 +377,5 @@ impl Store {
             self.published(sent);
         }
         Ok(won)
-    }
-
-    /// Decides `command` and applies it, deciding again when another writer moved the task
-    /// first: a cancel, a pause or a resume must win eventually.
-    pub(super) async fn command(
-        &self,
-        task: TaskId,
-        command: Command<'_>,
-        actor: &str,
-        detail: &str,
-    ) -> Result<TaskRow, Error> {
-        for _ in 0..16 {
-            let (row, decision) = self.decide_now(task, &command).await?;
-            if let Some(row) = self.apply(&row, decision, actor, detail, None).await? {
-                return Ok(row);
-            }
-        }
-        Err(Error::Busy(format!(
-            "task {task}: `{}` kept losing races",
-            command.event(TimeoutPolicy::Resume)
-        )))
-    }
-
-    /// Decides a lease-guarded `command` of the worker holding `lease` and applies it.
-    pub(super) async fn leased(
-        &self,
-        lease: &Lease,
-        command: Command<'_>,
-        detail: &str,
-    ) -> Result<TaskRow, Error> {
-        let row = self.get_task(lease.task).await?;
-        if row.state != TaskState::Running
-            || row.generation != lease.generation
-            || row.worker_id.as_deref() != Some(lease.worker_id.as_str())
-        {
-            return Err(self.refusal(lease).await);
-        }
-        let lifecycle = row
-            .lifecycle(None)
-            .ok_or_else(|| Error::Internal(format!("task {} has no lifecycle", lease.task)))?;
-        let decision = decide::decide(&lifecycle, &command, OffsetDateTime::now_utc(), self.policy)
-            .map_err(|r| Error::refused(lease.task, r))?;
-        match self
-            .apply(
-                &row,
-                decision,
-                &lease.worker_id,
-                detail,
-                Some(&lease.worker_id),
-            )
-            .await?
-        {
-            Some(row) => Ok(row),
-            // A pause requested meanwhile changes what a hand-back does: decide again.
-            None if matches!(command, Command::Release) => {
-                let now = self.get_task(lease.task).await?;
-                if now.state == TaskState::Running && now.generation == lease.generation {
-                    return Box::pin(self.leased(lease, command, detail)).await;
-                }
-                Err(self.refusal(lease).await)
-            }
-            None => Err(self.refusal(lease).await),
-        }
     }
 }

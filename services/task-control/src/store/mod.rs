@@ -298,6 +298,7 @@ pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
+pub use timers::Overdue;
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 pub use worker::{AskInput, Claimed, Escalation, Resume, Take, people_on};
 

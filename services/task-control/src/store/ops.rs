@@ -1,12 +1,8 @@
-//! Creating tasks, and the commands anyone with the right may give one: cancel, pause, resume.
-//! Each is decided by [`decide`](hark_core::domain::decide::decide) and applied by
-//! [`apply`](super::apply).
+//! Creating tasks.
 
 use std::time::Duration;
 
-use hark_core::domain::{
-    DeadlinePolicy, Owner, TaskId, TimeoutPolicy, decide::Command, form::FormQuestion,
-};
+use hark_core::domain::{DeadlinePolicy, Owner, TaskId, TimeoutPolicy, form::FormQuestion};
 use hark_proto::v1 as pb;
 use uuid::Uuid;
 
@@ -73,27 +69,5 @@ impl Store {
             owner: new.owner.to_string(),
             active: self.active_tasks_of(&new.owner).await?,
         })
-    }
-
-    /// Cancels a task that has not ended; its open question is closed as cancelled and the chat
-    /// is told, in one statement.
-    pub async fn cancel(&self, task: TaskId, actor: &str, reason: &str) -> Result<TaskRow, Error> {
-        let cancelled = self
-            .command(task, Command::Cancel { reason }, actor, reason)
-            .await?;
-        tracing::info!(task = %task, by = actor, "task cancelled");
-        Ok(cancelled)
-    }
-
-    /// Pauses a task: a pending or waiting one at once, a running one at its next round
-    /// boundary. A paused task holds no worker, and its question's deadline stands still.
-    pub async fn pause(&self, task: TaskId, actor: &str) -> Result<TaskRow, Error> {
-        self.command(task, Command::Pause, actor, "").await
-    }
-
-    /// Resumes a paused task: it waits on its open question again, its deadline moved on by
-    /// the time it stood still, or, with none open, it is queued to run.
-    pub async fn resume(&self, task: TaskId, actor: &str) -> Result<TaskRow, Error> {
-        self.command(task, Command::Resume, actor, "").await
     }
 }

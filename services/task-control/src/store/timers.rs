@@ -25,6 +25,15 @@ struct Reminded {
     db_now: OffsetDateTime,
 }
 
+/// A task whose own deadline passed before it ended.
+#[derive(Debug, Clone)]
+pub struct Overdue {
+    pub task: TaskId,
+    /// What its deadline's passing does to it.
+    pub policy: DeadlinePolicy,
+    pub deadline: OffsetDateTime,
+}
+
 #[derive(Debug, sqlx::FromRow)]
 struct DueQuestion {
     handle: String,
@@ -345,11 +354,9 @@ impl Store {
         Ok(failed)
     }
 
-    /// Ends the tasks whose own deadline passed before they ended, at most `limit`, each as its
-    /// `on_deadline` says: failed or cancelled, an open question closed with it, a worker that
-    /// runs it told to stop, its chat told. A task another replica ended first is left be.
-    /// Returns the tasks it ended.
-    pub async fn end_overdue(&self, limit: i64) -> Result<Vec<TaskId>, Error> {
+    /// The tasks whose own deadline passed before they ended, at most `limit`, the earliest
+    /// first.
+    pub async fn overdue(&self, limit: i64) -> Result<Vec<Overdue>, Error> {
         let due: Vec<(Uuid, String, OffsetDateTime)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT id, on_deadline, deadline_at FROM tasks
@@ -360,31 +367,19 @@ impl Store {
             .bind(limit)
             .fetch_all(&self.pool)
             .await?;
-        let mut ended = Vec::new();
-        for (id, policy, deadline) in due {
-            let task = TaskId::from_uuid(id);
-            let policy: DeadlinePolicy = policy
-                .parse()
-                .map_err(|e| Error::Internal(format!("task {task}: {e}")))?;
-            let why = format!(
-                "the task passed its deadline ({})",
-                deadline
-                    .format(&time::format_description::well_known::Rfc3339)
-                    .unwrap_or_default()
-            );
-            let command = Command::Overdue { policy, why: &why };
-            match self.command(task, command, "deadline", &why).await {
-                Ok(_) => {
-                    hark_core::failpoint::hit("overdue.after_commit");
-                    tracing::info!(task = %task, policy = %policy, "task ended at its deadline");
-                    ended.push(task);
-                }
-                // Ended meanwhile, by its run, its owner or another replica's sweep.
-                Err(Error::WrongState { .. } | Error::Already { .. }) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(ended)
+        due.into_iter()
+            .map(|(id, policy, deadline)| {
+                let task = TaskId::from_uuid(id);
+                let policy = policy
+                    .parse()
+                    .map_err(|e| Error::Internal(format!("task {task}: {e}")))?;
+                Ok(Overdue {
+                    task,
+                    policy,
+                    deadline,
+                })
+            })
+            .collect()
     }
 
     /// Applies a timer's `decision` on the running task `t`; whether it won.

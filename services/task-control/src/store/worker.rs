@@ -654,20 +654,6 @@ impl Store {
         }
     }
 
-    /// Ends a running task as failed, telling its chat why.
-    pub async fn fail(&self, lease: &Lease, error: &str) -> Result<TaskRow, Error> {
-        let failed = self.leased(lease, Command::Fail { error }, error).await?;
-        tracing::info!(task = %lease.task, error = crate::render::clip(error, 80), "task failed");
-        Ok(failed)
-    }
-
-    /// Hands a running task back from a worker that stops at a round boundary: it is queued
-    /// again at once to continue from its last checkpoint, and its attempts are not counted up;
-    /// or, when a pause was asked of it, it pauses.
-    pub async fn release(&self, lease: &Lease, reason: &str) -> Result<TaskRow, Error> {
-        self.leased(lease, Command::Release, reason).await
-    }
-
     /// Queues a progress message to the task's chat, if the lease still holds. With an
     /// idempotency key, sending again under the same key changes nothing.
     pub async fn send(&self, lease: &Lease, text: &str, key: Option<&str>) -> Result<bool, Error> {

@@ -77,6 +77,25 @@ pub trait Cases {
         target: store::AnswerTarget,
         answer: &'a store::Answer,
     ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a;
+
+    fn cancel<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+        reason: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a;
+
+    fn pause<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a;
+
+    fn resume<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a;
 }
 
 impl Cases for Store {
@@ -112,5 +131,30 @@ impl Cases for Store {
         answer: &'a store::Answer,
     ) -> impl Future<Output = Result<store::AnswerOutcome, store::Error>> + Send + 'a {
         hark_control::cases::answer::Answers::in_store(self).target(target, answer)
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+        reason: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a {
+        hark_control::cases::command::cancel(self, task, actor, reason)
+    }
+
+    fn pause<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a {
+        hark_control::cases::command::pause(self, task, actor)
+    }
+
+    fn resume<'a>(
+        &'a self,
+        task: hark_core::domain::TaskId,
+        actor: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a {
+        hark_control::cases::command::resume(self, task, actor)
     }
 }

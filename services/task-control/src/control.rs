@@ -316,9 +316,7 @@ async fn ask(shared: &Shared, payload: &[u8]) -> pb::AskResponse {
             ask_to: request.ask_to,
             need: request.need.parse().map_err(invalid)?,
         };
-        shared
-            .store
-            .ask(&lease, &input)
+        crate::cases::run::ask(&shared.store, &lease, &input)
             .await
             .map_err(|e| refusal_of(&e))
     }
@@ -349,13 +347,9 @@ async fn complete(shared: &Shared, payload: &[u8]) -> Result<(), Option<pb::Refu
     let request: pb::CompleteRequest = decode(payload)?;
     let lease = lease_of(request.lease.as_ref())?;
     let round = round_of(request.round.as_ref())?;
-    shared
-        .store
-        .complete(
-            &lease,
-            round.as_ref().map(|(n, m)| (*n, m)),
-            &strip_nul(request.result),
-        )
+    let result = strip_nul(request.result);
+    let round = round.as_ref().map(|(n, m)| (*n, m));
+    crate::cases::run::complete(&shared.store, &lease, round, &result)
         .await
         .map(|_| ())
         .map_err(|e| refusal_of(&e))

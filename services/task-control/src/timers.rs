@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::shared::Shared;
+use crate::{cases::clock, shared::Shared};
 
 /// How often the loop looks for due work.
 pub const TICK: Duration = Duration::from_millis(500);
@@ -34,12 +34,12 @@ pub async fn run(shared: Shared, shutdown: CancellationToken) {
 pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let task = &shared.config.task;
     let store = &shared.store;
-    let expired = store.expire_due(BATCH).await?;
+    let expired = clock::expire_due(store, BATCH).await?;
     let reminded = store.remind_due(task.remind_before.0, BATCH).await?;
     let escalated = store.escalate_due(BATCH).await?;
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
-    let recovered = store.recover_leases(max_attempts, BATCH).await?;
-    let overtime = store.enforce_max_runtime(task.max_runtime.0, BATCH).await?;
+    let recovered = clock::recover_leases(store, max_attempts, BATCH).await?;
+    let overtime = clock::enforce_max_runtime(store, task.max_runtime.0, BATCH).await?;
     let overdue = crate::cases::command::end_overdue(store, BATCH)
         .await?
         .len();

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::Cases as _;
 use common::control::{GROUP, OTHER_GROUP, TestControl};
 use hark_core::{
     bus::ControlOp,

@@ -102,6 +102,11 @@ pub enum Command<'a> {
     Fail {
         error: &'a str,
     },
+    /// The timer found the task ran longer than its bound (`task.max_runtime`): it fails, and
+    /// the worker still running it is told to stop.
+    Overran {
+        error: &'a str,
+    },
     /// The worker's lease ran out.
     LeaseExpired,
     /// The worker holding the task stops and hands it back at a round boundary.
@@ -137,7 +142,7 @@ impl Command<'_> {
             Command::Expire => Event::Expire(on_timeout),
             Command::Remind { .. } | Command::Nudge => Event::Remind,
             Command::Finish { .. } => Event::Finish,
-            Command::Fail { .. } => Event::Fail,
+            Command::Fail { .. } | Command::Overran { .. } => Event::Fail,
             Command::LeaseExpired => Event::LeaseExpired,
             Command::Release => Event::Release,
             Command::Cancel { .. } => Event::Cancel,
@@ -383,7 +388,7 @@ pub fn decide(
         }
         (S::Pending, C::Claim)
         | (S::Running { .. }, C::Finish { .. })
-        | (S::Running { .. }, C::Fail { .. }) => {
+        | (S::Running { .. }, C::Fail { .. } | C::Overran { .. }) => {
             let effects = match command {
                 C::Finish { result } => vec![Effect::Say(Say::Completed {
                     result: (*result).to_owned(),
@@ -393,6 +398,13 @@ pub fn decide(
                     Effect::Say(Say::Failed {
                         error: (*error).to_owned(),
                     }),
+                ],
+                C::Overran { error } => vec![
+                    Effect::RecordError((*error).to_owned()),
+                    Effect::Say(Say::Failed {
+                        error: (*error).to_owned(),
+                    }),
+                    Effect::HintStop,
                 ],
                 _ => vec![],
             };
@@ -770,6 +782,7 @@ mod tests {
             Command::Nudge,
             Command::Finish { result: "done" },
             Command::Fail { error: "broke" },
+            Command::Overran { error: "too long" },
             Command::LeaseExpired,
             Command::Release,
             Command::Cancel { reason: "" },
@@ -805,7 +818,7 @@ mod tests {
             (s, C::Ask) if *s == running(false) => T::WaitingInput,
             (s, C::Ask) if *s == running(true) => T::Paused,
             (State::Running { .. }, C::Finish { .. }) => T::Completed,
-            (State::Running { .. }, C::Fail { .. }) => T::Failed,
+            (State::Running { .. }, C::Fail { .. } | C::Overran { .. }) => T::Failed,
             (s, C::LeaseExpired | C::Release) if *s == running(false) => T::Pending,
             (s, C::LeaseExpired | C::Release) if *s == running(true) => T::Paused,
             (State::Running { .. }, C::Cancel { .. }) => T::Cancelled,
@@ -1070,6 +1083,29 @@ mod tests {
                 Effect::HintStop,
             ]
         );
+    }
+
+    #[test]
+    fn a_run_past_its_bound_fails_and_its_worker_is_told_to_stop() {
+        let running = task(State::Running {
+            pause_requested: false,
+        });
+        let overran = decide(
+            &running,
+            &Command::Overran { error: "too long" },
+            at(1),
+            POLICY,
+        )
+        .unwrap();
+        assert_eq!(
+            (overran.to, overran.event),
+            (TaskState::Failed, Event::Fail)
+        );
+        assert!(overran.effects.contains(&Effect::HintStop));
+        assert_eq!(overran.error(), Some("too long"));
+        // A worker that fails its own task has nothing to be told.
+        let failed = decide(&running, &Command::Fail { error: "broke" }, at(1), POLICY).unwrap();
+        assert!(!failed.effects.contains(&Effect::HintStop));
     }
 
     #[test]

@@ -18,9 +18,11 @@ use time::OffsetDateTime;
 
 pub mod answer;
 pub mod claim;
+pub mod clock;
 pub mod command;
 mod delegate;
 pub mod handoff;
+pub mod run;
 
 pub use delegate::delegate;
 

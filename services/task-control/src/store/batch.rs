@@ -11,7 +11,6 @@ use futures_util::future::BoxFuture;
 use hark_core::domain::{Event, QuestionId, TaskId, TaskState, decide};
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
-use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -242,6 +241,8 @@ pub(super) struct AskRequest {
     pub(super) trace: Option<String>,
     /// The people it is put to at once, when not the task's owner.
     pub(super) audience: Option<super::worker::Audience>,
+    /// Where the ask leads, with and without a pause waiting.
+    pub(super) decided: super::worker::AskMoves,
 }
 
 impl AskRequest {
@@ -991,26 +992,22 @@ impl Store {
             }))
             .bind(consumed_ords)
             .bind(consumed_ids);
-        // Where an ask leads, decided for a task with and without a pause waiting for it.
-        let asked = |pause_requested| {
-            decide::decide_on_state(
-                decide::State::Running { pause_requested },
-                &decide::Command::Ask,
-                OffsetDateTime::now_utc(),
-                self.policy,
-            )
-            .map(|d| d.to.as_str())
-            .map_err(|r| Error::Internal(format!("an ask was refused: {r}")))
+        // Every ask of a batch was decided from a running task by the same command, so the
+        // first one's moves are the batch's.
+        let Some(decided) = batch.first().map(|r| r.decided) else {
+            return Ok(Vec::new());
         };
+        debug_assert_eq!(decided.waits.from, decided.pauses.from);
+        debug_assert_eq!(decided.waits.event, decided.pauses.event);
         let query = out
             .bind_to(query)
             .bind(column(batch, |r| {
                 crate::rows::StoredShape::of(&r.input.shape)
             }))
-            .bind(asked(false)?)
-            .bind(asked(true)?)
-            .bind(TaskState::Running.as_str())
-            .bind(Event::Ask.as_str())
+            .bind(decided.waits.to)
+            .bind(decided.pauses.to)
+            .bind(decided.waits.from)
+            .bind(decided.waits.event)
             .bind(column(batch, |r| r.trace.as_deref()))
             .bind(column(batch, |r| r.input.waits_for.map(|t| t.as_uuid())));
         let rows: Vec<BatchRow> =
@@ -1031,7 +1028,7 @@ impl Store {
             let question = request.asked(task, r.row.asked_deadline);
             sent.push(
                 self.effects
-                    .event(task, Event::Ask.as_str(), Some(question)),
+                    .event(task, decided.waits.event, Some(question)),
             );
         }
         self.published(sent);

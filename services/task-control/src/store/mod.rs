@@ -298,9 +298,9 @@ pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
-pub use timers::Overdue;
+pub use timers::{Due, Overdue, Sweep};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
-pub use worker::{AskInput, Claimed, Escalation, Resume, Take, people_on};
+pub use worker::{AskDecided, AskInput, Claimed, Escalation, Resume, Take, people_on};
 
 use hark_core::{
     domain::{Event, QuestionOutcome, TaskState},

@@ -12,7 +12,6 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Cas, ChatRoute, Error, OutboxMessage, QuestionRow, Store};
-use crate::render;
 
 /// How long after a reminder the owner may be reminded again on request.
 pub const REMIND_AGAIN_AFTER: Duration = Duration::from_secs(60);
@@ -64,15 +63,94 @@ struct DueTask {
     db_now: OffsetDateTime,
 }
 
+/// The running tasks `$rest` picks (a condition, then its order and limit), as [`DueTask`]s,
+/// locked for a sweep.
+macro_rules! running_due {
+    ($rest:literal) => {
+        concat!(
+            "SELECT t.id, t.generation, ",
+            lifecycle_columns!(),
+            ", t.platform, t.bot_id, t.stream, now() AS db_now FROM tasks t WHERE t.state = ",
+            sql_state!(running),
+            " AND ",
+            $rest,
+            " FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
+
+/// Tasks a timer found due, locked until the sweep commits, so that no other replica's sweep
+/// takes them meanwhile. The caller decides each one and applies the decision with
+/// [`Store::apply_due`]; nothing is written until [`Store::commit_sweep`].
+pub struct Sweep {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    sent: Vec<OutboxMessage>,
+}
+
+impl std::fmt::Debug for Sweep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweep")
+            .field("sent", &self.sent.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A task a timer found due, as the lifecycle decides on it.
+#[derive(Debug)]
+pub struct Due {
+    pub task: TaskId,
+    generation: i64,
+    pause_requested: bool,
+    pub lifecycle: decide::Task,
+    chat: Option<ChatRoute>,
+    /// The chat message of the question that expires, which the notice answers.
+    reply_to: Option<String>,
+    /// The database's clock, which every deadline is set by.
+    pub now: OffsetDateTime,
+}
+
 impl DueTask {
     /// The running task as the lifecycle decides on it (the sweeps pick running tasks, which
     /// wait on no question).
-    fn lifecycle(&self) -> Result<decide::Task, Error> {
-        self.task.task(None).ok_or_else(|| {
+    fn due(self) -> Result<Due, Error> {
+        let task = TaskId::from_uuid(self.id);
+        let lifecycle = self.task.task(None).ok_or_else(|| {
             Error::Internal(format!(
-                "task {}: a sweep of running tasks read {}",
-                self.id, self.task.state
+                "task {task}: a sweep of running tasks read {}",
+                self.task.state
             ))
+        })?;
+        Ok(Due {
+            task,
+            generation: self.generation,
+            pause_requested: self.task.pause_requested,
+            lifecycle,
+            chat: route(&self.platform, &self.bot_id, &self.stream),
+            reply_to: None,
+            now: self.db_now,
+        })
+    }
+}
+
+impl DueQuestion {
+    /// The waiting task with the question whose deadline passed; `None` when the row is not
+    /// one the lifecycle knows (the question is not open).
+    fn due(self) -> Option<Due> {
+        let open = decide::OpenQuestion {
+            handle: self.handle,
+            text: self.text,
+            asked_at: self.asked_at,
+            deadline: self.deadline,
+        };
+        let lifecycle = self.task.task(Some(open))?;
+        Some(Due {
+            task: TaskId::from_uuid(self.task_id),
+            generation: self.generation,
+            pause_requested: self.task.pause_requested,
+            lifecycle,
+            chat: route(&self.platform, &self.bot_id, &self.stream),
+            reply_to: self.chat_message_id,
+            now: self.db_now,
         })
     }
 }
@@ -86,12 +164,10 @@ fn route(
 }
 
 impl Store {
-    /// Closes open questions whose deadline passed and applies each task's policy: `resume`
-    /// queues the task with the expiry notice for the model, `fail` ends it. Returns how many
-    /// questions expired.
-    pub async fn expire_due(&self, limit: i64) -> Result<usize, Error> {
+    /// The waiting tasks whose open question's deadline passed, at most `limit`, the earliest
+    /// deadline first.
+    pub async fn questions_past_deadline(&self, limit: i64) -> Result<(Sweep, Vec<Due>), Error> {
         let mut tx = self.pool.begin().await?;
-        let mut sent: Vec<OutboxMessage> = Vec::new();
         let due = sqlx::query_as::<_, DueQuestion>(concat!(
             "SELECT q.handle, q.text, q.asked_at, q.deadline, t.id AS task_id, t.generation, ",
             lifecycle_columns!(),
@@ -109,45 +185,14 @@ impl Store {
         .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        let mut expired = 0;
-        for q in due {
-            let task = TaskId::from_uuid(q.task_id);
-            let open = decide::OpenQuestion {
-                handle: q.handle.clone(),
-                text: q.text.clone(),
-                asked_at: q.asked_at,
-                deadline: q.deadline,
-            };
-            let Some(lifecycle) = q.task.task(Some(open)) else {
-                continue;
-            };
-            let decision = match decide::decide(&lifecycle, &Command::Expire, q.db_now, self.policy)
-            {
-                Ok(decision) => decision,
-                Err(refusal) => {
-                    tracing::warn!(%task, %refusal, "an open question past its deadline stays open");
-                    continue;
-                }
-            };
-            let chat = route(&q.platform, &q.bot_id, &q.stream);
-            let outbox = self.effects.of(
-                task,
-                q.generation + 1,
-                chat.as_ref(),
-                q.chat_message_id.as_deref(),
-                &decision,
-            );
-            let error = decision.error().unwrap_or_default().to_owned();
-            let mut change = Cas::new(task, q.generation, decision, "timer");
-            change.detail = &error;
-            change.outbox = outbox;
-            if self.cas(&mut tx, change, &mut sent).await?.is_some() {
-                expired += 1;
-            }
-        }
-        tx.commit().await?;
-        self.published(sent);
-        Ok(expired)
+        let due = due.into_iter().filter_map(DueQuestion::due).collect();
+        Ok((
+            Sweep {
+                tx,
+                sent: Vec::new(),
+            },
+            due,
+        ))
     }
 
     /// Reminds owners of open questions whose deadline is less than `before` away, once per
@@ -270,88 +315,54 @@ impl Store {
         outbox
     }
 
-    /// Returns running tasks whose lease ran out to `pending`, to continue from their last
-    /// checkpoint on another worker, or fails them once `max_attempts` runs were lost. Returns
-    /// how many tasks were recovered or failed.
-    pub async fn recover_leases(&self, max_attempts: i32, limit: i64) -> Result<usize, Error> {
+    /// The running tasks whose lease ran out, at most `limit`, the longest lapsed first.
+    pub async fn leases_lapsed(&self, limit: i64) -> Result<(Sweep, Vec<Due>), Error> {
         let mut tx = self.pool.begin().await?;
-        let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, DueTask>(concat!(
-            "SELECT t.id, t.generation, ",
-            lifecycle_columns!(),
-            ", t.platform, t.bot_id, t.stream, now() AS db_now
-             FROM tasks t
-             WHERE t.state = $2 AND lease_until < now()
-             ORDER BY lease_until LIMIT $1
-             FOR UPDATE SKIP LOCKED",
+        let due = sqlx::query_as::<_, DueTask>(running_due!(
+            "lease_until < now() ORDER BY lease_until LIMIT $1"
         ))
         .bind(limit)
-        .bind(TaskState::Running.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        let mut moved = 0;
-        let policy = decide::Policy { max_attempts };
-        for t in due {
-            match decide::decide(&t.lifecycle()?, &Command::LeaseExpired, t.db_now, policy) {
-                Ok(decision) => {
-                    if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
-                        moved += 1;
-                    }
-                }
-                Err(refusal) => tracing::warn!(task = %t.id, %refusal, "a lapsed lease stays"),
-            }
-        }
-        tx.commit().await?;
-        self.published(sent);
-        Ok(moved)
+        let due = due
+            .into_iter()
+            .map(DueTask::due)
+            .collect::<Result<_, _>>()?;
+        Ok((
+            Sweep {
+                tx,
+                sent: Vec::new(),
+            },
+            due,
+        ))
     }
 
-    /// Fails running tasks whose total running time passed `max`, and tells their workers to
-    /// stop. Returns their ids.
-    pub async fn enforce_max_runtime(
+    /// The running tasks whose total running time passed `max`, at most `limit`.
+    pub async fn over_runtime(
         &self,
         max: Duration,
         limit: i64,
-    ) -> Result<Vec<TaskId>, Error> {
-        if max.is_zero() {
-            return Ok(Vec::new());
-        }
+    ) -> Result<(Sweep, Vec<Due>), Error> {
         let mut tx = self.pool.begin().await?;
-        let mut sent: Vec<OutboxMessage> = Vec::new();
-        let due = sqlx::query_as::<_, DueTask>(concat!(
-            "SELECT t.id, t.generation, ",
-            lifecycle_columns!(),
-            ", t.platform, t.bot_id, t.stream, now() AS db_now
-             FROM tasks t
-             WHERE t.state = $3
-               AND run_ms + extract(epoch FROM now() - coalesce(running_since, now())) * 1000 > $1
-             LIMIT $2
-             FOR UPDATE SKIP LOCKED",
+        let due = sqlx::query_as::<_, DueTask>(running_due!(
+            "run_ms + extract(epoch FROM now() - coalesce(running_since, now())) * 1000 > $1
+             LIMIT $2"
         ))
-        .bind(max.as_millis() as i64)
+        .bind(i64::try_from(max.as_millis()).unwrap_or(i64::MAX))
         .bind(limit)
-        .bind(TaskState::Running.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        let error = format!(
-            "the task ran longer than task.max_runtime = {}",
-            render::human(max)
-        );
-        let mut failed = Vec::new();
-        for t in due {
-            let command = Command::Fail { error: &error };
-            let decision = decide::decide(&t.lifecycle()?, &command, t.db_now, self.policy)
-                .map_err(|r| Error::refused(t.id, r))?;
-            // The worker still runs it: told to stop, unlike a worker that failed its own task.
-            let hint = self.effects.stop_hint(TaskId::from_uuid(t.id));
-            if self.timer_applies(&mut tx, &t, decision, &mut sent).await? {
-                sent.push(hint);
-                failed.push(TaskId::from_uuid(t.id));
-            }
-        }
-        tx.commit().await?;
-        self.published(sent);
-        Ok(failed)
+        let due = due
+            .into_iter()
+            .map(DueTask::due)
+            .collect::<Result<_, _>>()?;
+        Ok((
+            Sweep {
+                tx,
+                sent: Vec::new(),
+            },
+            due,
+        ))
     }
 
     /// The tasks whose own deadline passed before they ended, at most `limit`, the earliest
@@ -382,24 +393,37 @@ impl Store {
             .collect()
     }
 
-    /// Applies a timer's `decision` on the running task `t`; whether it won.
-    async fn timer_applies(
+    /// Applies `decision`, decided on `due`, within `sweep`, with the messages its effects
+    /// imply; whether it won. A task is locked by its sweep, so it wins unless the decision
+    /// does not fit the row it was decided on.
+    pub async fn apply_due(
         &self,
-        conn: &mut sqlx::PgConnection,
-        t: &DueTask,
+        sweep: &mut Sweep,
+        due: &Due,
         decision: Decision,
-        sent: &mut Vec<OutboxMessage>,
     ) -> Result<bool, Error> {
-        let task = TaskId::from_uuid(t.id);
-        let chat = route(&t.platform, &t.bot_id, &t.stream);
-        let outbox = self
-            .effects
-            .of(task, t.generation + 1, chat.as_ref(), None, &decision);
+        let outbox = self.effects.of(
+            due.task,
+            due.generation + 1,
+            due.chat.as_ref(),
+            due.reply_to.as_deref(),
+            &decision,
+        );
         let detail = decision.error().unwrap_or_default().to_owned();
-        let mut change = Cas::new(task, t.generation, decision, "timer");
-        change.pause_guard = Some(t.task.pause_requested);
+        let mut change = Cas::new(due.task, due.generation, decision, "timer");
+        change.pause_guard = Some(due.pause_requested);
         change.detail = &detail;
         change.outbox = outbox;
-        Ok(self.cas(conn, change, sent).await?.is_some())
+        Ok(self
+            .cas(&mut sweep.tx, change, &mut sweep.sent)
+            .await?
+            .is_some())
+    }
+
+    /// Commits what `sweep` applied, and publishes its messages.
+    pub async fn commit_sweep(&self, sweep: Sweep) -> Result<(), Error> {
+        sweep.tx.commit().await?;
+        self.published(sweep.sent);
+        Ok(())
     }
 }

@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use hark_core::domain::{
-    Handle, Need, Owner, QuestionId, QuestionOutcome, StreamId, TaskId, TaskState,
-    decide::{self, Command},
+    Handle, Need, Owner, QuestionId, QuestionOutcome, StreamId, TaskId, TaskState, decide,
     shape::Shape,
 };
 use sqlx::types::Json;
@@ -261,6 +260,32 @@ fn resume_from_json(question: &serde_json::Value) -> Option<Resume> {
     })
 }
 
+/// Where an ask leads, decided for the running task with and without a pause waiting for it:
+/// the ask statement takes the one the row's pause request calls for.
+#[derive(Debug, Clone)]
+pub struct AskDecided {
+    /// No pause waits: the task waits on the question.
+    pub waits: decide::Decision,
+    /// A pause waits: the task pauses with the question open.
+    pub pauses: decide::Decision,
+}
+
+/// An [`AskDecided`] as the ask statement binds it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AskMoves {
+    pub(super) waits: Move,
+    pub(super) pauses: Move,
+}
+
+impl AskMoves {
+    fn of(decided: &AskDecided) -> Self {
+        Self {
+            waits: Move::of(&decided.waits),
+            pauses: Move::of(&decided.pauses),
+        }
+    }
+}
+
 /// Which task a claim for a run job takes (see [`Store::claim_task`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Take {
@@ -490,22 +515,20 @@ impl Store {
         }
     }
 
-    /// Suspends the task on a question: running → waiting_input, the round that ends in the
-    /// ask_user call, and the question row, all committed before the question is queued for the
-    /// chat (through the outbox, in the same transaction).
-    pub async fn ask(&self, lease: &Lease, input: &AskInput) -> Result<QuestionRow, Error> {
+    /// Suspends the task on a question as `decided`: running → waiting_input (or paused), the
+    /// round that ends in the ask_user call, and the question row, all committed before the
+    /// question is queued for the chat (through the outbox, in the same transaction).
+    pub async fn suspend(
+        &self,
+        lease: &Lease,
+        input: &AskInput,
+        decided: &AskDecided,
+    ) -> Result<QuestionRow, Error> {
         // The statement checks the lease; only the (unchanging) chat is needed beforehand.
         let chat = self.chat_of(lease.task).await?;
         let platform = chat.as_ref().map(|c| c.platform.as_str());
         let mut input = std::borrow::Cow::Borrowed(input);
         if !input.escalation.to.is_empty() {
-            if !input.ask_to.is_empty() {
-                return Err(Error::Invalid(
-                    "ask_to and escalate_to cannot be combined: ask everyone at once with \
-                     ask_to, or one after another with escalate_to"
-                        .into(),
-                ));
-            }
             let escalation = input.escalation.clone().resolved(platform)?;
             input.to_mut().escalation = escalation;
         }
@@ -545,6 +568,7 @@ impl Store {
                     outbox,
                     trace: hark_core::trace::outgoing(),
                     audience: audience.clone(),
+                    decided: AskMoves::of(decided),
                 })
                 .await?;
             let row = match asked {
@@ -601,40 +625,23 @@ impl Store {
         }
     }
 
-    /// What `command` does to a task in `state`, for the hot moves whose statement checks the
-    /// state itself (the claim of a pending task, the finish of a running one).
-    pub(super) fn decide_from(
-        &self,
-        task: TaskId,
-        state: decide::State,
-        command: &Command<'_>,
-    ) -> Result<decide::Decision, Error> {
-        decide::decide_on_state(state, command, time::OffsetDateTime::now_utc(), self.policy)
-            .map_err(|r| Error::refused(task, r))
-    }
-
-    /// Ends a running task with its final answer, sent to its chat.
-    pub async fn complete(
+    /// Ends the running task held under `lease` with its final answer, sent to its chat, as
+    /// `finish` decided.
+    pub async fn finish(
         &self,
         lease: &Lease,
         final_round: Option<(i32, &serde_json::Value)>,
         result: &str,
+        finish: &decide::Decision,
     ) -> Result<TaskRow, Error> {
         let chat = self.chat_of(lease.task).await?;
-        let finish = self.decide_from(
-            lease.task,
-            decide::State::Running {
-                pause_requested: false,
-            },
-            &Command::Finish { result },
-        )?;
-        let decided = Move::of(&finish);
+        let decided = Move::of(finish);
         let outbox = self.effects.of(
             lease.task,
             lease.generation + 1,
             chat.as_ref(),
             None,
-            &finish,
+            finish,
         );
         let won = self
             .decide(super::batch::CompleteRequest {

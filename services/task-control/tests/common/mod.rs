@@ -85,6 +85,30 @@ pub trait Cases {
         reason: &'a str,
     ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a;
 
+    fn ask<'a>(
+        &'a self,
+        lease: &'a store::Lease,
+        input: &'a store::AskInput,
+    ) -> impl Future<Output = Result<store::QuestionRow, store::Error>> + Send + 'a;
+
+    fn expire_due(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_;
+
+    fn recover_leases(
+        &self,
+        max_attempts: i32,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_;
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a store::Lease,
+        final_round: Option<(i32, &'a serde_json::Value)>,
+        result: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a;
+
     fn pause<'a>(
         &'a self,
         task: hark_core::domain::TaskId,
@@ -140,6 +164,38 @@ impl Cases for Store {
         reason: &'a str,
     ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a {
         hark_control::cases::command::cancel(self, task, actor, reason)
+    }
+
+    fn ask<'a>(
+        &'a self,
+        lease: &'a store::Lease,
+        input: &'a store::AskInput,
+    ) -> impl Future<Output = Result<store::QuestionRow, store::Error>> + Send + 'a {
+        hark_control::cases::run::ask(self, lease, input)
+    }
+
+    fn expire_due(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_ {
+        hark_control::cases::clock::expire_due(self, limit)
+    }
+
+    fn recover_leases(
+        &self,
+        max_attempts: i32,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_ {
+        hark_control::cases::clock::recover_leases(self, max_attempts, limit)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        lease: &'a store::Lease,
+        final_round: Option<(i32, &'a serde_json::Value)>,
+        result: &'a str,
+    ) -> impl Future<Output = Result<store::TaskRow, store::Error>> + Send + 'a {
+        hark_control::cases::run::complete(self, lease, final_round, result)
     }
 
     fn pause<'a>(

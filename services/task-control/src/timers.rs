@@ -35,8 +35,8 @@ pub async fn sweep(shared: &Shared) -> Result<(), crate::store::Error> {
     let task = &shared.config.task;
     let store = &shared.store;
     let expired = clock::expire_due(store, BATCH).await?;
-    let reminded = store.remind_due(task.remind_before.0, BATCH).await?;
-    let escalated = store.escalate_due(BATCH).await?;
+    let reminded = clock::remind_due(store, task.remind_before.0, BATCH).await?;
+    let escalated = clock::escalate_due(store, BATCH).await?;
     let max_attempts = i32::try_from(task.max_attempts).unwrap_or(i32::MAX);
     let recovered = clock::recover_leases(store, max_attempts, BATCH).await?;
     let overtime = clock::enforce_max_runtime(store, task.max_runtime.0, BATCH).await?;

@@ -1184,18 +1184,11 @@ async fn an_answer_decided_before_its_question_was_passed_on_loses_to_the_delega
         "qq:100".parse().expect("owner"),
         "qq:200".parse().expect("owner"),
     );
-    tc.store
-        .delegate(
-            &hark_control::store::Delegation {
-                question: target.question.id,
-                from: &from,
-                to: &to,
-                stream: None,
-                actor: "qq:100",
-                inbound_key: None,
-            },
-            |_, _| Vec::new(),
-        )
+    let asked = hark_control::cases::Caller::Person {
+        owner: from,
+        role: hark_core::domain::Role::User,
+    };
+    hark_control::cases::delegate(&tc.shared, &asked, &target.question, &to, None)
         .await
         .expect("passed on");
     let after = tc.store.get_task(task_id(&id)).await.expect("task");

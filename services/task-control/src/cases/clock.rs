@@ -12,7 +12,7 @@ use hark_core::domain::{
 
 use crate::{
     render,
-    store::{Due, Error, Store, Sweep},
+    store::{Due, Error, QuestionRow, Store, Sweep, TaskRow},
 };
 
 /// Decides `command` on each task of `sweep` and applies what is decided, then commits; the
@@ -78,4 +78,23 @@ pub async fn enforce_max_runtime(
     let overran = Command::Overran { error: &error };
     let refused = "a task past its running time runs on";
     sweep(store, due, &overran, store.policy(), refused).await
+}
+
+/// Reminds the people asked of open questions whose deadline is less than `before` away
+/// (`task.remind_before`), once per question. Returns how many reminders were queued.
+pub async fn remind_due(store: &Store, before: Duration, limit: i64) -> Result<usize, Error> {
+    let policy = store.policy();
+    let remind = Command::Remind { before };
+    let decide = |question: &QuestionRow, now| super::reminder(question, &remind, now, policy);
+    store.remind_questions(before, limit, decide).await
+}
+
+/// Asks the next person of each open question whose escalation is due (or, for a question put
+/// to several people at once, the others). Returns how many were asked.
+pub async fn escalate_due(store: &Store, limit: i64) -> Result<usize, Error> {
+    let policy = store.policy();
+    let decide = |task: &TaskRow, question: &QuestionRow, now| {
+        super::decide_asked(task, question, &Command::Escalate, now, policy)
+    };
+    store.escalate_questions(limit, decide).await
 }

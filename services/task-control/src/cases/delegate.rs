@@ -3,12 +3,12 @@
 //! was asked in a private one. The first valid answer still wins; the one passed over can no
 //! longer answer.
 
-use hark_core::domain::{Owner, Role, StreamId};
+use hark_core::domain::{Owner, Role, StreamId, decide::Command};
 
 use super::{Caller, Error};
 use crate::{
     shared::Shared,
-    store::{Delegated, Delegation, QuestionRow},
+    store::{Delegated, Delegation, QuestionRow, TaskRow},
 };
 
 /// Passes `question` on to `to`, as `caller`; `inbound_key` makes a redelivered request a no-op.
@@ -70,11 +70,12 @@ pub async fn delegate(
     };
     let effects = shared.store.effects();
     let by = caller.actor();
-    let delegated = shared
-        .store
-        .delegate(&delegation, |question, task| {
-            effects.passed_on(question, task, by)
-        })
-        .await?;
+    let policy = shared.store.policy();
+    let decide = |task: &TaskRow, question: &QuestionRow| {
+        let now = time::OffsetDateTime::now_utc();
+        super::decide_asked(task, question, &Command::Delegate, now, policy)
+    };
+    let ask = |question: &QuestionRow, task: &TaskRow| effects.passed_on(question, task, by);
+    let delegated = shared.store.delegate(&delegation, decide, ask).await?;
     Ok(delegated)
 }

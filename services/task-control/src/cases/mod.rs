@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use hark_core::{
     domain::{
-        DeadlinePolicy, Owner, QuestionId, Role, TaskId, TaskRef, TimeoutPolicy, duration,
+        DeadlinePolicy, Owner, QuestionId, Role, TaskId, TaskRef, TimeoutPolicy,
+        decide::{self, Command, Decision},
+        duration,
         form::FormQuestion,
         schedule::{Cron, Overlap},
         text,
@@ -32,6 +34,33 @@ use crate::{
         self, ChatRoute, NewSchedule, NewTask, QuestionRow, ScheduleRow, TaskRow, TellDelivery,
     },
 };
+
+/// What `command` does to `task` waiting on `question` (or paused with it open), at `now`.
+fn decide_asked(
+    task: &TaskRow,
+    question: &QuestionRow,
+    command: &Command<'_>,
+    now: OffsetDateTime,
+    policy: decide::Policy,
+) -> Result<Decision, store::Error> {
+    let lifecycle = task
+        .lifecycle(question.open())
+        .ok_or_else(|| store::Error::Internal(format!("task {} has no open question", task.id)))?;
+    decide::decide(&lifecycle, command, now, policy).map_err(|r| store::Error::refused(task.id, r))
+}
+
+/// The reminder `command` decides for the task waiting on `question`, at `now`; `None` when the
+/// question is not one a reminder is for.
+fn reminder(
+    question: &QuestionRow,
+    command: &Command<'_>,
+    now: OffsetDateTime,
+    policy: decide::Policy,
+) -> Option<Decision> {
+    let question = question.open()?;
+    let state = decide::State::WaitingInput { question };
+    decide::decide_on_state(state, command, now, policy).ok()
+}
 
 /// Why a use case refused, or the store's error when it could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -339,7 +368,9 @@ pub async fn remind(
             return Err(store::Error::QuestionNotFound(id.to_string()).into());
         }
     }
-    Ok(shared.store.remind_now(id).await?)
+    let policy = shared.store.policy();
+    let nudge = |question: &QuestionRow, now| reminder(question, &Command::Nudge, now, policy);
+    Ok(shared.store.remind_now(id, nudge).await?)
 }
 
 /// Gives the task an instruction: its agent reads it before its next round, or when it is

@@ -2,10 +2,7 @@
 //! moves by compare-and-set, the audit records who passed it to whom, and the new askee is asked
 //! through the outbox.
 
-use hark_core::domain::{
-    Owner, QuestionId,
-    decide::{self, Command},
-};
+use hark_core::domain::{Owner, QuestionId, decide::Decision};
 
 use super::{Error, OutboxMessage, QuestionRow, Store, TaskRow};
 
@@ -38,12 +35,14 @@ pub enum Delegated {
 }
 
 impl Store {
-    /// Passes `d.question` on from `d.from` to `d.to`; `ask` makes the messages that ask the new
-    /// askee, from the question and its task as they are after the move. Refused when the
-    /// question is closed, was passed on meanwhile, or its task cannot take it.
+    /// Passes `d.question` on from `d.from` to `d.to`, as `decide` decides for its task, and
+    /// `ask` makes the messages that ask the new askee; both from the question and its task as
+    /// they are after the move. Refused when the question is closed, was passed on meanwhile,
+    /// or its task cannot take it.
     pub async fn delegate(
         &self,
         d: &Delegation<'_>,
+        decide: impl FnOnce(&TaskRow, &QuestionRow) -> Result<Decision, Error>,
         ask: impl FnOnce(&QuestionRow, &TaskRow) -> Vec<OutboxMessage>,
     ) -> Result<Delegated, Error> {
         let mut tx = self.pool.begin().await?;
@@ -101,18 +100,7 @@ impl Store {
                 askee: now.owner.to_string(),
             });
         };
-        let decision = task
-            .lifecycle(question.open())
-            .ok_or_else(|| Error::Internal(format!("task {} has no open question", task.id)))
-            .and_then(|lifecycle| {
-                decide::decide(
-                    &lifecycle,
-                    &Command::Delegate,
-                    time::OffsetDateTime::now_utc(),
-                    self.policy,
-                )
-                .map_err(|r| Error::refused(task.id, r))
-            })?;
+        let decision = decide(&task, &question)?;
         sqlx::query(
             "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",

@@ -6,10 +6,7 @@
 
 use std::time::Duration;
 
-use hark_core::domain::{
-    Event, Handle, Owner, QuestionId, StreamId, TaskState,
-    decide::{self, Command},
-};
+use hark_core::domain::{Event, Handle, Owner, QuestionId, StreamId, TaskState, decide::Decision};
 use time::OffsetDateTime;
 
 use super::{ChatRoute, Error, OutboxMessage, QuestionRow, Store, TaskRow};
@@ -24,9 +21,14 @@ struct Due {
 }
 
 impl Store {
-    /// Asks the next person of each open question whose escalation is due, as
-    /// [`Command::Escalate`] decides for its task. Returns how many were asked.
-    pub async fn escalate_due(&self, limit: i64) -> Result<usize, Error> {
+    /// Asks the next person of each open question whose escalation is due, as `decide`
+    /// decides for its task (as it is after the escalation, at the database's clock). Returns
+    /// how many were asked.
+    pub async fn escalate_questions(
+        &self,
+        limit: i64,
+        decide: impl Fn(&TaskRow, &QuestionRow, OffsetDateTime) -> Result<Decision, Error>,
+    ) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let due = sqlx::query_as::<_, Due>(concat!(
             "SELECT escalate_every_ms, now() AS db_now, ",
@@ -47,7 +49,7 @@ impl Store {
         let mut sent = Vec::new();
         let mut asked = 0;
         for due in due {
-            if self.escalate_one(&mut tx, due, &mut sent).await? {
+            if self.escalate_one(&mut tx, due, &decide, &mut sent).await? {
                 asked += 1;
             }
         }
@@ -66,6 +68,7 @@ impl Store {
         &self,
         tx: &mut sqlx::PgConnection,
         due: Due,
+        decide: &impl Fn(&TaskRow, &QuestionRow, OffsetDateTime) -> Result<Decision, Error>,
         sent: &mut Vec<OutboxMessage>,
     ) -> Result<bool, Error> {
         let Due {
@@ -132,13 +135,7 @@ impl Store {
         let Some(task) = task else {
             return Ok(false);
         };
-        let decision = task
-            .lifecycle(question.open())
-            .ok_or_else(|| Error::Internal(format!("task {} has no open question", task.id)))
-            .and_then(|lifecycle| {
-                decide::decide(&lifecycle, &Command::Escalate, db_now, self.policy)
-                    .map_err(|r| Error::refused(task.id, r))
-            })?;
+        let decision = decide(&task, &question, db_now)?;
         debug_assert_eq!(decision.event, Event::Escalate);
         debug_assert_eq!(decision.to, TaskState::WaitingInput);
         // Put to several at once in a group, each is asked there; escalated, in their own chat.

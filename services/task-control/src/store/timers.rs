@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hark_core::domain::{
     DeadlinePolicy, QuestionId, QuestionOutcome, TaskId, TaskState,
-    decide::{self, Command, Decision},
+    decide::{self, Decision},
 };
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -109,6 +109,21 @@ pub struct Due {
     pub now: OffsetDateTime,
 }
 
+impl Sweep {
+    /// A sweep of the running tasks `rows`, read and locked in `tx`.
+    fn of_running(
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        rows: Vec<DueTask>,
+    ) -> Result<(Sweep, Vec<Due>), Error> {
+        let due = rows
+            .into_iter()
+            .map(DueTask::due)
+            .collect::<Result<_, _>>()?;
+        let sent = Vec::new();
+        Ok((Sweep { tx, sent }, due))
+    }
+}
+
 impl DueTask {
     /// The running task as the lifecycle decides on it (the sweeps pick running tasks, which
     /// wait on no question).
@@ -197,7 +212,12 @@ impl Store {
 
     /// Reminds owners of open questions whose deadline is less than `before` away, once per
     /// question. Returns how many reminders were queued.
-    pub async fn remind_due(&self, before: Duration, limit: i64) -> Result<usize, Error> {
+    pub async fn remind_questions(
+        &self,
+        before: Duration,
+        limit: i64,
+        decide: impl Fn(&QuestionRow, OffsetDateTime) -> Option<Decision>,
+    ) -> Result<usize, Error> {
         if before.is_zero() {
             return Ok(0);
         }
@@ -223,7 +243,7 @@ impl Store {
         .bind(TaskState::WaitingInput.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        let outbox = self.reminders(&due, Command::Remind { before });
+        let outbox = self.reminders(&due, decide);
         self.enqueue(&mut tx, outbox, &mut sent).await?;
         tx.commit().await?;
         self.published(sent);
@@ -234,7 +254,11 @@ impl Store {
     /// "remind"), and marks it reminded. Refused when the question is not open, its task does
     /// not wait on it (paused, say), it has no chat to remind in, or its deadline passed; and
     /// throttled: refused while a reminder went out less than [`REMIND_AGAIN_AFTER`] ago.
-    pub async fn remind_now(&self, id: QuestionId) -> Result<QuestionRow, Error> {
+    pub async fn remind_now(
+        &self,
+        id: QuestionId,
+        decide: impl Fn(&QuestionRow, OffsetDateTime) -> Option<Decision>,
+    ) -> Result<QuestionRow, Error> {
         let mut tx = self.pool.begin().await?;
         let mut sent: Vec<OutboxMessage> = Vec::new();
         let reminded = sqlx::query_as::<_, Reminded>(concat!(
@@ -275,15 +299,19 @@ impl Store {
                 },
             });
         };
-        let outbox = self.reminders(std::slice::from_ref(&reminded), Command::Nudge);
+        let outbox = self.reminders(std::slice::from_ref(&reminded), decide);
         self.enqueue(&mut tx, outbox, &mut sent).await?;
         tx.commit().await?;
         self.published(sent);
         Ok(reminded.question)
     }
 
-    /// The chat messages that remind the owners of `due`, as `command` decides them.
-    fn reminders(&self, due: &[Reminded], command: Command<'_>) -> Vec<OutboxMessage> {
+    /// The chat messages that remind the owners of `due`, as `decide` decides them.
+    fn reminders(
+        &self,
+        due: &[Reminded],
+        decide: impl Fn(&QuestionRow, OffsetDateTime) -> Option<Decision>,
+    ) -> Vec<OutboxMessage> {
         let mut outbox = Vec::new();
         for Reminded {
             question: q,
@@ -293,15 +321,7 @@ impl Store {
             let Some(route) = route(&q.platform, &q.bot_id, &q.stream) else {
                 continue;
             };
-            // The statement picked the question of a task that waits on it.
-            let Some(state) = q
-                .open()
-                .map(|question| decide::State::WaitingInput { question })
-            else {
-                continue;
-            };
-            let Ok(decision) = decide::decide_on_state(state, &command, *db_now, self.policy)
-            else {
+            let Some(decision) = decide(q, *db_now) else {
                 continue;
             };
             outbox.extend(self.effects.of(
@@ -324,17 +344,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
-        let due = due
-            .into_iter()
-            .map(DueTask::due)
-            .collect::<Result<_, _>>()?;
-        Ok((
-            Sweep {
-                tx,
-                sent: Vec::new(),
-            },
-            due,
-        ))
+        Sweep::of_running(tx, due)
     }
 
     /// The running tasks whose total running time passed `max`, at most `limit`.
@@ -352,17 +362,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
-        let due = due
-            .into_iter()
-            .map(DueTask::due)
-            .collect::<Result<_, _>>()?;
-        Ok((
-            Sweep {
-                tx,
-                sent: Vec::new(),
-            },
-            due,
-        ))
+        Sweep::of_running(tx, due)
     }
 
     /// The tasks whose own deadline passed before they ended, at most `limit`, the earliest

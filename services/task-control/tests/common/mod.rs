@@ -96,6 +96,17 @@ pub trait Cases {
         limit: i64,
     ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_;
 
+    fn remind_due(
+        &self,
+        before: std::time::Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_;
+
+    fn escalate_due(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_;
+
     fn recover_leases(
         &self,
         max_attempts: i32,
@@ -179,6 +190,21 @@ impl Cases for Store {
         limit: i64,
     ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_ {
         hark_control::cases::clock::expire_due(self, limit)
+    }
+
+    fn remind_due(
+        &self,
+        before: std::time::Duration,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_ {
+        hark_control::cases::clock::remind_due(self, before, limit)
+    }
+
+    fn escalate_due(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<usize, store::Error>> + Send + '_ {
+        hark_control::cases::clock::escalate_due(self, limit)
     }
 
     fn recover_leases(

@@ -678,6 +678,64 @@ pub async fn new_task(
     .expect("task")
 }
 
+/// A questionnaire of `questions` (key, text) asked of `owner`, created with `request`'s other
+/// fields.
+pub async fn new_questionnaire(
+    api: &mut TaskServiceClient<tonic::transport::Channel>,
+    owner: &str,
+    questions: &[(&str, &str)],
+    request: pb::CreateTaskRequest,
+) -> pb::Task {
+    let questionnaire = questions
+        .iter()
+        .map(|(key, text)| pb::FormQuestion {
+            key: (*key).into(),
+            text: (*text).into(),
+            ..Default::default()
+        })
+        .collect();
+    api.create_task(pb::CreateTaskRequest {
+        owner: owner.into(),
+        questionnaire,
+        ..request
+    })
+    .await
+    .expect("created")
+    .into_inner()
+    .task
+    .expect("task")
+}
+
+/// The open question of `task` other than `not`, once it has one: a question asked after the
+/// one answered.
+pub async fn open_question_besides(
+    api: &TaskServiceClient<tonic::transport::Channel>,
+    task: &str,
+    not: Option<&str>,
+) -> pb::Question {
+    let mut api = api.clone();
+    let asked = async {
+        loop {
+            let got = api
+                .get_task(pb::GetTaskRequest {
+                    task_id: task.into(),
+                })
+                .await
+                .map(|r| r.into_inner().task.expect("task"));
+            if let Ok(task) = got
+                && let Some(q) = task.open_question
+                && Some(q.id.as_str()) != not
+            {
+                return q;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), asked)
+        .await
+        .expect("a question is asked")
+}
+
 /// Claims the task of `job` as `worker`.
 pub async fn claim(env: &Env, job: &pb::RunJob, worker: &str) -> pb::ClaimResponse {
     env.request(

@@ -96,48 +96,14 @@ async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_afte
     );
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
     let mut api = env.client().await;
-    let question = |key: &str, text: &str| pb::FormQuestion {
-        key: key.into(),
-        text: text.into(),
-        ..Default::default()
-    };
-    let task = api
-        .create_task(pb::CreateTaskRequest {
-            owner: "api:carol".into(),
-            questionnaire: vec![
-                question("day", "Which day?"),
-                question("time", "What time?"),
-            ],
-            ..Default::default()
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .task
-        .expect("task");
-    let open = |api: &mut hark_proto::v1::task_service_client::TaskServiceClient<_>| {
-        let id = task.id.clone();
-        let mut api = api.clone();
-        async move {
-            loop {
-                let got = api
-                    .get_task(pb::GetTaskRequest {
-                        task_id: id.clone(),
-                    })
-                    .await
-                    .map(|r| r.into_inner().task.expect("task"));
-                if let Ok(task) = got
-                    && let Some(q) = task.open_question
-                {
-                    return q;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    let first = tokio::time::timeout(Duration::from_secs(30), open(&mut api))
-        .await
-        .expect("the first question is asked");
+    let task = hark_e2e::new_questionnaire(
+        &mut api,
+        "api:carol",
+        &[("day", "Which day?"), ("time", "What time?")],
+        Default::default(),
+    )
+    .await;
+    let first = hark_e2e::open_question_besides(&api, &task.id, None).await;
     assert_eq!(first.text, "Which day?");
 
     // The answer and the next question commit together, and task-control dies before it
@@ -161,17 +127,7 @@ async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_afte
     // Started again: the second question was asked by the same statement.
     let mut control = env.spawn(&["control"], &[]);
     let mut api = env.client().await;
-    let second = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let q = open(&mut api).await;
-            if q.id != first.id {
-                return q;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the second question is asked");
+    let second = hark_e2e::open_question_besides(&api, &task.id, Some(&first.id)).await;
     assert_eq!(second.text, "What time?");
     let replied = api
         .answer_question(pb::AnswerQuestionRequest {

@@ -87,3 +87,60 @@ async fn killing_task_control_right_after_a_deadline_ends_a_task_ends_it_once() 
     }
     env.cleanup().await;
 }
+
+/// A questionnaire's next question is asked by the statement that records the answer before
+/// it, and waits as its task says: `ask_timeout` from when it is asked, or never under the
+/// `never` policy.
+#[tokio::test]
+async fn a_questionnaires_next_question_waits_as_its_task_says() {
+    use hark_proto::v1 as pb;
+    let llm = hark_e2e::booking_llm().await;
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    let mut control = env.spawn(&["control"], &[]);
+    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+    let mut api = env.client().await;
+    for (policy, expected) in [
+        (pb::TimeoutPolicy::Resume, Some(Duration::from_secs(1800))),
+        (pb::TimeoutPolicy::Never, None),
+    ] {
+        let settings = pb::CreateTaskRequest {
+            ask_timeout_s: 1800,
+            on_timeout: policy as i32,
+            ..Default::default()
+        };
+        let questions = [("day", "Which day?"), ("time", "What time?")];
+        let task = hark_e2e::new_questionnaire(&mut api, "api:carol", &questions, settings).await;
+        let first = hark_e2e::open_question_besides(&api, &task.id, None).await;
+        assert_eq!(first.text, "Which day?");
+        let replied = api
+            .answer_question(pb::AnswerQuestionRequest {
+                task_id: task.id.clone(),
+                answer: "Friday".into(),
+                wait: pb::AnswerWait::NextQuestionOrEnd as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("answered")
+            .into_inner();
+        let next = replied
+            .event
+            .and_then(|e| e.question)
+            .expect("the next question");
+        assert_eq!(next.text, "What time?");
+        let asked = next.asked_at.as_ref().expect("asked at");
+        let waits = next.deadline.as_ref().map(|deadline| {
+            let millis =
+                |t: &prost_types::Timestamp| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000;
+            Duration::from_millis((millis(deadline) - millis(asked)).unsigned_abs())
+        });
+        // To the millisecond, as the two times are given.
+        let near = |w: Duration| w.abs_diff(Duration::from_secs(1800)) <= Duration::from_millis(1);
+        match expected {
+            Some(_) => assert!(waits.is_some_and(near), "{policy:?}: {waits:?} {next:?}"),
+            None => assert_eq!(waits, None, "{policy:?}"),
+        }
+    }
+    worker.stop().await;
+    control.stop().await;
+}

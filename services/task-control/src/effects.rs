@@ -73,7 +73,8 @@ impl Effects {
                 Effect::CloseQuestion(_)
                 | Effect::RecordError(_)
                 | Effect::CountAttempt
-                | Effect::ShiftDeadline(_) => {}
+                | Effect::ShiftDeadline(_)
+                | Effect::OpenQuestion { .. } => {}
             }
         }
         out

@@ -99,9 +99,21 @@ pub struct Lifecycle {
     /// When a paused task stopped; its last change where that was not recorded.
     #[sqlx(rename = "task_paused_since")]
     pub paused_since: OffsetDateTime,
+    /// The default wait of its questions, in seconds; 0: none.
+    #[sqlx(rename = "task_ask_timeout_s")]
+    pub ask_timeout_s: i32,
 }
 
 impl Lifecycle {
+    /// How a question it asks waits, with the ask's `own` timeout.
+    pub fn wait(&self, own: Option<std::time::Duration>) -> hark_core::domain::decide::Wait {
+        hark_core::domain::decide::Wait {
+            on_timeout: self.on_timeout,
+            ask_timeout: seconds(self.ask_timeout_s),
+            own,
+        }
+    }
+
     /// The task as the lifecycle decides on it, with its open question when it has one; `None`
     /// for a task waiting on a question that is not open.
     pub fn task(
@@ -142,6 +154,16 @@ impl TaskRow {
             attempt: self.attempt,
             pause_requested: self.pause_requested,
             paused_since: self.paused_at.unwrap_or(self.updated_at),
+            ask_timeout_s: self.ask_timeout_s,
+        }
+    }
+
+    /// What never changes of the task once created: its chat, and how its questions wait.
+    pub fn fixed(&self) -> Fixed {
+        Fixed {
+            chat: self.chat(),
+            on_timeout: self.on_timeout,
+            ask_timeout: seconds(self.ask_timeout_s),
         }
     }
 
@@ -435,4 +457,29 @@ impl ScheduleRow {
     pub fn is_active(&self) -> bool {
         self.state == ScheduleState::Active
     }
+}
+
+/// What never changes of a task once created, kept to spare a read per write.
+#[derive(Debug, Clone)]
+pub struct Fixed {
+    pub chat: Option<ChatRoute>,
+    pub on_timeout: TimeoutPolicy,
+    /// Its questions' default wait; zero: none.
+    pub ask_timeout: std::time::Duration,
+}
+
+impl Fixed {
+    /// How a question the task asks waits, with the ask's `own` timeout.
+    pub fn wait(&self, own: Option<std::time::Duration>) -> hark_core::domain::decide::Wait {
+        hark_core::domain::decide::Wait {
+            on_timeout: self.on_timeout,
+            ask_timeout: self.ask_timeout,
+            own,
+        }
+    }
+}
+
+/// A count of seconds from a column, none when negative.
+fn seconds(s: i32) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from(s).unwrap_or(0))
 }

@@ -82,8 +82,11 @@ pub struct Task {
 pub enum Command<'a> {
     /// A worker takes the task.
     Claim,
-    /// The agent asks the owner; the question is asked whether or not a pause waits.
-    Ask,
+    /// The agent asks the owner; the question is asked whether or not a pause waits, and waits
+    /// for its answer as `wait` says.
+    Ask {
+        wait: Wait,
+    },
     /// The owner answered the open question.
     Answer,
     /// The timer found the open question's deadline passed.
@@ -137,7 +140,7 @@ impl Command<'_> {
     pub fn event(&self, on_timeout: TimeoutPolicy) -> Event {
         match self {
             Command::Claim => Event::Claim,
-            Command::Ask => Event::Ask,
+            Command::Ask { .. } => Event::Ask,
             Command::Answer => Event::Answer,
             Command::Expire => Event::Expire(on_timeout),
             Command::Remind { .. } | Command::Nudge => Event::Remind,
@@ -202,6 +205,8 @@ pub enum Effect {
     /// Move the open question's deadline and its escalation, whichever it has, later by this
     /// much: the time the task stood paused.
     ShiftDeadline(Duration),
+    /// Open the question asked, to expire this long after it is asked (never, when `None`).
+    OpenQuestion { expires_after: Option<Duration> },
 }
 
 /// A move the lifecycle allows.
@@ -257,6 +262,15 @@ impl Decision {
 
     pub fn counts_attempt(&self) -> bool {
         self.effects.contains(&Effect::CountAttempt)
+    }
+
+    /// How long after it is asked the question the decision opens expires; `None` when it
+    /// opens none, or one that never expires.
+    pub fn question_expires_after(&self) -> Option<Duration> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::OpenQuestion { expires_after } => *expires_after,
+            _ => None,
+        })
     }
 
     pub fn hints(&self) -> Option<Effect> {
@@ -353,9 +367,12 @@ pub fn decide(
     let table = |event: Event| transition(from, event).map_err(|_| refuse());
     Ok(match (&task.state, command) {
         // A pause asked while running takes hold at the round boundary: the ask, or the hand-back.
-        (S::Running { pause_requested }, C::Ask) => {
-            to(pause_or(*pause_requested, table(event)?), vec![])
-        }
+        (S::Running { pause_requested }, C::Ask { wait }) => to(
+            pause_or(*pause_requested, table(event)?),
+            vec![Effect::OpenQuestion {
+                expires_after: wait.expires_after(),
+            }],
+        ),
         (S::Running { pause_requested }, C::Release) => {
             if *pause_requested {
                 to(TaskState::Paused, vec![])
@@ -621,23 +638,30 @@ pub fn decide(
     })
 }
 
-/// When a question asked at `now` expires, the one rule every ask follows: never when its
-/// task's policy is `never`; else after the ask's own `timeout` when it set one, or else after
-/// the task's `ask_timeout` when that is not zero; else never. The ask statements render it as
-/// SQL from one template, which a test holds to this.
-pub fn question_deadline(
-    on_timeout: TimeoutPolicy,
-    timeout: Option<Duration>,
-    ask_timeout: Duration,
-    now: OffsetDateTime,
-) -> Option<OffsetDateTime> {
-    if on_timeout == TimeoutPolicy::Never {
-        return None;
-    }
-    match timeout {
-        Some(own) => Some(now + own),
-        None if !ask_timeout.is_zero() => Some(now + ask_timeout),
-        None => None,
+/// What decides how long a question waits for its answer: its task's policy and default wait
+/// (both fixed when the task is created) and the ask's own timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wait {
+    pub on_timeout: TimeoutPolicy,
+    /// The task's `ask_timeout`; zero: none.
+    pub ask_timeout: Duration,
+    /// The timeout the ask set, if it set one.
+    pub own: Option<Duration>,
+}
+
+impl Wait {
+    /// How long after it is asked the question expires, the one rule every ask follows: never
+    /// when its task's policy is `never`; else after the ask's own timeout when it set one, or
+    /// else after the task's `ask_timeout` when that is not zero; else never.
+    pub fn expires_after(&self) -> Option<Duration> {
+        if self.on_timeout == TimeoutPolicy::Never {
+            return None;
+        }
+        match self.own {
+            Some(own) => Some(own),
+            None if !self.ask_timeout.is_zero() => Some(self.ask_timeout),
+            None => None,
+        }
     }
 }
 
@@ -647,8 +671,9 @@ pub fn question_deadline(
 pub enum Then<'a> {
     /// A worker waiting for a job claims the task.
     Claim,
-    /// task-control claims the task and asks its next question (a questionnaire's).
-    Ask,
+    /// task-control claims the task and asks its next question (a questionnaire's), which
+    /// waits as `wait` says.
+    Ask { wait: Wait },
     /// task-control claims the task and finishes it with `result` (a questionnaire's output).
     Finish { result: &'a str },
 }
@@ -692,7 +717,12 @@ pub fn answer_then(
     };
     let then = match then {
         Then::Claim => None,
-        Then::Ask => Some(decide_on_state(running(), &Command::Ask, now, policy)?),
+        Then::Ask { wait } => Some(decide_on_state(
+            running(),
+            &Command::Ask { wait },
+            now,
+            policy,
+        )?),
         Then::Finish { result } => Some(decide_on_state(
             running(),
             &Command::Finish { result },
@@ -721,6 +751,11 @@ mod tests {
     use super::*;
 
     const POLICY: Policy = Policy { max_attempts: 3 };
+    const WAIT: Wait = Wait {
+        on_timeout: TimeoutPolicy::Resume,
+        ask_timeout: Duration::from_secs(600),
+        own: None,
+    };
 
     fn at(seconds: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
@@ -773,7 +808,7 @@ mod tests {
     fn every_command() -> Vec<Command<'static>> {
         vec![
             Command::Claim,
-            Command::Ask,
+            Command::Ask { wait: WAIT },
             Command::Answer,
             Command::Expire,
             Command::Remind {
@@ -815,8 +850,8 @@ mod tests {
             (State::Pending, C::Claim) => T::Running,
             (State::Pending, C::Cancel { .. }) => T::Cancelled,
             (State::Pending, C::Pause) => T::Paused,
-            (s, C::Ask) if *s == running(false) => T::WaitingInput,
-            (s, C::Ask) if *s == running(true) => T::Paused,
+            (s, C::Ask { .. }) if *s == running(false) => T::WaitingInput,
+            (s, C::Ask { .. }) if *s == running(true) => T::Paused,
             (State::Running { .. }, C::Finish { .. }) => T::Completed,
             (State::Running { .. }, C::Fail { .. } | C::Overran { .. }) => T::Failed,
             (s, C::LeaseExpired | C::Release) if *s == running(false) => T::Pending,
@@ -905,7 +940,11 @@ mod tests {
 
     #[test]
     fn an_answer_and_the_step_its_statement_takes_are_each_decided_as_alone() {
-        let thens = [Then::Claim, Then::Ask, Then::Finish { result: "done" }];
+        let thens = [
+            Then::Claim,
+            Then::Ask { wait: WAIT },
+            Then::Finish { result: "done" },
+        ];
         for state in every_state() {
             let task = task(state.clone());
             let alone = decide(&task, &Command::Answer, at(20), POLICY);
@@ -938,7 +977,9 @@ mod tests {
                 });
                 let expected = match then {
                     Then::Claim => None,
-                    Then::Ask => Some(decide(&running, &Command::Ask, at(20), POLICY)),
+                    Then::Ask { wait } => {
+                        Some(decide(&running, &Command::Ask { wait }, at(20), POLICY))
+                    }
                     Then::Finish { result } => Some(decide(
                         &running,
                         &Command::Finish { result },
@@ -954,7 +995,7 @@ mod tests {
                     chain.last().to,
                     match then {
                         Then::Claim => TaskState::Running,
-                        Then::Ask => TaskState::WaitingInput,
+                        Then::Ask { .. } => TaskState::WaitingInput,
                         Then::Finish { .. } => TaskState::Completed,
                     }
                 );
@@ -1083,6 +1124,45 @@ mod tests {
                 Effect::HintStop,
             ]
         );
+    }
+
+    #[test]
+    fn a_question_waits_as_its_ask_says_then_as_its_task_says_unless_it_never_expires() {
+        let hour = Duration::from_secs(3600);
+        let minute = Duration::from_secs(60);
+        for on_timeout in [
+            TimeoutPolicy::Resume,
+            TimeoutPolicy::Fail,
+            TimeoutPolicy::Never,
+        ] {
+            for own in [None, Some(minute)] {
+                for ask_timeout in [Duration::ZERO, hour] {
+                    let wait = Wait {
+                        on_timeout,
+                        ask_timeout,
+                        own,
+                    };
+                    let expected = match (on_timeout, own) {
+                        (TimeoutPolicy::Never, _) => None,
+                        (_, Some(own)) => Some(own),
+                        (_, None) => (!ask_timeout.is_zero()).then_some(ask_timeout),
+                    };
+                    assert_eq!(wait.expires_after(), expected, "{wait:?}");
+                    // The ask opens its question with that wait.
+                    let running = task(State::Running {
+                        pause_requested: false,
+                    });
+                    let asked = decide(&running, &Command::Ask { wait }, at(1), POLICY).unwrap();
+                    assert_eq!(
+                        asked.effects,
+                        vec![Effect::OpenQuestion {
+                            expires_after: expected
+                        }]
+                    );
+                    assert_eq!(asked.question_expires_after(), expected);
+                }
+            }
+        }
     }
 
     #[test]
@@ -1253,8 +1333,11 @@ mod tests {
         let released = decide(&waiting_pause, &Command::Release, at(2), POLICY).unwrap();
         assert_eq!(released.to, TaskState::Paused);
         assert_eq!(released.run(), None);
-        let asked_then = decide(&waiting_pause, &Command::Ask, at(2), POLICY).unwrap();
+        let ask = Command::Ask { wait: WAIT };
+        let asked_then = decide(&waiting_pause, &ask, at(2), POLICY).unwrap();
         assert_eq!(asked_then.to, TaskState::Paused);
+        // Paused with its question open: the question still waits as the ask said.
+        assert_eq!(asked_then.question_expires_after(), Some(WAIT.ask_timeout));
         // A resume before the boundary withdraws the pause.
         let withdrawn = decide(&waiting_pause, &Command::Resume, at(2), POLICY).unwrap();
         assert!(!withdrawn.moves());

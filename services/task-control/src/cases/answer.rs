@@ -261,7 +261,10 @@ impl<'a> Answers<'a> {
             let last = form_last_round.map(|Json(round)| round);
             let step = form_step(&question_row, &questions, last, answer, form_answers)?;
             let then = match &step.step {
-                Step::Ask(_) => Then::Ask,
+                // A questionnaire's question waits as its task says.
+                Step::Ask(_) => Then::Ask {
+                    wait: task.wait(None),
+                },
                 Step::Finish(output) => Then::Finish { result: output },
             };
             if let Some(chain) = decide::answer_then(&lifecycle, then, now, policy)

@@ -35,9 +35,12 @@ pub async fn ask(store: &Store, lease: &Lease, input: &AskInput) -> Result<Quest
                 .into(),
         ));
     }
+    // How the question waits follows from what never changes of the task, kept in memory.
+    let wait = store.fixed_of(lease.task).await?.wait(input.timeout);
+    let ask = Command::Ask { wait };
     let decided = AskDecided {
-        waits: decide_running(store, lease, &Command::Ask, false)?,
-        pauses: decide_running(store, lease, &Command::Ask, true)?,
+        waits: decide_running(store, lease, &ask, false)?,
+        pauses: decide_running(store, lease, &ask, true)?,
     };
     store.suspend(lease, input, &decided).await
 }

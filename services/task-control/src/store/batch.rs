@@ -906,7 +906,7 @@ impl Store {
                                      $28::bigint[], $29::text[], $30::text[], $31::smallint[],
                                      $32::smallint[], $33::uuid[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_round, c_messages, c_question,
-                                         c_handle, c_text, c_context, c_tool_call_id, c_timeout_ms,
+                                         c_handle, c_text, c_context, c_tool_call_id, c_expires_ms,
                                          c_choices, c_traceparent, c_waits_for, c_escalate_to,
                                          c_escalate_ms, c_remind_ms, c_owner, c_stream, c_need,
                                          c_askees, c_group, c_ord)
@@ -952,7 +952,7 @@ impl Store {
                        coalesce(c_owner, owner), platform, bot_id, coalesce(c_stream, stream),
                        c_choices, c_traceparent, c_waits_for, d.deadline, ", asked_values!(), "
                 FROM t
-                CROSS JOIN LATERAL (SELECT ", question_deadline!("t.c_timeout_ms"), " AS deadline) d
+                CROSS JOIN LATERAL (SELECT ", expires_in!("t.c_expires_ms"), " AS deadline) d
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
@@ -987,9 +987,7 @@ impl Store {
             .bind(column(batch, |r| r.input.question.as_str()))
             .bind(column(batch, |r| r.input.context.as_str()))
             .bind(column(batch, |r| r.input.tool_call_id.as_str()))
-            .bind(column(batch, |r| {
-                r.input.timeout.map(|t| t.as_millis() as i64)
-            }))
+            .bind(column(batch, |r| r.decided.expires_ms))
             .bind(consumed_ords)
             .bind(consumed_ids);
         // Every ask of a batch was decided from a running task by the same command, so the

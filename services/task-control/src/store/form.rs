@@ -72,6 +72,9 @@ pub(super) struct Moves {
     pub(super) answer: Move,
     pub(super) claim: Move,
     pub(super) last: Move,
+    /// How long after it is asked the question the last move opens expires, in milliseconds;
+    /// `None`: never, or no question.
+    pub(super) expires_ms: Option<i64>,
 }
 
 impl Moves {
@@ -84,6 +87,7 @@ impl Moves {
             answer: Move::of(&chain.answer),
             claim: Move::of(&chain.claim),
             last: Move::of(then),
+            expires_ms: then.question_expires_after().map(super::worker::millis),
         })
     }
 
@@ -404,12 +408,12 @@ impl Store {
                                      $13::jsonb[], $19::text[], $20::text[], $21::text[], $22::text[],
                                      $23::text[], $24::text[], $25::text[], $26::text[], $27::text[],
                                      $28::jsonb[], $29::bigint[], $30::bigint[], $31::text[], $32::text[],
-                                     $33::smallint[], $34::smallint[], $35::uuid[])
+                                     $33::smallint[], $34::smallint[], $35::uuid[], $36::bigint[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
                                          c_choices, c_af, c_at, c_ae, c_cf, c_ct, c_ce, c_lf, c_lt, c_le,
                                          c_escalate_to, c_escalate_ms, c_remind_ms, c_owner, c_stream,
-                                         c_need, c_askees, c_group, c_ord)
+                                         c_need, c_askees, c_group, c_expires_ms, c_ord)
             ), t AS (
                 UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
@@ -428,7 +432,7 @@ impl Store {
                 SELECT c_question, id, c_handle, c_text, '', c_call, c_round, coalesce(c_owner, owner),
                        platform, bot_id, coalesce(c_stream, stream), c_choices, d.deadline, ", asked_values!(), "
                 FROM t
-                CROSS JOIN LATERAL (SELECT ", question_deadline!("NULL::bigint"), " AS deadline) d
+                CROSS JOIN LATERAL (SELECT ", expires_in!("t.c_expires_ms"), " AS deadline) d
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
@@ -454,7 +458,8 @@ impl Store {
             escalation: &r.escalation,
             audience: r.audience.as_ref(),
             question: r.question,
-        });
+        })
+        .bind(column(batch, |r| r.answered.moves.expires_ms));
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(

@@ -78,33 +78,11 @@ macro_rules! sql_outcome {
     };
 }
 
-/// What a question's expiry does, as a SQL literal.
-macro_rules! sql_policy {
-    (resume) => {
-        "'resume'"
-    };
-    (fail) => {
-        "'fail'"
-    };
-    (never) => {
-        "'never'"
-    };
-}
-
-/// When a question asked now expires, as `hark_core::domain::decide::question_deadline` has it:
-/// `t` is the task, `$own_ms` the ask's own timeout in milliseconds (NULL when it set none).
-macro_rules! question_deadline {
-    ($own_ms:literal) => {
-        concat!(
-            "CASE WHEN t.on_timeout = ",
-            sql_policy!(never),
-            " THEN NULL WHEN ",
-            $own_ms,
-            " IS NOT NULL THEN now() + ",
-            $own_ms,
-            " * interval '1 millisecond' \
-             WHEN t.ask_timeout_s > 0 THEN now() + t.ask_timeout_s * interval '1 second' END"
-        )
+/// When a question asked now expires, given how long after its ask it expires as the decision
+/// opening it says (`$expires_ms`, a column of milliseconds; NULL: never).
+macro_rules! expires_in {
+    ($expires_ms:literal) => {
+        concat!("now() + ", $expires_ms, " * interval '1 millisecond'")
     };
 }
 
@@ -176,7 +154,7 @@ macro_rules! lifecycle_columns {
     () => {
         "t.state AS task_state, t.on_timeout AS task_on_timeout, t.attempt AS task_attempt, \
     t.pause_requested AS task_pause_requested, \
-    coalesce(t.paused_at, t.updated_at) AS task_paused_since"
+    coalesce(t.paused_at, t.updated_at) AS task_paused_since, t.ask_timeout_s AS task_ask_timeout_s"
     };
 }
 
@@ -540,41 +518,39 @@ mod tests {
         assert_eq!(sql_event!(create), "'create'");
     }
 
-    /// The deadline the ask statements give a question is the one `decide` has, for every
-    /// policy, with and without the ask's own timeout and the task's: evaluated by Postgres.
+    /// The deadline an ask statement gives its question is the one the ask's decision opens it
+    /// with, for every policy, with and without the ask's own timeout and the task's: evaluated
+    /// by Postgres.
     #[tokio::test]
-    async fn the_deadline_an_ask_statement_gives_is_the_lifecycles_own() {
+    async fn the_deadline_an_ask_statement_gives_is_the_decisions_own() {
         use std::time::Duration;
 
-        use hark_core::domain::{TimeoutPolicy, decide::question_deadline};
+        use hark_core::domain::{TimeoutPolicy, decide::Wait};
         let pool = sqlx::PgPool::connect(&hark_testkit::postgres_url())
             .await
             .expect("Postgres answers");
         let sql = concat!(
             "SELECT now(), ",
-            question_deadline!("t.c_timeout_ms"),
-            " FROM (SELECT $1::text AS on_timeout, $2::bigint AS c_timeout_ms,
-                           $3::int AS ask_timeout_s) t"
+            expires_in!("t.c_expires_ms"),
+            " FROM (SELECT $1::bigint AS c_expires_ms) t"
         );
         let mut checked = 0;
-        for policy in TimeoutPolicy::ALL {
+        for on_timeout in TimeoutPolicy::ALL {
             for own in [None, Some(0), Some(1_500), Some(86_400_000)] {
-                for ask_timeout_s in [0, 1, 3_600] {
+                for ask_timeout in [0, 1, 3_600] {
+                    let wait = Wait {
+                        on_timeout,
+                        ask_timeout: Duration::from_secs(ask_timeout),
+                        own: own.map(Duration::from_millis),
+                    };
+                    let expires = wait.expires_after();
                     let (now, deadline): (time::OffsetDateTime, Option<time::OffsetDateTime>) =
                         sqlx::query_as(sql)
-                            .bind(policy.as_str())
-                            .bind(own)
-                            .bind(ask_timeout_s)
+                            .bind(expires.map(super::worker::millis))
                             .fetch_one(&pool)
                             .await
                             .expect("the template evaluates");
-                    let decided = question_deadline(
-                        policy,
-                        own.map(|ms: i64| Duration::from_millis(ms as u64)),
-                        Duration::from_secs(ask_timeout_s as u64),
-                        now,
-                    );
-                    assert_eq!(deadline, decided, "{policy:?} {own:?} {ask_timeout_s}");
+                    assert_eq!(deadline, expires.map(|e| now + e), "{wait:?}");
                     checked += 1;
                 }
             }
@@ -584,9 +560,9 @@ mod tests {
     }
 
     #[test]
-    fn the_outcome_policy_and_schedule_names_in_sql_are_the_domains_own() {
+    fn the_outcome_and_schedule_names_in_sql_are_the_domains_own() {
         use hark_core::domain::{
-            QuestionOutcome, TimeoutPolicy,
+            QuestionOutcome,
             schedule::{Overlap, ScheduleState},
         };
         let quoted = |names: Vec<&str>| -> Vec<String> {
@@ -602,10 +578,6 @@ mod tests {
             ]
             .to_vec(),
             quoted(QuestionOutcome::ALL.map(QuestionOutcome::as_str).to_vec())
-        );
-        assert_eq!(
-            [sql_policy!(resume), sql_policy!(fail), sql_policy!(never)].to_vec(),
-            quoted(TimeoutPolicy::ALL.map(TimeoutPolicy::as_str).to_vec())
         );
         assert_eq!(
             [
@@ -740,7 +712,8 @@ pub struct Store {
     policy: hark_core::domain::decide::Policy,
     /// Where committed outbox messages go to be published at once, when a relay runs here.
     relay: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxMessage>>>,
-    /// The chats of recently seen tasks, which never change, to spare a read per write.
+    /// What never changes of recently seen tasks (their chats and how their questions wait),
+    /// to spare a read per write.
     routes: std::sync::Arc<RouteCache>,
     /// The questions this process asked lately of tasks without a chat, as an answer over the
     /// API starts from them (see [`answers::AnswerTarget::asked`]).
@@ -823,7 +796,7 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Recent<K, V> {
 const ASKED_REMEMBERED: usize = 256;
 
 /// The chats of recently seen tasks. Routes never change, so it is never stale.
-pub(crate) type RouteCache = Recent<hark_core::domain::TaskId, Option<ChatRoute>>;
+pub(crate) type RouteCache = Recent<hark_core::domain::TaskId, crate::rows::Fixed>;
 
 impl Store {
     pub fn new(

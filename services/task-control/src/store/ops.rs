@@ -48,7 +48,7 @@ impl Store {
             })
             .await?;
         if let super::batch::Created::New(task) = created {
-            self.routes.remember(task.id, task.chat());
+            self.routes.remember(task.id, task.fixed());
             tracing::info!(task = %task.id, owner = %task.owner, "task created");
             return Ok(*task);
         }

@@ -199,12 +199,17 @@ impl Store {
 
     /// The chat of a task. A task's chat never changes, so it is remembered.
     pub(super) async fn chat_of(&self, task: TaskId) -> Result<Option<ChatRoute>, Error> {
-        if let Some(route) = self.routes.get(task) {
-            return Ok(route);
+        Ok(self.fixed_of(task).await?.chat)
+    }
+
+    /// What never changes of `task`: its chat, and how its questions wait.
+    pub async fn fixed_of(&self, task: TaskId) -> Result<crate::rows::Fixed, Error> {
+        if let Some(fixed) = self.routes.get(task) {
+            return Ok(fixed);
         }
-        let route = self.get_task(task).await?.chat();
-        self.routes.remember(task, route.clone());
-        Ok(route)
+        let fixed = self.get_task(task).await?.fixed();
+        self.routes.remember(task, fixed.clone());
+        Ok(fixed)
     }
 
     pub async fn list_questions(&self, filter: &QuestionFilter) -> Result<Vec<QuestionRow>, Error> {

@@ -275,15 +275,27 @@ pub struct AskDecided {
 pub(super) struct AskMoves {
     pub(super) waits: Move,
     pub(super) pauses: Move,
+    /// How long after it is asked the question expires, in milliseconds; `None`: never.
+    pub(super) expires_ms: Option<i64>,
 }
 
 impl AskMoves {
     fn of(decided: &AskDecided) -> Self {
+        debug_assert_eq!(
+            decided.waits.question_expires_after(),
+            decided.pauses.question_expires_after()
+        );
         Self {
             waits: Move::of(&decided.waits),
             pauses: Move::of(&decided.pauses),
+            expires_ms: decided.waits.question_expires_after().map(millis),
         }
     }
+}
+
+/// A wait as the statements bind it.
+pub(super) fn millis(wait: Duration) -> i64 {
+    i64::try_from(wait.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Which task a claim for a run job takes (see [`Store::claim_task`]).
@@ -331,7 +343,7 @@ impl Store {
 
     /// What a worker needs of a task its claim won, from the claim statement's row.
     pub(super) fn claimed(&self, row: CasRow, worker: &str) -> Claimed {
-        self.routes.remember(row.task.id, row.task.chat());
+        self.routes.remember(row.task.id, row.task.fixed());
         let rounds: Vec<RoundRow> = row
             .ctx_rounds
             .map(|j| j.0)

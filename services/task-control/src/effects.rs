@@ -74,7 +74,8 @@ impl Effects {
                 | Effect::RecordError(_)
                 | Effect::CountAttempt
                 | Effect::ShiftDeadline(_)
-                | Effect::OpenQuestion { .. } => {}
+                | Effect::OpenQuestion { .. }
+                | Effect::GrantLease(_) => {}
             }
         }
         out

@@ -80,8 +80,10 @@ pub struct Task {
 /// Something asked of a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command<'a> {
-    /// A worker takes the task.
-    Claim,
+    /// A worker takes the task, held for `lease` unless it renews it.
+    Claim {
+        lease: Duration,
+    },
     /// The agent asks the owner; the question is asked whether or not a pause waits, and waits
     /// for its answer as `wait` says.
     Ask {
@@ -139,7 +141,7 @@ impl Command<'_> {
     /// The event a move by this command records, given the task's expiry policy.
     pub fn event(&self, on_timeout: TimeoutPolicy) -> Event {
         match self {
-            Command::Claim => Event::Claim,
+            Command::Claim { .. } => Event::Claim,
             Command::Ask { .. } => Event::Ask,
             Command::Answer => Event::Answer,
             Command::Expire => Event::Expire(on_timeout),
@@ -207,6 +209,8 @@ pub enum Effect {
     ShiftDeadline(Duration),
     /// Open the question asked, to expire this long after it is asked (never, when `None`).
     OpenQuestion { expires_after: Option<Duration> },
+    /// Hold the task for the worker that claimed it this long from now, unless it renews it.
+    GrantLease(Duration),
 }
 
 /// A move the lifecycle allows.
@@ -269,6 +273,14 @@ impl Decision {
     pub fn question_expires_after(&self) -> Option<Duration> {
         self.effects.iter().find_map(|e| match e {
             Effect::OpenQuestion { expires_after } => *expires_after,
+            _ => None,
+        })
+    }
+
+    /// How long the worker the decision hands the task to holds it, if it hands it to one.
+    pub fn lease(&self) -> Option<Duration> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::GrantLease(lease) => Some(*lease),
             _ => None,
         })
     }
@@ -403,8 +415,8 @@ pub fn decide(
             };
             to(to_state, effects)
         }
-        (S::Pending, C::Claim)
-        | (S::Running { .. }, C::Finish { .. })
+        (S::Pending, C::Claim { lease }) => to(table(event)?, vec![Effect::GrantLease(*lease)]),
+        (S::Running { .. }, C::Finish { .. })
         | (S::Running { .. }, C::Fail { .. } | C::Overran { .. }) => {
             let effects = match command {
                 C::Finish { result } => vec![Effect::Say(Say::Completed {
@@ -669,8 +681,8 @@ impl Wait {
 /// step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Then<'a> {
-    /// A worker waiting for a job claims the task.
-    Claim,
+    /// A worker waiting for a job claims the task, held for `lease`.
+    Claim { lease: Duration },
     /// task-control claims the task and asks its next question (a questionnaire's), which
     /// waits as `wait` says.
     Ask { wait: Wait },
@@ -711,12 +723,18 @@ pub fn answer_then(
     if answer.to != TaskState::Pending {
         return Ok(None);
     }
-    let claim = decide_on_state(State::Pending, &Command::Claim, now, policy)?;
+    // task-control's own step holds the task for no time: it asks or finishes in the same
+    // statement.
+    let lease = match then {
+        Then::Claim { lease } => lease,
+        Then::Ask { .. } | Then::Finish { .. } => Duration::ZERO,
+    };
+    let claim = decide_on_state(State::Pending, &Command::Claim { lease }, now, policy)?;
     let running = || State::Running {
         pause_requested: claim.pause_requested,
     };
     let then = match then {
-        Then::Claim => None,
+        Then::Claim { .. } => None,
         Then::Ask { wait } => Some(decide_on_state(
             running(),
             &Command::Ask { wait },
@@ -751,6 +769,7 @@ mod tests {
     use super::*;
 
     const POLICY: Policy = Policy { max_attempts: 3 };
+    const LEASE: Duration = Duration::from_secs(30);
     const WAIT: Wait = Wait {
         on_timeout: TimeoutPolicy::Resume,
         ask_timeout: Duration::from_secs(600),
@@ -807,7 +826,7 @@ mod tests {
 
     fn every_command() -> Vec<Command<'static>> {
         vec![
-            Command::Claim,
+            Command::Claim { lease: LEASE },
             Command::Ask { wait: WAIT },
             Command::Answer,
             Command::Expire,
@@ -847,7 +866,7 @@ mod tests {
             pause_requested: pause,
         };
         Some(match (state, command) {
-            (State::Pending, C::Claim) => T::Running,
+            (State::Pending, C::Claim { .. }) => T::Running,
             (State::Pending, C::Cancel { .. }) => T::Cancelled,
             (State::Pending, C::Pause) => T::Paused,
             (s, C::Ask { .. }) if *s == running(false) => T::WaitingInput,
@@ -941,7 +960,7 @@ mod tests {
     #[test]
     fn an_answer_and_the_step_its_statement_takes_are_each_decided_as_alone() {
         let thens = [
-            Then::Claim,
+            Then::Claim { lease: LEASE },
             Then::Ask { wait: WAIT },
             Then::Finish { result: "done" },
         ];
@@ -967,16 +986,26 @@ mod tests {
                 };
                 // Each move starts where the one before left the task.
                 assert_eq!(chain.claim.from, chain.answer.to);
+                let lease = match then {
+                    Then::Claim { lease } => lease,
+                    _ => Duration::ZERO,
+                };
                 assert_eq!(
                     chain.claim,
-                    decide(&self::task(State::Pending), &Command::Claim, at(20), POLICY)
-                        .expect("a pending task is claimed")
+                    decide(
+                        &self::task(State::Pending),
+                        &Command::Claim { lease },
+                        at(20),
+                        POLICY
+                    )
+                    .expect("a pending task is claimed")
                 );
+                assert_eq!(chain.claim.lease(), Some(lease));
                 let running = self::task(State::Running {
                     pause_requested: false,
                 });
                 let expected = match then {
-                    Then::Claim => None,
+                    Then::Claim { .. } => None,
                     Then::Ask { wait } => {
                         Some(decide(&running, &Command::Ask { wait }, at(20), POLICY))
                     }
@@ -994,7 +1023,7 @@ mod tests {
                 assert_eq!(
                     chain.last().to,
                     match then {
-                        Then::Claim => TaskState::Running,
+                        Then::Claim { .. } => TaskState::Running,
                         Then::Ask { .. } => TaskState::WaitingInput,
                         Then::Finish { .. } => TaskState::Completed,
                     }
@@ -1006,7 +1035,8 @@ mod tests {
             since: at(10),
             question: Some(question(Some(600))),
         });
-        assert_eq!(answer_then(&paused, Then::Claim, at(20), POLICY), Ok(None));
+        let claim = Then::Claim { lease: LEASE };
+        assert_eq!(answer_then(&paused, claim, at(20), POLICY), Ok(None));
     }
 
     #[test]

@@ -280,8 +280,15 @@ impl<'a> Answers<'a> {
         if resumes
             && model_answer.is_none()
             && let Some(shared) = self.workers
-            && let Some(chain) = decide::answer_then(&lifecycle, Then::Claim, now, policy)
-                .map_err(|r| Error::refused(task_id, r))?
+            && let Some(chain) = decide::answer_then(
+                &lifecycle,
+                Then::Claim {
+                    lease: shared.config.task.lease.0,
+                },
+                now,
+                policy,
+            )
+            .map_err(|r| Error::refused(task_id, r))?
             && let Some(claimed) =
                 claim_for_idle(shared, &question_row, generation, answer, &chain).await?
         {
@@ -322,13 +329,7 @@ async fn claim_for_idle(
     };
     let claimed = shared
         .store
-        .answer_and_claim(
-            question,
-            generation,
-            answer,
-            (waiter.worker(), shared.config.task.lease.0),
-            chain,
-        )
+        .answer_and_claim(question, generation, answer, waiter.worker(), chain)
         .await;
     let claimed = match claimed {
         Ok(Some(claimed)) => claimed,

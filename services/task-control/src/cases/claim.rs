@@ -59,7 +59,7 @@ pub async fn claim(
 ) -> Result<store::Claimed, store::Error> {
     let decided = decide::decide_on_state(
         decide::State::Pending,
-        &decide::Command::Claim,
+        &decide::Command::Claim { lease },
         time::OffsetDateTime::now_utc(),
         store.policy(),
     )
@@ -68,10 +68,9 @@ pub async fn claim(
     // this job is owed to; when that went meanwhile, the job's own task again.
     let mut attempts = 0;
     loop {
-        let held = (worker, lease);
         for take in [Take::Own, Take::Instead] {
             if let Some(claimed) = store
-                .claim_task(take, (task, job_generation), held, &decided)
+                .claim_task(take, (task, job_generation), worker, &decided)
                 .await?
             {
                 return Ok(claimed);

@@ -282,8 +282,8 @@ impl Store {
         })
     }
 
-    /// Applies the answer and claims its task for `worker` under a lease of `lease`, in one
-    /// statement (`waiting_input → pending → running` as `chain` decided, both moves in the
+    /// Applies the answer and claims its task for `worker` under the lease `chain` grants, in
+    /// one statement (`waiting_input → pending → running` as `chain` decided, both moves in the
     /// audit, one commit). `None`, and nothing changed, when a task of a higher priority is
     /// pending (it goes first) or the task moved since it was read.
     pub async fn answer_and_claim(
@@ -291,9 +291,10 @@ impl Store {
         question: &QuestionRow,
         generation: i64,
         answer: &Answer,
-        (worker, lease): (&str, std::time::Duration),
+        worker: &str,
         chain: &decide::Chain,
     ) -> Result<Option<super::Claimed>, Error> {
+        let lease = super::granted(&chain.claim)?;
         let Some(row) = self
             .answer_claim_statement(
                 question,

@@ -738,6 +738,13 @@ pub struct Store {
     remind_before: std::time::Duration,
 }
 
+/// The lease a claim's `decision` grants; a claim decided without one is a defect.
+fn granted(decision: &hark_core::domain::decide::Decision) -> Result<std::time::Duration, Error> {
+    decision.lease().ok_or_else(|| {
+        Error::Internal(format!("a claim was decided without a lease: {decision:?}"))
+    })
+}
+
 /// A bounded memory of recently seen values by key; when full it forgets the oldest entries.
 /// What it holds is either never stale (a task's chat route) or only a hint that a
 /// compare-and-set checks (the question an answer starts from).

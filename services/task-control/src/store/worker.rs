@@ -308,8 +308,8 @@ pub enum Take {
 }
 
 impl Store {
-    /// Claims a task for `worker` under a lease of `lease`, moving it as `decided`, for the run
-    /// job of `task` at `generation`: with [`Take::Own`] that task, when it is still pending at
+    /// Claims a task for `worker` under the lease `decided` grants, moving it as `decided`, for
+    /// the run job of `task` at `generation`: with [`Take::Own`] that task, when it is still pending at
     /// that generation and no task of a higher priority is pending; with [`Take::Instead`] the
     /// task the job stands for when its own is not the one to take (see [`Store::claim_best`]).
     /// One statement decides the claim and returns what the worker needs: the checkpoint, the
@@ -319,9 +319,10 @@ impl Store {
         &self,
         take: Take,
         (task, generation): (TaskId, i64),
-        (worker, lease): (&str, Duration),
+        worker: &str,
         decided: &decide::Decision,
     ) -> Result<Option<Claimed>, Error> {
+        let lease = super::granted(decided)?;
         let row = match take {
             Take::Own => {
                 self.decide(super::batch::ClaimRequest {

@@ -6,11 +6,15 @@
 //! event) are written to the outbox in the same transaction and relayed to NATS after the
 //! commit, so a crash between the two loses nothing.
 //!
-//! - `apply`: a decision of [`decide`](hark_core::domain::decide::decide) becomes one
-//!   compare-and-set; `batch` decides many requests of one kind in one statement.
-//! - `ops`: creating tasks, and cancel, pause and resume; `worker`: what a worker does under
-//!   its lease; `answers`: applying answers; `form`: a questionnaire's steps; `timers`:
-//!   deadlines, reminders, leases and running time; `schedules`: scheduled and recurring tasks.
+//! The store decides nothing: every move comes decided by [`decide`](hark_core::domain::decide)
+//! from the use cases (`crate::cases`), which read through the store, and the store applies it.
+//!
+//! - `apply`: a decision becomes one compare-and-set; `batch` applies many requests of one
+//!   kind in one statement.
+//! - `ops`: creating tasks; `worker`: what a worker does under its lease; `answers`: applying
+//!   answers; `form`: a questionnaire's steps; `timers`: what the clock finds due (held in a
+//!   [`Sweep`] while it is decided), and reminders; `escalate`, `delegate`: asking another
+//!   person; `schedules`: scheduled and recurring tasks.
 //! - `reads`: reading; `chat`: what chat routing reads and marks; `outbox`: the relay.
 //! - `retention`, `upkeep`: deleting what ended long ago, and vacuuming.
 

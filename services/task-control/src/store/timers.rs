@@ -1,6 +1,7 @@
-//! Work driven by the clock: question deadlines and reminders, expired leases, the bound on a
-//! task's running time, and tasks' own deadlines. Each sweep takes its rows with `FOR UPDATE SKIP LOCKED`, so any number
-//! of task-control replicas may sweep at once without doing anything twice.
+//! What the clock finds due: questions past their deadline or near it, expired leases, runs
+//! past their bound, and tasks past their own deadline. Each sweep takes its rows with
+//! `FOR UPDATE SKIP LOCKED`, so any number of task-control replicas may sweep at once without
+//! doing anything twice; the use cases decide what each due row becomes.
 
 use std::time::Duration;
 

@@ -1440,3 +1440,41 @@ async fn the_names_the_migrations_allow_are_the_domains_names() {
     }
     db.drop().await;
 }
+
+/// An ask closes a question its task still has open as its decision says, superseded, in the
+/// statement that opens the new one.
+#[tokio::test]
+async fn an_ask_supersedes_a_question_left_open() {
+    let db = TestDb::new().await;
+    let (task, first) = waiting_task(&db.store).await;
+    // The task runs again with its question still open, as no move of hark's leaves it.
+    let generation: i64 = sqlx::query_scalar(
+        "UPDATE tasks SET state = 'running', worker_id = 'w1', lease_until = now() + interval '1 minute'
+         WHERE id = $1 RETURNING generation",
+    )
+    .bind(task.id.as_uuid())
+    .fetch_one(db.store.pool())
+    .await
+    .expect("running again");
+    let lease = Lease {
+        task: task.id,
+        generation,
+        worker_id: "w1".into(),
+    };
+    let second = db
+        .store
+        .ask(&lease, &ask_input(2, "call-2"))
+        .await
+        .expect("asked");
+    let questions = db.store.questions_of(task.id).await.expect("questions");
+    let outcome = |id| {
+        questions
+            .iter()
+            .find(|q| q.id == id)
+            .map(|q| q.outcome)
+            .expect("question")
+    };
+    assert_eq!(outcome(first), QuestionOutcome::Superseded);
+    assert_eq!(outcome(second.id), QuestionOutcome::Open);
+    db.drop().await;
+}

@@ -379,11 +379,15 @@ pub fn decide(
     let table = |event: Event| transition(from, event).map_err(|_| refuse());
     Ok(match (&task.state, command) {
         // A pause asked while running takes hold at the round boundary: the ask, or the hand-back.
+        // The question asked supersedes any the task still has open.
         (S::Running { pause_requested }, C::Ask { wait }) => to(
             pause_or(*pause_requested, table(event)?),
-            vec![Effect::OpenQuestion {
-                expires_after: wait.expires_after(),
-            }],
+            vec![
+                Effect::CloseQuestion(QuestionOutcome::Superseded),
+                Effect::OpenQuestion {
+                    expires_after: wait.expires_after(),
+                },
+            ],
         ),
         (S::Running { pause_requested }, C::Release) => {
             if *pause_requested {
@@ -1185,9 +1189,12 @@ mod tests {
                     let asked = decide(&running, &Command::Ask { wait }, at(1), POLICY).unwrap();
                     assert_eq!(
                         asked.effects,
-                        vec![Effect::OpenQuestion {
-                            expires_after: expected
-                        }]
+                        vec![
+                            Effect::CloseQuestion(QuestionOutcome::Superseded),
+                            Effect::OpenQuestion {
+                                expires_after: expected
+                            }
+                        ]
                     );
                     assert_eq!(asked.question_expires_after(), expected);
                 }

@@ -933,7 +933,7 @@ impl Store {
                 INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
                 SELECT id, $22, state, $23, generation, c_worker, c_text FROM t
             ), closed AS (
-                UPDATE questions q SET outcome = ", sql_outcome!(superseded), ", closed_at = now()
+                UPDATE questions q SET outcome = $34, closed_at = now()
                 FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
@@ -1014,6 +1014,7 @@ impl Store {
                 audience: r.audience.as_ref(),
                 question: r.question,
             })
+            .bind(decided.closes)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

@@ -277,6 +277,9 @@ pub(super) struct AskMoves {
     pub(super) pauses: Move,
     /// How long after it is asked the question expires, in milliseconds; `None`: never.
     pub(super) expires_ms: Option<i64>,
+    /// What a question the task still has open is closed as (an ask decided without it fails
+    /// the statement on the column's constraint).
+    pub(super) closes: Option<&'static str>,
 }
 
 impl AskMoves {
@@ -289,6 +292,7 @@ impl AskMoves {
             waits: Move::of(&decided.waits),
             pauses: Move::of(&decided.pauses),
             expires_ms: decided.waits.question_expires_after().map(millis),
+            closes: decided.waits.closes().map(QuestionOutcome::as_str),
         }
     }
 }

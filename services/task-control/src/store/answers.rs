@@ -239,15 +239,21 @@ impl Store {
             task_columns!(),
             "
             ), answered AS (
-                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(),
+                UPDATE questions q SET outcome = ",
+            sql_outcome!(answered),
+            ", closed_at = now(),
                                        answerer = $4, answer = $5, inbound_message_id = $6
-                FROM t WHERE q.id = $3 AND q.outcome = ", sql_outcome!(open), "
+                FROM t WHERE q.id = $3 AND q.outcome = ",
+            sql_outcome!(open),
+            "
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT $6, id, $3 FROM t WHERE $6::text IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ",
+            audit_into!(),
+            "
                 SELECT id, $7, $7, $8, generation, $4, $9 FROM t
             )
             SELECT * FROM t"
@@ -362,7 +368,7 @@ impl Store {
                 SELECT $6, id, $3 FROM t WHERE $6::text IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, $9, $10, $11, generation - 1, $4, '' FROM t
                 UNION ALL SELECT id, $12, $13, $14, generation, $7, '' FROM t
             )

@@ -145,10 +145,15 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, outbox: &[OutboxMessage]) -> Str
         guard += &format!(" AND pause_requested = {}", s.bind(pause));
     }
     let mut sql = format!(
-        "WITH t AS (UPDATE tasks SET {set} WHERE {guard} RETURNING {columns})
-         , audit AS (
-            INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-            SELECT id, {from}, state, {event}, generation, {actor}, {detail} FROM t)",
+        concat!(
+            "WITH t AS (UPDATE tasks SET {set} WHERE {guard} RETURNING {columns})
+         , audit AS (",
+            audit_into!(),
+            " SELECT id, {from}, state, {event}, generation, {actor}, {detail} FROM t)"
+        ),
+        set = set,
+        guard = guard,
+        from = from,
         columns = task_columns!(),
         event = s.bind(decision.event.as_str()),
         actor = s.bind(change.actor),

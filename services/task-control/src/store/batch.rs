@@ -462,7 +462,7 @@ macro_rules! claim_sql {
             task_columns!(),
             ", c.c_ord, c.c_from, c.c_event
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, c_from, state, c_event, generation, worker_id, '' FROM t
             )
             SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
@@ -614,18 +614,14 @@ impl Store {
             task_columns!(),
             ", c.c_ord, c.c_worker, c.c_round, c.c_messages, c.c_from, c.c_event
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, c_from, state, c_event, generation, c_worker, '' FROM t
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
                 SELECT id, c_round, c_messages FROM t WHERE c_round IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[], $11::text[])
-                    AS o(ord, s, m, p, tp)
-                  ON o.ord = t.c_ord
+                ", outbox_of_batch!("$7", "$8", "$9", "$10", "$11"), "
             )
             SELECT t.*, t.c_ord AS ord, NULL::timestamptz AS asked_deadline,
                 NULL::json AS ctx_rounds, NULL::json AS ctx_question, NULL::json AS ctx_instructions
@@ -697,8 +693,8 @@ impl Store {
             task_columns!(),
             "
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor)
-                SELECT id, NULL, ", sql_state!(pending), ", ", sql_event!(create), ", generation, owner FROM t
+                ", audit_into!(), "
+                SELECT id, NULL, ", sql_state!(pending), ", ", sql_event!(create), ", generation, owner, '' FROM t
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
@@ -837,7 +833,7 @@ impl Store {
             task_columns!(),
             ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from, c.c_model
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, c_from, state, $14, generation, c_answerer, '' FROM t
             ), answered AS (
                 UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
@@ -849,11 +845,7 @@ impl Store {
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($7::bigint[], $8::text[], $9::text[], $10::bytea[], $11::text[])
-                    AS o(ord, s, m, p, tp)
-                  ON o.ord = t.c_ord
+                ", outbox_of_batch!("$7", "$8", "$9", "$10", "$11"), "
             )
             SELECT t.*, t.c_ord AS ord FROM t"
         );
@@ -930,7 +922,7 @@ impl Store {
             task_columns!(),
             ", c.*
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, $22, state, $23, generation, c_worker, c_text FROM t
             ), closed AS (
                 UPDATE questions q SET outcome = $34, closed_at = now()
@@ -956,11 +948,7 @@ impl Store {
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[], $18::text[])
-                    AS o(ord, s, m, p, tp)
-                  ON o.ord = t.c_ord
+                ", outbox_of_batch!("$14", "$15", "$16", "$17", "$18"), "
             )
             SELECT t.*, t.c_ord AS ord,
                 (SELECT deadline FROM asked WHERE asked.task_id = t.id) AS asked_deadline,

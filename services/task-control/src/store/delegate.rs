@@ -101,10 +101,10 @@ impl Store {
             });
         };
         let decision = decide(&task, &question)?;
-        sqlx::query(
-            "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
+        sqlx::query(concat!(
+            audit_into!(),
+            " VALUES ($1, $2, $3, $4, $5, $6, $7)"
+        ))
         .bind(task.id.as_uuid())
         .bind(decision.from.as_str())
         .bind(decision.to.as_str())

@@ -185,10 +185,10 @@ impl Store {
             });
         }
         let people: Vec<&str> = next.iter().map(Owner::as_str).collect();
-        sqlx::query(
-            "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
-             VALUES ($1, $2, $3, $4, $5, 'timer', $6)",
-        )
+        sqlx::query(concat!(
+            audit_into!(),
+            " VALUES ($1, $2, $3, $4, $5, 'timer', $6)"
+        ))
         .bind(task.id.as_uuid())
         .bind(decision.from.as_str())
         .bind(decision.to.as_str())

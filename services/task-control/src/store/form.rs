@@ -54,7 +54,7 @@ macro_rules! answered_and_audit {
                 INSERT INTO checkpoints (task_id, round, messages) SELECT id, c_round, c_messages FROM t
                 ON CONFLICT DO NOTHING
             ), audit AS (
-                INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)
+                ", audit_into!(), "
                 SELECT id, c_af, c_at, c_ae, generation - 2, c_answerer, '' FROM t
                 UNION ALL SELECT id, c_cf, c_ct, c_ce, generation - 1, 'task-control', '' FROM t
                 UNION ALL SELECT id, c_lf, c_lt, c_le, generation, 'task-control', ",
@@ -436,11 +436,7 @@ impl Store {
                 ", asked_escalation!(), "
                 RETURNING task_id, deadline
             ), out AS (
-                INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($14::bigint[], $15::text[], $16::text[], $17::bytea[], $18::text[])
-                    AS o(ord, s, m, p, tp)
-                  ON o.ord = t.c_ord
+                ", outbox_of_batch!("$14", "$15", "$16", "$17", "$18"), "
             )
             SELECT t.*, t.c_ord AS ord,
                 (SELECT deadline FROM asked WHERE asked.task_id = t.id) AS asked_deadline
@@ -505,11 +501,7 @@ impl Store {
             ), ",
             answered_and_audit!("''"),
             ", out AS (
-                INSERT INTO outbox (subject, msg_id, payload, traceparent)
-                SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::text[])
-                    AS o(ord, s, m, p, tp)
-                  ON o.ord = t.c_ord
+                ", outbox_of_batch!("$10", "$11", "$12", "$13", "$14"), "
             )
             SELECT t.*, t.c_ord AS ord FROM t"
         );

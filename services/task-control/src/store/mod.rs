@@ -28,6 +28,38 @@ macro_rules! task_columns {
     };
 }
 
+/// The head of every statement's audit rows: a `SELECT` or `VALUES` after it gives, per move,
+/// the task, the state it left and the one it reached, the event, the generation it reached,
+/// who moved it and why.
+macro_rules! audit_into {
+    () => {
+        "INSERT INTO transitions (task_id, from_state, to_state, event, generation, actor, detail)"
+    };
+}
+
+/// The outbox rows of a batch's statement: the messages bound as five arrays (the place of each
+/// one's request in the batch, then subject, message id, payload and trace context; see
+/// `batch::OutboxColumns`), written for the requests whose move won (`t`, with `c_ord`).
+macro_rules! outbox_of_batch {
+    ($ord:literal, $s:literal, $m:literal, $p:literal, $tp:literal) => {
+        concat!(
+            "INSERT INTO outbox (subject, msg_id, payload, traceparent)
+             SELECT o.s, o.m, o.p, o.tp FROM t
+             JOIN unnest(",
+            $ord,
+            "::bigint[], ",
+            $s,
+            "::text[], ",
+            $m,
+            "::text[], ",
+            $p,
+            "::bytea[], ",
+            $tp,
+            "::text[]) AS o(ord, s, m, p, tp) ON o.ord = t.c_ord"
+        )
+    };
+}
+
 /// Leaving `running` adds the time since `running_since` to `run_ms` (outside `running`,
 /// `running_since` is NULL and this adds nothing).
 macro_rules! run_ms_update {

@@ -75,7 +75,9 @@ impl Effects {
                 | Effect::CountAttempt
                 | Effect::ShiftDeadline(_)
                 | Effect::OpenQuestion { .. }
-                | Effect::GrantLease(_) => {}
+                | Effect::GrantLease(_)
+                | Effect::CloseOthers(_)
+                | Effect::Guard(_) => {}
             }
         }
         out

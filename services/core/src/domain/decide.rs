@@ -211,6 +211,21 @@ pub enum Effect {
     OpenQuestion { expires_after: Option<Duration> },
     /// Hold the task for the worker that claimed it this long from now, unless it renews it.
     GrantLease(Duration),
+    /// Close the other open questions of the same ask, put to others, with this outcome.
+    CloseOthers(QuestionOutcome),
+    /// Apply the move only while this holds.
+    Guard(Guard),
+}
+
+/// A condition the statement that applies a decision checks besides the task's state and
+/// generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// The inbound message behind the move was not applied before: a redelivered one changes
+    /// nothing.
+    Once,
+    /// No pending task of a higher priority waits: that one goes first.
+    Priority,
 }
 
 /// A move the lifecycle allows.
@@ -283,6 +298,19 @@ impl Decision {
             Effect::GrantLease(lease) => Some(*lease),
             _ => None,
         })
+    }
+
+    /// The outcome the decision closes the other open questions of the same ask with, if any.
+    pub fn closes_others(&self) -> Option<QuestionOutcome> {
+        self.effects.iter().find_map(|e| match e {
+            Effect::CloseOthers(outcome) => Some(*outcome),
+            _ => None,
+        })
+    }
+
+    /// Whether the move is applied only while `guard` holds.
+    pub fn guarded(&self, guard: Guard) -> bool {
+        self.effects.contains(&Effect::Guard(guard))
     }
 
     pub fn hints(&self) -> Option<Effect> {
@@ -419,7 +447,10 @@ pub fn decide(
             };
             to(to_state, effects)
         }
-        (S::Pending, C::Claim { lease }) => to(table(event)?, vec![Effect::GrantLease(*lease)]),
+        (S::Pending, C::Claim { lease }) => to(
+            table(event)?,
+            vec![Effect::GrantLease(*lease), Effect::Guard(Guard::Priority)],
+        ),
         (S::Running { .. }, C::Finish { .. })
         | (S::Running { .. }, C::Fail { .. } | C::Overran { .. }) => {
             let effects = match command {
@@ -443,17 +474,20 @@ pub fn decide(
             };
             to(table(event)?, effects)
         }
-        (S::WaitingInput { .. }, C::Answer) => to(
-            table(event)?,
-            vec![Effect::QueueRun(pb::RunReason::ResumeReply)],
-        ),
+        // The first answer wins: the same ask put to others closes for them. An answer is
+        // applied once, however often its message comes in.
+        (S::WaitingInput { .. }, C::Answer) => {
+            let mut effects = answered(true);
+            effects.push(Effect::QueueRun(pb::RunReason::ResumeReply));
+            to(table(event)?, effects)
+        }
         // A paused task still records its answer, and runs once resumed.
         (
             S::Paused {
                 question: Some(_), ..
             },
             C::Answer,
-        ) => to(TaskState::Paused, vec![]),
+        ) => to(TaskState::Paused, answered(true)),
         (S::WaitingInput { question }, C::Expire) => {
             let Some(deadline) = question.deadline else {
                 return Err(refuse());
@@ -515,7 +549,7 @@ pub fn decide(
                 question: Some(_), ..
             },
             C::Collect,
-        ) => to(from, Vec::new()),
+        ) => to(from, answered(false)),
         (S::WaitingInput { question }, C::Nudge) => {
             let left = match question.deadline {
                 Some(deadline) if now >= deadline => return Err(Refusal::NotDue),
@@ -757,6 +791,19 @@ pub fn answer_then(
         claim,
         then,
     }))
+}
+
+/// What an answer does to its question: it closes as answered, applied once per inbound
+/// message; the answer that `ends` the ask closes the ask's questions put to others.
+fn answered(ends: bool) -> Vec<Effect> {
+    let mut effects = vec![
+        Effect::CloseQuestion(QuestionOutcome::Answered),
+        Effect::Guard(Guard::Once),
+    ];
+    if ends {
+        effects.push(Effect::CloseOthers(QuestionOutcome::Superseded));
+    }
+    effects
 }
 
 /// `Paused` when a pause waits, else `to`.
@@ -1235,9 +1282,26 @@ mod tests {
         assert_eq!(cancel.error(), Some("cancelled"));
         let expire = decide(&waiting, &Command::Expire, at(600), POLICY).unwrap();
         assert_eq!(expire.closes(), Some(QuestionOutcome::Expired));
-        // The answer closes its question in its own statement.
+        // The answer closes its question, and the same ask put to others, once per message.
         let answer = decide(&waiting, &Command::Answer, at(1), POLICY).unwrap();
-        assert_eq!(answer.closes(), None);
+        assert_eq!(answer.closes(), Some(QuestionOutcome::Answered));
+        assert_eq!(answer.closes_others(), Some(QuestionOutcome::Superseded));
+        assert!(answer.guarded(Guard::Once));
+        // An answer that leaves the ask needing more closes only its own question.
+        let collect = decide(&waiting, &Command::Collect, at(1), POLICY).unwrap();
+        assert_eq!(collect.closes(), Some(QuestionOutcome::Answered));
+        assert_eq!(collect.closes_others(), None);
+        assert!(collect.guarded(Guard::Once));
+        // A claim yields to a pending task of a higher priority.
+        let claim = decide(
+            &task(State::Pending),
+            &Command::Claim { lease: LEASE },
+            at(1),
+            POLICY,
+        )
+        .unwrap();
+        assert!(claim.guarded(Guard::Priority));
+        assert!(!claim.guarded(Guard::Once));
         let pending = decide(
             &task(State::Pending),
             &Command::Cancel { reason: "x" },

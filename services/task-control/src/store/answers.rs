@@ -4,7 +4,10 @@ use hark_core::domain::{Event, Owner, QuestionId, TaskId, TaskState, decide, for
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
 
-use super::{Answer, Error, QuestionRow, Store, TaskRow, batch::Move};
+use super::{
+    Answer, Error, QuestionRow, Store, TaskRow,
+    batch::{Closing, Move},
+};
 use crate::rows::Sibling;
 
 #[derive(Debug, Clone)]
@@ -194,6 +197,7 @@ impl Store {
                 answer: answer.clone(),
                 from: decision.from,
                 to: decision.to,
+                closing: Closing::of(decision)?,
                 outbox: decision
                     .run()
                     .map(|reason| self.effects.run(task_id, generation + 1, reason))
@@ -230,18 +234,18 @@ impl Store {
         decision: &decide::Decision,
         (have, need): (usize, usize),
     ) -> Result<AnswerOutcome, Error> {
+        let closing = Closing::of(decision)?;
         let sql = concat!(
             "WITH t AS (
                 UPDATE tasks SET generation = generation + 1, updated_at = now()
-                WHERE id = $1 AND state = $7 AND generation = $2
-                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = $6)
+                WHERE id = $1 AND state = $7 AND generation = $2",
+            not_applied_before!("$11::bool", "$6"),
+            "
                 RETURNING ",
             task_columns!(),
             "
             ), answered AS (
-                UPDATE questions q SET outcome = ",
-            sql_outcome!(answered),
-            ", closed_at = now(),
+                UPDATE questions q SET outcome = $10, closed_at = now(),
                                        answerer = $4, answer = $5, inbound_message_id = $6
                 FROM t WHERE q.id = $3 AND q.outcome = ",
             sql_outcome!(open),
@@ -268,6 +272,8 @@ impl Store {
             .bind(decision.from.as_str())
             .bind(decision.event.as_str())
             .bind(format!("#{}: {have} of {need}", question.handle))
+            .bind(closing.outcome)
+            .bind(closing.once)
             .fetch_optional(&self.pool)
             .await?;
         let Some(task) = task else {
@@ -308,8 +314,11 @@ impl Store {
                 answer,
                 worker,
                 lease,
-                Move::of(&chain.answer),
-                Move::of(&chain.claim),
+                (Move::of(&chain.answer), Closing::of(&chain.answer)?),
+                (
+                    Move::of(&chain.claim),
+                    chain.claim.guarded(decide::Guard::Priority),
+                ),
             )
             .await?
         else {
@@ -335,8 +344,8 @@ impl Store {
         answer: &Answer,
         worker: &str,
         lease: std::time::Duration,
-        answered: Move,
-        claimed: Move,
+        (answered, closing): (Move, Closing),
+        (claimed, yields): (Move, bool),
     ) -> Result<Option<super::CasRow>, Error> {
         let sql = concat!(
             "WITH t AS (
@@ -349,17 +358,15 @@ impl Store {
                     running_since = now(),
                     finished_at = NULL,
                     owed = false
-                WHERE id = $1 AND state = $9 AND generation = $2
-                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = $6)
-                  AND priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
-                                   WHERE h.state = ",
-            sql_state!(pending),
-            ")
+                WHERE id = $1 AND state = $9 AND generation = $2",
+            not_applied_before!("$16::bool", "$6"),
+            yields_to_priority!("$17::bool", "priority"),
+            "
                 RETURNING ",
             task_columns!(),
             "
             ), answered AS (
-                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = $4,
+                UPDATE questions q SET outcome = $15, closed_at = now(), answerer = $4,
                                        answer = $5, inbound_message_id = $6
                 FROM t WHERE q.id = $3 AND q.outcome = ", sql_outcome!(open), "
                 RETURNING q.id, q.tool_call_id, q.round, q.traceparent
@@ -376,7 +383,7 @@ impl Store {
                 (SELECT coalesce(json_agg(json_build_object('round', round, 'messages', messages) ORDER BY round), '[]')
                  FROM checkpoints WHERE task_id = t.id) AS ctx_rounds,
                 (SELECT json_build_object('id', a.id, 'tool_call_id', a.tool_call_id, 'round', a.round,
-                        'outcome', ", sql_outcome!(answered), ", 'answer', $5::text, 'since_closed_ms', 0,
+                        'outcome', $15::text, 'answer', $5::text, 'since_closed_ms', 0,
                         'traceparent', a.traceparent)
                  FROM answered a) AS ctx_question,
                 (SELECT coalesce(json_agg(json_build_object('id', id, 'text', text, 'author', author)
@@ -399,6 +406,9 @@ impl Store {
             .bind(claimed.from)
             .bind(claimed.to)
             .bind(claimed.event)
+            .bind(closing.outcome)
+            .bind(closing.once)
+            .bind(yields)
             .fetch_optional(&self.pool)
             .await?)
     }

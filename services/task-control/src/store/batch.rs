@@ -8,7 +8,7 @@
 use std::{sync::Mutex, time::Duration};
 
 use futures_util::future::BoxFuture;
-use hark_core::domain::{Event, QuestionId, TaskId, TaskState, decide};
+use hark_core::domain::{Event, QuestionId, QuestionOutcome, TaskId, TaskState, decide};
 use hark_proto::v1 as pb;
 use sqlx::types::Json;
 use tokio::sync::{mpsc, oneshot};
@@ -152,6 +152,8 @@ pub(super) struct ClaimRequest {
     pub(super) lease: Duration,
     /// The move `decide` chose for a claim.
     pub(super) decided: Move,
+    /// Whether the claim yields to a pending task of a higher priority, as decided.
+    pub(super) yields: bool,
 }
 
 /// The move of a decision, as a hot statement binds it: from which state, to which, recorded
@@ -170,6 +172,46 @@ impl Move {
             to: decision.to.as_str(),
             event: decision.event.as_str(),
         }
+    }
+}
+
+/// How an answer's decision closes questions, as the answer statements bind it: the answered
+/// question's outcome, the outcome of the same ask's questions put to others (`None` leaves them
+/// open), and whether the answer is applied only when its inbound message was not applied before.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Closing {
+    pub(super) outcome: &'static str,
+    pub(super) others: Option<&'static str>,
+    pub(super) once: bool,
+}
+
+impl Closing {
+    /// How `decision` closes questions; an answer decided without closing its question is a
+    /// defect.
+    pub(super) fn of(decision: &decide::Decision) -> Result<Self, Error> {
+        let outcome = decision.closes().ok_or_else(|| {
+            Error::Internal(format!(
+                "an answer was decided without closing its question: {decision:?}"
+            ))
+        })?;
+        Ok(Self {
+            outcome: outcome.as_str(),
+            others: decision.closes_others().map(QuestionOutcome::as_str),
+            once: decision.guarded(decide::Guard::Once),
+        })
+    }
+
+    /// Binds every request's closing as three arrays: the outcome, the others' outcome and
+    /// whether it applies once.
+    pub(super) fn bind<'q, T, R>(
+        query: BatchQuery<'q, R>,
+        batch: &'q [T],
+        of: fn(&T) -> &Closing,
+    ) -> BatchQuery<'q, R> {
+        query
+            .bind(column(batch, |r| of(r).outcome))
+            .bind(column(batch, |r| of(r).others))
+            .bind(column(batch, |r| of(r).once))
     }
 }
 
@@ -211,6 +253,8 @@ pub(super) struct AnswerRequest {
     /// Where the decision found the task and where it moves it.
     pub(super) from: TaskState,
     pub(super) to: TaskState,
+    /// How the decision closes the question and the same ask's others.
+    pub(super) closing: Closing,
     /// The run the move queues (none for a paused task, which runs once resumed), and what the
     /// others asked the same are told.
     pub(super) outbox: Vec<OutboxMessage>,
@@ -552,15 +596,10 @@ impl Store {
     async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = claim_sql!(
             "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[],
-                                  $5::text[], $6::text[], $7::text[])
-                WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_from, c_to, c_event, c_ord)",
-            // Once per statement, not per claim: the highest priority pending.
-            concat!(
-                " AND tasks.priority >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h
-                                         WHERE h.state = ",
-                sql_state!(pending),
-                ")"
-            )
+                                  $5::text[], $6::text[], $7::text[], $8::bool[])
+                WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_lease_ms, c_from, c_to, c_event,
+                                     c_yields, c_ord)",
+            yields_to_priority!("c.c_yields", "tasks.priority")
         );
         let rows: Vec<BatchRow> = sqlx::query_as(sql)
             .bind(column(batch, |r| r.task.as_uuid()))
@@ -570,6 +609,7 @@ impl Store {
             .bind(column(batch, |r| r.decided.from))
             .bind(column(batch, |r| r.decided.to))
             .bind(column(batch, |r| r.decided.event))
+            .bind(column(batch, |r| r.yields))
             .fetch_all(&self.pool)
             .await?;
         let events = rows
@@ -814,9 +854,10 @@ impl Store {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                                     $12::text[], $13::text[], $15::text[])
+                                     $12::text[], $13::text[], $15::text[], $16::text[], $17::text[],
+                                     $18::bool[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound,
-                                         c_from, c_to, c_model, c_ord)
+                                         c_from, c_to, c_model, c_outcome, c_others, c_once, c_ord)
             ), t AS (
                 UPDATE tasks SET
                     state = c.c_to,
@@ -828,19 +869,20 @@ impl Store {
                     finished_at = NULL
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
-                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
+                  ", not_applied_before!("c.c_once", "c.c_inbound"), "
                 RETURNING ",
             task_columns!(),
-            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from, c.c_model
+            ", c.c_ord, c.c_question, c.c_answerer, c.c_text, c.c_inbound, c.c_from, c.c_model,
+               c.c_outcome, c.c_others
             ), audit AS (
                 ", audit_into!(), "
                 SELECT id, c_from, state, $14, generation, c_answerer, '' FROM t
             ), answered AS (
-                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
+                UPDATE questions q SET outcome = t.c_outcome, closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_text, inbound_message_id = t.c_inbound,
                                        model_answer = t.c_model
                 FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
-            ), ", supersede_others!("c_question"), ", applied AS (
+            ), ", supersede_others!("c_question", "c_others"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
@@ -857,12 +899,13 @@ impl Store {
             .bind(column(batch, |r| r.answer.answerer.as_str()))
             .bind(column(batch, |r| r.answer.text.as_str()))
             .bind(column(batch, |r| r.answer.inbound_key.as_deref()));
-        let rows: Vec<OrderedTask> = out
+        let query = out
             .bind_to(query)
             .bind(column(batch, |r| r.from.as_str()))
             .bind(column(batch, |r| r.to.as_str()))
             .bind(Event::Answer.as_str())
-            .bind(column(batch, |r| r.model_answer.as_deref()))
+            .bind(column(batch, |r| r.model_answer.as_deref()));
+        let rows: Vec<OrderedTask> = Closing::bind(query, batch, |r| &r.closing)
             .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("answer.after_commit");

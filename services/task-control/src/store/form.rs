@@ -14,7 +14,9 @@ use sqlx::types::Json;
 
 use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
-    batch::{AskedColumns, BatchQuery, Batched, Batches, Move, OutboxColumns, column, in_order},
+    batch::{
+        AskedColumns, BatchQuery, Batched, Batches, Closing, Move, OutboxColumns, column, in_order,
+    },
 };
 
 /// What an answer to a questionnaire leads to.
@@ -38,15 +40,16 @@ pub struct FormStep<'a> {
 /// What both statements share, for each request `t` (the task row after its move, with the
 /// request's columns `c_*`): the answered question, the applied inbound id, the step's round and
 /// the audit of the three decided moves (`c_a*`: the answer, `c_c*`: the claim, `c_l*`: the ask
-/// or finish; `*f`, `*t`, `*e`: from, to, event), the last with `$detail`.
+/// or finish; `*f`, `*t`, `*e`: from, to, event), the last with `$detail`. The questions close as
+/// the answer's decision says (`c_outcome`, `c_others`).
 macro_rules! answered_and_audit {
     ($detail:literal) => {
         concat!(
             "answered AS (
-                UPDATE questions q SET outcome = ", sql_outcome!(answered), ", closed_at = now(), answerer = t.c_answerer,
+                UPDATE questions q SET outcome = t.c_outcome, closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_answer, inbound_message_id = t.c_inbound
                 FROM t WHERE q.id = t.c_answered AND q.outcome = ", sql_outcome!(open), "
-            ), ", supersede_others!("c_answered"), ", applied AS (
+            ), ", supersede_others!("c_answered", "c_others"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
                 ON CONFLICT DO NOTHING
@@ -114,6 +117,7 @@ impl Moves {
 #[derive(Debug)]
 pub(super) struct Answered {
     moves: Moves,
+    closing: Closing,
     task: hark_core::domain::TaskId,
     generation: i64,
     round: i32,
@@ -269,8 +273,10 @@ impl Store {
         let moves = Moves::of(chain)?;
         let last = chain.last();
         let chat = self.chat_of(task).await?;
+        let closing = Closing::of(&chain.answer)?;
         let answered = |messages: serde_json::Value| Answered {
             moves,
+            closing,
             task,
             generation,
             round: number,
@@ -408,18 +414,20 @@ impl Store {
                                      $13::jsonb[], $19::text[], $20::text[], $21::text[], $22::text[],
                                      $23::text[], $24::text[], $25::text[], $26::text[], $27::text[],
                                      $28::jsonb[], $29::bigint[], $30::bigint[], $31::text[], $32::text[],
-                                     $33::smallint[], $34::smallint[], $35::uuid[], $36::bigint[])
+                                     $33::smallint[], $34::smallint[], $35::uuid[], $36::bigint[],
+                                     $37::text[], $38::text[], $39::bool[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_question, c_text, c_handle, c_call,
                                          c_choices, c_af, c_at, c_ae, c_cf, c_ct, c_ce, c_lf, c_lt, c_le,
                                          c_escalate_to, c_escalate_ms, c_remind_ms, c_owner, c_stream,
-                                         c_need, c_askees, c_group, c_expires_ms, c_ord)
+                                         c_need, c_askees, c_group, c_expires_ms, c_outcome, c_others,
+                                         c_once, c_ord)
             ), t AS (
                 UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
-                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
+                  ", not_applied_before!("c.c_once", "c.c_inbound"), "
                 RETURNING ",
             task_columns!(),
             ", c.*
@@ -456,6 +464,7 @@ impl Store {
             question: r.question,
         })
         .bind(column(batch, |r| r.answered.moves.expires_ms));
+        let query = Closing::bind(query, batch, |r| &r.answered.closing);
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(
@@ -484,17 +493,17 @@ impl Store {
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
                                      $7::text[], $8::jsonb[], $9::text[], $15::text[], $16::text[],
                                      $17::text[], $18::text[], $19::text[], $20::text[], $21::text[],
-                                     $22::text[], $23::text[])
+                                     $22::text[], $23::text[], $24::text[], $25::text[], $26::bool[])
                     WITH ORDINALITY AS c(c_id, c_generation, c_round, c_answered, c_answerer, c_answer,
                                          c_inbound, c_messages, c_output, c_af, c_at, c_ae, c_cf, c_ct,
-                                         c_ce, c_lf, c_lt, c_le, c_ord)
+                                         c_ce, c_lf, c_lt, c_le, c_outcome, c_others, c_once, c_ord)
             ), t AS (
                 UPDATE tasks SET state = c.c_lt, generation = generation + 3,
                     updated_at = now(), rounds = greatest(rounds, c.c_round), result = c.c_output,
                     finished_at = now()
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
-                  AND NOT EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = c.c_inbound)
+                  ", not_applied_before!("c.c_once", "c.c_inbound"), "
                 RETURNING ",
             task_columns!(),
             ", c.*
@@ -509,6 +518,7 @@ impl Store {
         let query = Answered::bind(sqlx::query_as(sql), batch, |r| &r.answered)
             .bind(column(batch, |r| r.output.as_str()));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
+        let query = Closing::bind(query, batch, |r| &r.answered.closing);
         let rows: Vec<FinishRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));

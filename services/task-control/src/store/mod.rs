@@ -217,21 +217,54 @@ macro_rules! answer_target_columns {
     };
 }
 
-/// The CTE that closes the other open questions of the ask an answer answered, as superseded:
-/// the same ask put to others, whose first answer closes theirs. `$answered` names the column
-/// of `t` that holds the answered question. Only a question of an ask group has others, looked
-/// up by the group, so a question of none costs one primary-key read.
+/// The guard of a move applied once per inbound message, when its decision says so (`$once`):
+/// the message keyed `$key` was not applied before.
+macro_rules! not_applied_before {
+    ($once:literal, $key:literal) => {
+        concat!(
+            " AND NOT (",
+            $once,
+            " AND EXISTS (SELECT 1 FROM applied_inbound a WHERE a.key = ",
+            $key,
+            "))"
+        )
+    };
+}
+
+/// The guard of a claim that yields to a pending task of a higher priority, when its decision
+/// says so (`$yields`): no pending task outranks `$priority`. Once per statement, not per claim.
+macro_rules! yields_to_priority {
+    ($yields:literal, $priority:literal) => {
+        concat!(
+            " AND (NOT ",
+            $yields,
+            " OR ",
+            $priority,
+            " >= (SELECT coalesce(max(h.priority), -32768) FROM tasks h WHERE h.state = ",
+            sql_state!(pending),
+            "))"
+        )
+    };
+}
+
+/// The CTE that closes the other open questions of the ask an answer answered, with the
+/// outcome its decision gives them: the same ask put to others, whose first answer closes theirs.
+/// `$answered` names the column of `t` that holds the answered question and `$outcome` the one
+/// that holds their outcome (`NULL` leaves them open). Only a question of an ask group has
+/// others, looked up by the group, so a question of none costs one primary-key read.
 macro_rules! supersede_others {
-    ($answered:literal) => {
+    ($answered:literal, $outcome:literal) => {
         concat!(
             "superseded AS (
-                UPDATE questions q SET outcome = ",
-            sql_outcome!(superseded),
+                UPDATE questions q SET outcome = t.",
+            $outcome,
             ", closed_at = now()
                 FROM t JOIN questions a ON a.id = t.",
             $answered,
             "
-                WHERE q.ask_group = a.ask_group AND q.outcome = ",
+                WHERE t.",
+            $outcome,
+            " IS NOT NULL AND q.ask_group = a.ask_group AND q.outcome = ",
             sql_outcome!(open),
             "
                   AND q.id <> t.",

@@ -335,6 +335,7 @@ impl Store {
                     worker: worker.to_owned(),
                     lease,
                     decided: Move::of(decided),
+                    yields: decided.guarded(decide::Guard::Priority),
                 })
                 .await?
             }

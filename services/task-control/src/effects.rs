@@ -78,6 +78,9 @@ impl Effects {
                 | Effect::GrantLease(_)
                 | Effect::CloseOthers(_)
                 | Effect::Guard(_) => {}
+                // Each person asked gets the question in their own chat, rendered with the
+                // question the statement creates for them (`Effects::escalated`).
+                Effect::AskNext { .. } => {}
             }
         }
         out

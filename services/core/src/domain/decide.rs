@@ -11,7 +11,7 @@ use std::{fmt, time::Duration};
 use hark_proto::v1 as pb;
 use time::OffsetDateTime;
 
-use super::{DeadlinePolicy, Event, QuestionOutcome, TaskState, TimeoutPolicy, transition};
+use super::{DeadlinePolicy, Event, Owner, QuestionOutcome, TaskState, TimeoutPolicy, transition};
 
 /// The limits a decision follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +125,10 @@ pub enum Command<'a> {
     Delegate,
     /// The timer found the open question unanswered at its escalation time: it is asked of the
     /// next person too, and the first valid answer of either wins; the task does not move.
-    Escalate,
+    /// `askees` says who is named and who is asked already; the decision picks whom to ask.
+    Escalate {
+        askees: Askees<'a>,
+    },
     /// One answer to a question put to several people came in while more are needed: it is
     /// kept, and the task waits on for the others.
     Collect,
@@ -154,7 +157,7 @@ impl Command<'_> {
             Command::Pause => Event::Pause,
             Command::Resume => Event::Resume,
             Command::Delegate => Event::Delegate,
-            Command::Escalate => Event::Escalate,
+            Command::Escalate { .. } => Event::Escalate,
             Command::Collect => Event::Collect,
             Command::Overdue { policy, .. } => Event::Overdue(*policy),
         }
@@ -215,6 +218,51 @@ pub enum Effect {
     CloseOthers(QuestionOutcome),
     /// Apply the move only while this holds.
     Guard(Guard),
+    /// Ask these people the open question too, each in their own question of the same ask, and
+    /// keep `later` to be asked at the next escalation (nobody more, when empty).
+    AskNext { ask: Vec<Owner>, later: Vec<String> },
+}
+
+/// Who an open question's ask is put to, as far as whom to ask next goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Askees<'a> {
+    /// The people named to be asked next, in order (`escalate_to`, or the others of an ask put
+    /// to several), each as `platform:user_id`.
+    pub named: &'a [String],
+    /// The people the ask is put to already.
+    pub asked: &'a [String],
+    /// The platform the question is on: only people on it can be asked there. `None` for a
+    /// question asked outside chat, which nobody else can be asked.
+    pub platform: Option<&'a str>,
+    /// All of them at once (an ask put to several), rather than the next one (an escalation).
+    pub at_once: bool,
+}
+
+impl Askees<'_> {
+    /// The people to ask now, and the rest of `named` to keep for later. A name that is not an
+    /// owner, is on another platform, or is asked already is passed over; nobody is asked twice.
+    pub fn next(&self) -> Effect {
+        let mut named = self.named.iter();
+        let mut ask: Vec<Owner> = Vec::new();
+        for person in named.by_ref() {
+            let Ok(owner) = person.parse::<Owner>() else {
+                continue;
+            };
+            if self.platform == Some(owner.platform())
+                && !self.asked.iter().any(|a| a == owner.as_str())
+                && !ask.contains(&owner)
+            {
+                ask.push(owner);
+                if !self.at_once {
+                    break;
+                }
+            }
+        }
+        Effect::AskNext {
+            ask,
+            later: named.cloned().collect(),
+        }
+    }
 }
 
 /// A condition the statement that applies a decision checks besides the task's state and
@@ -311,6 +359,18 @@ impl Decision {
     /// Whether the move is applied only while `guard` holds.
     pub fn guarded(&self, guard: Guard) -> bool {
         self.effects.contains(&Effect::Guard(guard))
+    }
+
+    /// The people the decision asks the open question too, and those it keeps for later; both
+    /// empty when it asks nobody.
+    pub fn asks_next(&self) -> (&[Owner], &[String]) {
+        self.effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::AskNext { ask, later } => Some((ask.as_slice(), later.as_slice())),
+                _ => None,
+            })
+            .unwrap_or((&[], &[]))
     }
 
     pub fn hints(&self) -> Option<Effect> {
@@ -541,7 +601,7 @@ pub fn decide(
             C::Delegate,
         ) => to(from, Vec::new()),
         // Only a task that waits escalates: a paused one's clock stands still.
-        (S::WaitingInput { .. }, C::Escalate) => to(from, Vec::new()),
+        (S::WaitingInput { .. }, C::Escalate { askees }) => to(from, vec![askees.next()]),
         // A paused task keeps the answers that come in too, as it keeps a whole one.
         (
             S::WaitingInput { .. }
@@ -826,6 +886,12 @@ mod tests {
         ask_timeout: Duration::from_secs(600),
         own: None,
     };
+    const ASKEES: Askees<'static> = Askees {
+        named: &[],
+        asked: &[],
+        platform: Some("qq"),
+        at_once: false,
+    };
 
     fn at(seconds: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).unwrap()
@@ -894,7 +960,7 @@ mod tests {
             Command::Pause,
             Command::Resume,
             Command::Delegate,
-            Command::Escalate,
+            Command::Escalate { askees: ASKEES },
             Command::Collect,
             Command::Overdue {
                 policy: DeadlinePolicy::Fail,
@@ -932,7 +998,7 @@ mod tests {
             (State::WaitingInput { .. }, C::Answer | C::Expire) => T::Pending,
             (
                 State::WaitingInput { .. },
-                C::Remind { .. } | C::Nudge | C::Delegate | C::Escalate | C::Collect,
+                C::Remind { .. } | C::Nudge | C::Delegate | C::Escalate { .. } | C::Collect,
             ) => T::WaitingInput,
             (
                 State::Paused {
@@ -1486,6 +1552,68 @@ mod tests {
         let resumed = decide(&answered_while_paused, &Command::Resume, at(400), POLICY).unwrap();
         assert_eq!(resumed.to, TaskState::Pending);
         assert_eq!(resumed.run(), Some(pb::RunReason::Unpause));
+    }
+
+    fn names(people: &[&str]) -> Vec<String> {
+        people.iter().map(|p| p.to_string()).collect()
+    }
+
+    fn escalated(askees: Askees<'_>) -> (Vec<String>, Vec<String>) {
+        let waiting = Task {
+            state: State::WaitingInput {
+                question: question(None),
+            },
+            on_timeout: TimeoutPolicy::Resume,
+            attempt: 1,
+        };
+        let decision = decide(&waiting, &Command::Escalate { askees }, at(60), POLICY).unwrap();
+        assert_eq!(decision.to, TaskState::WaitingInput);
+        assert!(decision.run().is_none() && decision.closes().is_none());
+        let (ask, later) = decision.asks_next();
+        (ask.iter().map(|o| o.to_string()).collect(), later.to_vec())
+    }
+
+    #[test]
+    fn an_escalation_asks_the_next_person_named_on_the_questions_platform_once() {
+        let named = names(&["qq:1", "not an owner", "tg:2", "qq:3", "qq:4"]);
+        // One after another: the first who can be asked, the rest kept in order.
+        let askees = Askees {
+            named: &named,
+            ..ASKEES
+        };
+        assert_eq!(
+            escalated(askees),
+            (
+                names(&["qq:1"]),
+                names(&["not an owner", "tg:2", "qq:3", "qq:4"])
+            )
+        );
+        // Names that cannot be asked are passed over, and dropped from what is kept.
+        let asked = names(&["qq:1"]);
+        let askees = Askees {
+            named: &named,
+            asked: &asked,
+            ..ASKEES
+        };
+        assert_eq!(escalated(askees), (names(&["qq:3"]), names(&["qq:4"])));
+        // At once: everyone who can be asked, each once, and nobody kept.
+        let twice = names(&["qq:1", "qq:3", "qq:1", "qq:4"]);
+        let asked = names(&["qq:4"]);
+        let askees = Askees {
+            named: &twice,
+            asked: &asked,
+            at_once: true,
+            ..ASKEES
+        };
+        assert_eq!(escalated(askees), (names(&["qq:1", "qq:3"]), Vec::new()));
+        // Outside chat, or with nobody left, nobody is asked.
+        let askees = Askees {
+            named: &named,
+            platform: None,
+            ..ASKEES
+        };
+        assert_eq!(escalated(askees), (Vec::new(), Vec::new()));
+        assert_eq!(escalated(ASKEES), (Vec::new(), Vec::new()));
     }
 
     #[test]

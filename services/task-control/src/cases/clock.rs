@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hark_core::domain::{
     TaskId,
-    decide::{self, Command, Policy},
+    decide::{self, Askees, Command, Policy},
 };
 
 use crate::{
@@ -93,8 +93,8 @@ pub async fn remind_due(store: &Store, before: Duration, limit: i64) -> Result<u
 /// to several people at once, the others). Returns how many were asked.
 pub async fn escalate_due(store: &Store, limit: i64) -> Result<usize, Error> {
     let policy = store.policy();
-    let decide = |task: &TaskRow, question: &QuestionRow, now| {
-        super::decide_asked(task, question, &Command::Escalate, now, policy)
+    let decide = |task: &TaskRow, question: &QuestionRow, askees: Askees<'_>, now| {
+        super::decide_asked(task, question, &Command::Escalate { askees }, now, policy)
     };
     store.escalate_questions(limit, decide).await
 }

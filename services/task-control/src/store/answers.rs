@@ -237,7 +237,9 @@ impl Store {
         let closing = Closing::of(decision)?;
         let sql = concat!(
             "WITH t AS (
-                UPDATE tasks SET generation = generation + 1, updated_at = now()
+                UPDATE tasks SET ",
+            set_moved!(stays),
+            "
                 WHERE id = $1 AND state = $7 AND generation = $2",
             not_applied_before!("$11::bool", "$6"),
             "
@@ -349,15 +351,9 @@ impl Store {
     ) -> Result<Option<super::CasRow>, Error> {
         let sql = concat!(
             "WITH t AS (
-                UPDATE tasks SET
-                    state = $13,
-                    generation = generation + 2,
-                    updated_at = now(),
-                    worker_id = $7,
-                    lease_until = now() + $8 * interval '1 millisecond',
-                    running_since = now(),
-                    finished_at = NULL,
-                    owed = false
+                UPDATE tasks SET ",
+            set_moved!("$13", 2, held("$7", "$8")),
+            "
                 WHERE id = $1 AND state = $9 AND generation = $2",
             not_applied_before!("$16::bool", "$6"),
             yields_to_priority!("$17::bool", "priority"),

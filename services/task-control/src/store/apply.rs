@@ -103,33 +103,25 @@ fn cas_sql(s: &mut Statement, change: &Cas<'_>, outbox: &[OutboxMessage]) -> Str
     let id = s.bind(change.task.as_uuid());
     let from = s.bind(from_state.as_str());
     let generation = s.bind(change.generation);
-    let mut set = format!(
-        "updated_at = now(), pause_requested = {}",
-        s.bind(decision.pause_requested)
-    );
+    let mut set = format!("pause_requested = {}", s.bind(decision.pause_requested));
     // A decision that does not move the task (a pause requested of a running one) leaves its
     // generation, and so its worker's lease, as they are.
     if decision.moves() {
-        set += &format!(
-            concat!(
-                ", state = {}, generation = generation + 1, ",
-                run_ms_update!()
-            ),
-            s.bind(to.as_str())
-        );
         // Claims, the only move into `running`, are decided in batches (see `batch`).
         debug_assert_ne!(to, TaskState::Running, "claims do not go through cas");
-        set += ", worker_id = NULL, lease_until = NULL, running_since = NULL";
+        let state = s.bind(to.as_str());
+        set += &if to.is_terminal() {
+            format!(concat!(", ", set_moved!("{}", 1, released(ended))), state)
+        } else {
+            format!(concat!(", ", set_moved!("{}", 1, released(open))), state)
+        };
         set += if to == TaskState::Paused {
             ", paused_at = now()"
         } else {
             ", paused_at = NULL"
         };
-        set += if to.is_terminal() {
-            ", finished_at = now()"
-        } else {
-            ", finished_at = NULL"
-        };
+    } else {
+        set += ", updated_at = now()";
     }
     if decision.counts_attempt() {
         set += ", attempt = attempt + 1";

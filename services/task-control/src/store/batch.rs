@@ -490,15 +490,9 @@ macro_rules! claim_sql {
             "c AS (",
             $candidates,
             "), t AS (
-                UPDATE tasks SET
-                    state = c.c_to,
-                    generation = generation + 1,
-                    updated_at = now(),
-                    worker_id = c.c_worker,
-                    lease_until = now() + c.c_lease_ms * interval '1 millisecond',
-                    running_since = now(),
-                    finished_at = NULL,
-                    owed = false
+                UPDATE tasks SET ",
+            set_moved!("c.c_to", 1, held("c.c_worker", "c.c_lease_ms")),
+            "
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation",
             $guard,
@@ -636,17 +630,9 @@ impl Store {
                     WITH ORDINALITY AS c(c_id, c_generation, c_worker, c_result, c_round, c_messages,
                                          c_from, c_to, c_event, c_ord)
             ), t AS (
-                UPDATE tasks SET
-                    state = c.c_to,
-                    generation = generation + 1,
-                    updated_at = now(),
-                    ", run_ms_update!(), ",
-                    worker_id = NULL,
-                    lease_until = NULL,
-                    running_since = NULL,
+                UPDATE tasks SET ", set_moved!("c.c_to", 1, released(ended)), ",
                     rounds = greatest(rounds, coalesce(c.c_round, 0)),
-                    result = c.c_result,
-                    finished_at = now()
+                    result = c.c_result
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker
@@ -859,14 +845,7 @@ impl Store {
                     WITH ORDINALITY AS c(c_id, c_generation, c_question, c_answerer, c_text, c_inbound,
                                          c_from, c_to, c_model, c_outcome, c_others, c_once, c_ord)
             ), t AS (
-                UPDATE tasks SET
-                    state = c.c_to,
-                    generation = generation + 1,
-                    updated_at = now(),
-                    worker_id = NULL,
-                    lease_until = NULL,
-                    running_since = NULL,
-                    finished_at = NULL
+                UPDATE tasks SET ", set_moved!("c.c_to", 1, released(open)), "
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_from AND tasks.generation = c.c_generation
                   ", not_applied_before!("c.c_once", "c.c_inbound"), "
@@ -946,18 +925,16 @@ impl Store {
                                          c_escalate_ms, c_remind_ms, c_owner, c_stream, c_need,
                                          c_askees, c_group, c_ord)
             ), t AS (
-                UPDATE tasks SET
-                    state = CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END,
+                UPDATE tasks SET ",
+            set_moved!(
+                "CASE WHEN tasks.pause_requested THEN $21 ELSE $20 END",
+                1,
+                released(open)
+            ),
+            ",
                     paused_at = CASE WHEN tasks.pause_requested THEN now() END,
                     pause_requested = false,
-                    generation = generation + 1,
-                    updated_at = now(),
-                    ", run_ms_update!(), ",
-                    worker_id = NULL,
-                    lease_until = NULL,
-                    running_since = NULL,
-                    rounds = greatest(rounds, c.c_round),
-                    finished_at = NULL
+                    rounds = greatest(rounds, c.c_round)
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(running), " AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker

@@ -66,8 +66,9 @@ impl Store {
         // task (an answer, a cancel) waits for this commit, and an answer decided from what was
         // read before it (whom the question was asked of then) loses its compare-and-set.
         let task = sqlx::query_as::<_, TaskRow>(concat!(
-            "UPDATE tasks SET generation = generation + 1, updated_at = now()
-             WHERE id = (SELECT task_id FROM questions WHERE id = $1) RETURNING ",
+            "UPDATE tasks SET ",
+            set_moved!(stays),
+            " WHERE id = (SELECT task_id FROM questions WHERE id = $1) RETURNING ",
             task_columns!()
         ))
         .bind(d.question.as_uuid())

@@ -6,7 +6,10 @@
 
 use std::time::Duration;
 
-use hark_core::domain::{Event, Handle, Owner, QuestionId, StreamId, TaskState, decide::Decision};
+use hark_core::domain::{
+    Event, Handle, Owner, QuestionId, StreamId, TaskState,
+    decide::{Askees, Decision},
+};
 use time::OffsetDateTime;
 
 use super::{ChatRoute, Error, OutboxMessage, QuestionRow, Store, TaskRow};
@@ -22,12 +25,12 @@ struct Due {
 
 impl Store {
     /// Asks the next person of each open question whose escalation is due, as `decide`
-    /// decides for its task (as it is after the escalation, at the database's clock). Returns
-    /// how many were asked.
+    /// decides for its task from who is named and who is asked already, at the database's
+    /// clock. Returns how many were asked.
     pub async fn escalate_questions(
         &self,
         limit: i64,
-        decide: impl Fn(&TaskRow, &QuestionRow, OffsetDateTime) -> Result<Decision, Error>,
+        decide: impl Fn(&TaskRow, &QuestionRow, Askees<'_>, OffsetDateTime) -> Result<Decision, Error>,
     ) -> Result<usize, Error> {
         let mut tx = self.pool.begin().await?;
         let due = sqlx::query_as::<_, Due>(concat!(
@@ -61,14 +64,14 @@ impl Store {
         Ok(asked)
     }
 
-    /// Escalates one due question in `tx`; `false` when its task moved meanwhile or nobody
-    /// named for it can be asked. An ask put to several people at once (`escalate_every_ms`
-    /// 0) asks all of them; an escalation the next one.
+    /// Escalates one due question in `tx`; `false` when its task moved meanwhile or the
+    /// decision asks nobody. An ask put to several people at once (`escalate_every_ms` 0) is
+    /// put to all of them; an escalation to the next one.
     async fn escalate_one(
         &self,
         tx: &mut sqlx::PgConnection,
         due: Due,
-        decide: &impl Fn(&TaskRow, &QuestionRow, OffsetDateTime) -> Result<Decision, Error>,
+        decide: &impl Fn(&TaskRow, &QuestionRow, Askees<'_>, OffsetDateTime) -> Result<Decision, Error>,
         sent: &mut Vec<OutboxMessage>,
     ) -> Result<bool, Error> {
         let Due {
@@ -79,7 +82,20 @@ impl Store {
         let at_once = escalate_every_ms == Some(0);
         let every = Duration::from_millis(escalate_every_ms.unwrap_or(0).max(1000) as u64);
         let group = question.ask_group.unwrap_or(question.id.as_uuid());
-        // Whom the ask is put to already, so nobody is asked twice.
+        // A task that moved since the question was read (an answer won) is left be.
+        let task = sqlx::query_as::<_, TaskRow>(concat!(
+            "SELECT ",
+            task_columns!(),
+            " FROM tasks WHERE id = $1 AND state = ",
+            sql_state!(waiting_input),
+            " FOR UPDATE"
+        ))
+        .bind(question.task_id.as_uuid())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(task) = task else {
+            return Ok(false);
+        };
         let asked: Vec<String> = sqlx::query_scalar(
             "SELECT owner FROM questions WHERE task_id = $1 AND (id = $2 OR ask_group = $2)",
         )
@@ -87,23 +103,16 @@ impl Store {
         .bind(group)
         .fetch_all(&mut *tx)
         .await?;
-        let mut named = question.escalate_to.iter();
-        let mut next: Vec<Owner> = Vec::new();
-        for person in named.by_ref() {
-            let Ok(owner) = person.parse::<Owner>() else {
-                continue;
-            };
-            if question.platform.as_deref() == Some(owner.platform())
-                && !asked.iter().any(|a| a == owner.as_str())
-                && !next.contains(&owner)
-            {
-                next.push(owner);
-                if !at_once {
-                    break;
-                }
-            }
-        }
-        let rest: Vec<&String> = named.collect();
+        let askees = Askees {
+            named: &question.escalate_to,
+            asked: &asked,
+            platform: question.platform.as_deref(),
+            at_once,
+        };
+        let decision = decide(&task, &question, askees, db_now)?;
+        debug_assert_eq!(decision.event, Event::Escalate);
+        debug_assert_eq!(decision.to, TaskState::WaitingInput);
+        let (next, later) = decision.asks_next();
         sqlx::query(
             "UPDATE questions SET escalate_to = $2,
                  escalate_at = CASE WHEN cardinality($2::text[]) > 0
@@ -112,7 +121,7 @@ impl Store {
              WHERE id = $1",
         )
         .bind(question.id.as_uuid())
-        .bind(&rest)
+        .bind(later)
         .bind(every.as_millis() as i64)
         .bind(group)
         .execute(&mut *tx)
@@ -120,24 +129,17 @@ impl Store {
         if next.is_empty() {
             return Ok(false);
         }
-        // The task takes a new generation, its state unchanged; a task that moved since the
-        // question was read (an answer won) is left be.
+        // The task takes a new generation, its state unchanged, so an answer decided from what
+        // was read before is decided again.
         let task = sqlx::query_as::<_, TaskRow>(concat!(
-            "UPDATE tasks SET generation = generation + 1, updated_at = now()
-             WHERE id = $1 AND state = ",
-            sql_state!(waiting_input),
-            " RETURNING ",
+            "UPDATE tasks SET ",
+            set_moved!(stays),
+            " WHERE id = $1 RETURNING ",
             task_columns!()
         ))
-        .bind(question.task_id.as_uuid())
-        .fetch_optional(&mut *tx)
+        .bind(task.id.as_uuid())
+        .fetch_one(&mut *tx)
         .await?;
-        let Some(task) = task else {
-            return Ok(false);
-        };
-        let decision = decide(&task, &question, db_now)?;
-        debug_assert_eq!(decision.event, Event::Escalate);
-        debug_assert_eq!(decision.to, TaskState::WaitingInput);
         // Put to several at once in a group, each is asked there; escalated, in their own chat.
         let in_group = at_once
             && question
@@ -148,7 +150,7 @@ impl Store {
         let waited = (db_now - question.asked_at).unsigned_abs();
         let waited = Duration::from_secs(waited.as_secs());
         let mut outbox = Vec::new();
-        for person in &next {
+        for person in next {
             let stream = if in_group {
                 question.stream.clone().unwrap_or_default()
             } else {

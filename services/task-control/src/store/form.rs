@@ -423,8 +423,8 @@ impl Store {
                                          c_need, c_askees, c_group, c_expires_ms, c_outcome, c_others,
                                          c_once, c_ord)
             ), t AS (
-                UPDATE tasks SET state = c.c_lt, generation = generation + 3,
-                    updated_at = now(), rounds = greatest(rounds, c.c_round), finished_at = NULL
+                UPDATE tasks SET ", set_moved!("c.c_lt", 3, released(open)), ",
+                    rounds = greatest(rounds, c.c_round)
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
                   ", not_applied_before!("c.c_once", "c.c_inbound"), "
@@ -498,9 +498,8 @@ impl Store {
                                          c_inbound, c_messages, c_output, c_af, c_at, c_ae, c_cf, c_ct,
                                          c_ce, c_lf, c_lt, c_le, c_outcome, c_others, c_once, c_ord)
             ), t AS (
-                UPDATE tasks SET state = c.c_lt, generation = generation + 3,
-                    updated_at = now(), rounds = greatest(rounds, c.c_round), result = c.c_output,
-                    finished_at = now()
+                UPDATE tasks SET ", set_moved!("c.c_lt", 3, released(ended)), ",
+                    rounds = greatest(rounds, c.c_round), result = c.c_output
                 FROM c
                 WHERE tasks.id = c.c_id AND tasks.state = c.c_af AND tasks.generation = c.c_generation
                   ", not_applied_before!("c.c_once", "c.c_inbound"), "

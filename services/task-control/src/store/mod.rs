@@ -28,6 +28,54 @@ macro_rules! task_columns {
     };
 }
 
+/// The `SET` clause of a task's move, the one template of every statement that moves tasks:
+/// the state it reaches, its generation stepped once per move the statement applies, and where
+/// its worker, its time run and its end stand after the move.
+/// - `held($worker, $lease_ms)`: into `running`, held by `$worker` for `$lease_ms`
+///   milliseconds unless renewed, and owed no run any more.
+/// - `released(open)`, `released(ended)`: no worker holds it and the time it ran is counted; it
+///   has ended (`finished_at`) or not.
+/// - `stays`: its state does not change, but it takes a new generation, so that a move decided
+///   from what was read before it is decided again.
+macro_rules! set_moved {
+    ($state:expr, $steps:literal, held($worker:expr, $lease_ms:expr)) => {
+        concat!(
+            set_moved!(@moved $state, $steps),
+            ", worker_id = ",
+            $worker,
+            ", lease_until = now() + ",
+            $lease_ms,
+            " * interval '1 millisecond', running_since = now(), finished_at = NULL, owed = false"
+        )
+    };
+    ($state:expr, $steps:literal, released(open)) => {
+        concat!(set_moved!(@released $state, $steps), ", finished_at = NULL")
+    };
+    ($state:expr, $steps:literal, released(ended)) => {
+        concat!(set_moved!(@released $state, $steps), ", finished_at = now()")
+    };
+    (stays) => {
+        "generation = generation + 1, updated_at = now()"
+    };
+    (@released $state:expr, $steps:literal) => {
+        concat!(
+            set_moved!(@moved $state, $steps),
+            ", ",
+            run_ms_update!(),
+            ", worker_id = NULL, lease_until = NULL, running_since = NULL"
+        )
+    };
+    (@moved $state:expr, $steps:literal) => {
+        concat!(
+            "state = ",
+            $state,
+            ", generation = generation + ",
+            $steps,
+            ", updated_at = now()"
+        )
+    };
+}
+
 /// The head of every statement's audit rows: a `SELECT` or `VALUES` after it gives, per move,
 /// the task, the state it left and the one it reached, the event, the generation it reached,
 /// who moved it and why.

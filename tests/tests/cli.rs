@@ -462,3 +462,56 @@ async fn health_migrate_and_config_errors_speak_chinese_in_a_chinese_locale() {
     assert!(listed.starts_with("没有死信"), "{listed}");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn hark_key_makes_a_persons_key_that_acts_only_as_them_until_revoked() {
+    let env = Env::new().await;
+    let mut control = env.spawn(&["control"], &[]);
+    env.client().await;
+    let api = env.grpc_url().await;
+    // `--api` right after `key` or `task`, before a goal's words.
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.splice(1..1, ["--api", api.as_str()]);
+        let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            hark(&all, &[]).await
+        }
+    };
+    let (ok, key, said) = run(&["key", "create", "--owner", "qq:10001", "--name", "laptop"]).await;
+    assert!(ok, "{said}");
+    let key = key.trim().to_owned();
+    assert!(key.starts_with("hk_"), "stdout holds the key alone: {key}");
+    assert!(said.contains("shown only this once"), "{said}");
+    let (ok, _, said) = run(&["task", "new", "--owner", "qq:20002", "theirs"]).await;
+    assert!(ok, "{said}");
+
+    // With the key: its owner's task by default, nobody else's.
+    let (ok, created, said) = run(&["task", "new", "--token", &key, "mine"]).await;
+    assert!(ok, "{said}");
+    assert!(created.contains("mine"), "{created}");
+    let (ok, listed, said) = run(&["task", "list", "--token", &key]).await;
+    assert!(ok, "{said}");
+    assert!(
+        listed.contains("qq:10001") && !listed.contains("qq:20002"),
+        "{listed}"
+    );
+    let (ok, _, said) = run(&["task", "new", "--token", &key, "--owner", "qq:20002", "x"]).await;
+    assert!(!ok && said.contains("qq:10001"), "{said}");
+
+    let (ok, keys, said) = run(&["key", "list", "--json"]).await;
+    assert!(ok, "{said}");
+    let id = serde_json::from_str::<serde_json::Value>(keys.lines().next().expect("a key"))
+        .expect("json")["id"]
+        .as_str()
+        .expect("id")[..8]
+        .to_owned();
+    let (ok, revoked, said) = run(&["key", "revoke", &id]).await;
+    assert!(ok && revoked.contains(&id), "{revoked}{said}");
+    let (ok, _, said) = run(&["task", "list", "--token", &key]).await;
+    assert!(!ok && said.contains("revoked"), "{said}");
+
+    control.stop().await;
+    env.cleanup().await;
+}

@@ -5,6 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 mod bench;
 mod dev;
 mod health;
+mod key;
 mod listen;
 mod said;
 mod servers;
@@ -70,6 +71,8 @@ enum Command {
     },
     /// Talk to a running hark over its gRPC API.
     Task(Box<task::TaskArgs>),
+    /// Make, list and revoke keys that belong to a person, over the gRPC API.
+    Key(Box<key::KeyArgs>),
     /// Measure resume latency and mass suspend/resume against a running hark (see BENCHMARKS.md).
     Bench(bench::BenchArgs),
     /// Print a completion script for a shell, e.g. `hark completions bash >
@@ -164,6 +167,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let quiet = matches!(
         cli.command,
         Command::Task(_)
+            | Command::Key(_)
             | Command::Config { .. }
             | Command::Health { .. }
             | Command::Bench(_)
@@ -192,6 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dev::run(config, workers, data_dir, shutdown_on_signal()).await
         }
         Command::Task(args) => task::run(&config, *args).await,
+        Command::Key(args) => key::run(&config, *args).await,
         Command::Health {
             dead_letters: true,
             limit,

@@ -17,17 +17,24 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
+/// How a client of the gRPC API reaches it, and how it prints.
 #[derive(Debug, Args)]
-pub struct TaskArgs {
+pub struct ApiArgs {
     /// The gRPC API to talk to [default: http://<control.grpc_listen>]
     #[arg(long, env = "HARK_API", global = true, value_name = "URL")]
-    api: Option<String>,
-    /// A bearer token, one of the server's control.api_tokens.
+    pub api: Option<String>,
+    /// A bearer token: one of the server's control.api_tokens, or a person's own key.
     #[arg(long, env = "HARK_API_TOKEN", global = true, hide_env_values = true)]
-    token: Option<String>,
+    pub token: Option<String>,
     /// Print JSON (one object per line) instead of text.
     #[arg(long, global = true)]
-    json: bool,
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    #[command(flatten)]
+    args: ApiArgs,
     #[command(subcommand)]
     command: TaskCommand,
 }
@@ -35,9 +42,10 @@ pub struct TaskArgs {
 /// What `hark task new` takes.
 #[derive(Debug, Args)]
 struct NewArgs {
-    /// Who the task works for, as platform:user_id.
-    #[arg(long, default_value = "cli:local")]
-    owner: String,
+    /// Who the task works for, as platform:user_id [default: cli:local; with a person's key
+    /// as --token, its owner]
+    #[arg(long)]
+    owner: Option<String>,
     /// Default question deadline, e.g. 90s, 30m, 2h [default: task.ask_timeout]
     #[arg(long)]
     timeout: Option<HumanDuration>,
@@ -206,7 +214,7 @@ enum TaskCommand {
 
 /// Adds the bearer token to every call.
 #[derive(Debug, Clone)]
-struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub(crate) struct Bearer(Option<MetadataValue<tonic::metadata::Ascii>>);
 
 impl Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
@@ -219,13 +227,15 @@ impl Interceptor for Bearer {
     }
 }
 
-type Client = TaskServiceClient<InterceptedService<Channel, Bearer>>;
+pub(crate) type Client = TaskServiceClient<InterceptedService<Channel, Bearer>>;
 
-async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
-    let api = match &args.api {
+/// A client of the gRPC API as `args` say (or at `control.grpc_listen`).
+pub(crate) async fn client(config: &Config, args: &ApiArgs) -> anyhow::Result<Client> {
+    let token = args.token.as_deref();
+    let api = match args.api.as_deref() {
         // `127.0.0.1:50051` means what `http://127.0.0.1:50051` says.
         Some(api) if !api.contains("://") => format!("http://{api}"),
-        Some(api) => api.clone(),
+        Some(api) => api.to_owned(),
         None => format!(
             "http://{}",
             hark_core::config::dial(config.control.grpc_listen)
@@ -247,7 +257,7 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
                 en: "cannot reach hark's gRPC API at {api}: is task-control running (hark dev or hark control)?"
             )
         })?;
-    let token = match &args.token {
+    let token = match token {
         Some(t) => Some(
             format!("Bearer {t}")
                 .parse()
@@ -259,7 +269,7 @@ async fn client(config: &Config, args: &TaskArgs) -> anyhow::Result<Client> {
 }
 
 /// Turns a gRPC error into a message a person can act on.
-fn explain(status: Status) -> anyhow::Error {
+pub(crate) fn explain(status: Status) -> anyhow::Error {
     let hint = match status.code() {
         tonic::Code::Unauthenticated => crate::said!(
             zh: "（用 --token 或 HARK_API_TOKEN 给出令牌）",
@@ -353,7 +363,7 @@ fn outcome_name(outcome: i32) -> &'static str {
     }
 }
 
-fn time_of(t: &Option<prost_types::Timestamp>) -> String {
+pub(crate) fn time_of(t: &Option<prost_types::Timestamp>) -> String {
     t.as_ref()
         .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
         .and_then(|t| {
@@ -509,10 +519,10 @@ fn joined(words: &[String]) -> String {
     words.join(" ")
 }
 
-pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
+pub async fn run(config: &Config, TaskArgs { args, command }: TaskArgs) -> anyhow::Result<()> {
     let mut api = client(config, &args).await?;
     let json_out = args.json;
-    match args.command {
+    match command {
         TaskCommand::New(new) => {
             let NewArgs {
                 owner,
@@ -587,6 +597,9 @@ pub async fn run(config: &Config, args: TaskArgs) -> anyhow::Result<()> {
                     nanos: since.subsec_nanos() as i32,
                 }
             });
+            // A person's key names its owner itself.
+            let keyed = args.token.as_deref().is_some_and(|t| t.starts_with("hk_"));
+            let owner = owner.unwrap_or_else(|| if keyed { "" } else { "cli:local" }.to_owned());
             let created = api
                 .create_task(pb::CreateTaskRequest {
                     owner,

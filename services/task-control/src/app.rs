@@ -231,9 +231,10 @@ impl App {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| Error::Serve(format!("cannot build gRPC reflection: {e}")))?;
+        let auth = api::Auth::new(shared.config.control.api_tokens.clone());
         let service = pb::task_service_server::TaskServiceServer::with_interceptor(
-            api::Api::new(shared.clone()),
-            api::Auth::new(shared.config.control.api_tokens.clone()),
+            api::Api::new(shared.clone()).counting(auth.failures()),
+            auth,
         );
         // Without TCP_NODELAY, answers to requests multiplexed on one connection wait for the
         // client's delayed ACK (40 ms) whenever an earlier reply is still unacknowledged.

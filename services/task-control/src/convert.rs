@@ -108,6 +108,20 @@ pub fn schedule(row: &ScheduleRow) -> pb::Schedule {
     }
 }
 
+pub fn person_key(row: &crate::rows::KeyRow) -> pb::PersonKey {
+    pb::PersonKey {
+        id: row.id.to_string(),
+        owner: row.owner.to_string(),
+        name: row.name.clone(),
+        role: row.role.as_str().to_owned(),
+        created_by: row.created_by.clone(),
+        created_at: Some(timestamp(row.created_at)),
+        expires_at: row.expires_at.map(timestamp),
+        revoked_at: row.revoked_at.map(timestamp),
+        last_used_at: row.last_used_at.map(timestamp),
+    }
+}
+
 pub fn question(q: &QuestionRow) -> pb::Question {
     pb::Question {
         id: q.id.to_string(),

@@ -3,7 +3,7 @@
 //! `hark.v1` messages.
 
 use hark_core::domain::{
-    DeadlinePolicy, Owner, QuestionId, QuestionOutcome, TaskId, TaskState, TimeoutPolicy,
+    DeadlinePolicy, Owner, QuestionId, QuestionOutcome, Role, TaskId, TaskState, TimeoutPolicy,
     form::FormQuestion,
     schedule::{Overlap, ScheduleState},
     shape::Shape,
@@ -482,4 +482,28 @@ impl Fixed {
 /// A count of seconds from a column, none when negative.
 fn seconds(s: i32) -> std::time::Duration {
     std::time::Duration::from_secs(u64::try_from(s).unwrap_or(0))
+}
+
+/// A key as it is listed: everything but the key.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct KeyRow {
+    pub id: Uuid,
+    #[sqlx(try_from = "String")]
+    pub owner: Owner,
+    pub name: String,
+    /// The most its holder may do; capped again by the owner's role when it is used.
+    #[sqlx(try_from = "String")]
+    pub role: Role,
+    pub created_by: String,
+    pub created_at: OffsetDateTime,
+    pub expires_at: Option<OffsetDateTime>,
+    pub revoked_at: Option<OffsetDateTime>,
+    pub last_used_at: Option<OffsetDateTime>,
+}
+
+impl KeyRow {
+    /// The first eight hex digits of its id, which name it to a person.
+    pub fn short_id(&self) -> String {
+        self.id.simple().to_string()[..8].to_owned()
+    }
 }

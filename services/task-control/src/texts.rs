@@ -650,6 +650,63 @@ impl Texts {
             en: format!("The instruction {why}; it was not passed on."))
     }
 
+    pub fn keys_private_only(&self) -> String {
+        pick!(self,
+            zh: "密钥只在和我的私聊里管理：请私聊我发送 /密钥 新建 <名字>。".to_owned(),
+            en: "Keys are managed only in a private chat with me: send /key new <name> there.".to_owned())
+    }
+
+    /// A key just made: shown this once.
+    pub fn key_made(&self, id: &str, name: &str, secret: &str, lifetime: Duration) -> String {
+        let lifetime = self.duration(lifetime);
+        pick!(self,
+        zh: format!(
+            "你的密钥「{name}」（{id}），{lifetime}内有效：\n{secret}\n它只显示这一次。拿着它的人能以你的身份提问和回答；\
+             不用了就发 /密钥 吊销 {id}。"
+        ),
+        en: format!(
+            "Your key \"{name}\" ({id}), good for {lifetime}:\n{secret}\nIt is shown only this once. Whoever holds it \
+             asks and answers as you; when you no longer need it, send /key revoke {id}."
+        ))
+    }
+
+    pub fn key_list(&self, keys: &[crate::rows::KeyRow]) -> String {
+        if keys.is_empty() {
+            return pick!(self,
+                zh: "你还没有密钥：发送 /密钥 新建 <名字> 来创建。".to_owned(),
+                en: "You have no keys: send /key new <name> to make one.".to_owned());
+        }
+        let lines: Vec<String> = keys
+            .iter()
+            .map(|k| {
+                let state = match (k.revoked_at, self.lang) {
+                    (Some(_), Language::Zh) => "已吊销",
+                    (Some(_), Language::En) => "revoked",
+                    (None, Language::Zh) => "有效",
+                    (None, Language::En) => "active",
+                };
+                format!("{} {} ({state})", k.short_id(), k.name)
+            })
+            .collect();
+        lines.join("\n")
+    }
+
+    pub fn key_revoked(&self, id: &str, name: &str) -> String {
+        pick!(self,
+            zh: format!("已吊销密钥「{name}」（{id}）：它立即失效。"),
+            en: format!("Revoked key \"{name}\" ({id}): it stops working now."))
+    }
+
+    pub fn no_key(&self, id: &str) -> String {
+        pick!(self,
+            zh: format!("你没有编号为 {id} 的密钥（/密钥 列表 列出你的密钥）"),
+            en: format!("You have no key {id} (/key list shows yours)"))
+    }
+
+    pub fn key_refused(&self, why: &str) -> String {
+        pick!(self, zh: format!("不能创建密钥：{why}"), en: format!("Cannot make a key: {why}"))
+    }
+
     pub fn told(&self, task: TaskId, next_round: bool) -> String {
         let s = task.short();
         match (self.lang, next_round) {
@@ -801,6 +858,7 @@ impl Texts {
              {word} history <编号> — 最近几轮和问题\n\
              {word} tell <编号> <指示> — 给任务补充指示\n\
              {word} delegate [#编号] @某人 — 把问你的问题转交给别人（也可以直接发 /转交 @某人）\n\
+             /密钥 新建 <名字>、/密钥 列表、/密钥 吊销 <编号> — 在私聊中管理你的密钥，供其他智能体以你的身份提问\n\
              中文命令也可以：/任务 新建、列表、状态、取消、暂停、继续、历史、告诉、转交、帮助。\n\
              回答问题：直接在这里回复；有多个问题时，引用其中一个，或在开头写上它的 #编号。"
         ),
@@ -813,6 +871,7 @@ impl Texts {
              {word} history <id> — its last rounds and questions\n\
              {word} tell <id> <instruction> — tell a task something\n\
              {word} delegate [#handle] @someone — pass a question you were asked on to someone else (or just /delegate @someone)\n\
+             /key new <name>, /key list, /key revoke <id> — in a private chat: your keys, for other agents to ask as you\n\
              To answer a question, just reply here; with several open, quote one or start with its #handle."
         ))
     }

@@ -20,10 +20,18 @@ fn http() -> reqwest::Client {
 
 /// A task in the group whose worker asked `Noodles or rice?`.
 async fn ask_in_group(tc: &TestControl) -> pb::Task {
+    ask_in_group_as(tc, tonic::Request::new).await
+}
+
+/// As [`ask_in_group`], created through `request` (which may add a token).
+async fn ask_in_group_as(
+    tc: &TestControl,
+    request: impl FnOnce(pb::CreateTaskRequest) -> tonic::Request<pb::CreateTaskRequest>,
+) -> pb::Task {
     let task = tc
         .client()
         .await
-        .create_task(pb::CreateTaskRequest {
+        .create_task(request(pb::CreateTaskRequest {
             owner: format!("{PLATFORM}:100"),
             goal: "lunch".into(),
             chat: Some(pb::ChatRoute {
@@ -33,7 +41,7 @@ async fn ask_in_group(tc: &TestControl) -> pb::Task {
                 ..Default::default()
             }),
             ..Default::default()
-        })
+        }))
         .await
         .expect("created")
         .into_inner()
@@ -461,4 +469,132 @@ async fn a_question_is_passed_on_from_the_console_and_asked_of_the_new_person() 
         "{audit:?}"
     );
     tc.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_persons_key_the_console_is_that_persons_own_inbox() {
+    let tc = TestControl::start_with(|c| c.control.api_tokens = vec![TOKEN.into()]).await;
+    let base = tc.console.clone().expect("the console listens");
+    let client = http();
+    let mut api = tc.client().await;
+    let hers = ask_in_group_as(&tc, operator).await;
+    let bobs = api
+        .create_task(operator(pb::CreateTaskRequest {
+            owner: format!("{PLATFORM}:200"),
+            goal: "bob's".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let key = api
+        .create_key(operator(pb::CreateKeyRequest {
+            owner: format!("{PLATFORM}:100"),
+            name: "browser".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect("made")
+        .into_inner()
+        .secret;
+
+    let session: Value = client
+        .get(format!("{base}/api/session"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("session")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(session["signed_in"], true);
+    assert_eq!(session["as"], format!("{PLATFORM}:100"));
+    let get = |path: String| client.get(format!("{base}{path}")).bearer_auth(&key).send();
+    let listed: Value = get("/api/tasks".into())
+        .await
+        .expect("tasks")
+        .json()
+        .await
+        .expect("json");
+    let ids: Vec<&str> = listed["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(ids, [hers.id.as_str()]);
+    let other = get(format!("/api/tasks?owner={PLATFORM}:200"))
+        .await
+        .expect("tasks");
+    assert_eq!(other.status(), 403);
+    let detail = get(format!("/api/tasks/{}", bobs.id)).await.expect("task");
+    assert_eq!(detail.status(), 404);
+    let cancel = client
+        .post(format!("{base}/api/tasks/{}/cancel", bobs.id))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cancel.status(), 404);
+    let still = api
+        .get_task(operator(pb::GetTaskRequest {
+            task_id: bobs.id.clone(),
+        }))
+        .await
+        .expect("read")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(still.state, pb::TaskState::Pending as i32);
+    let playground = client
+        .post(format!("{base}/api/playground/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"user": "200", "text": "hello"}))
+        .send()
+        .await
+        .expect("playground");
+    assert_eq!(playground.status(), 403);
+
+    // Her inbox holds her question, and she answers it there.
+    let inbox: Value = get("/api/questions".into())
+        .await
+        .expect("questions")
+        .json()
+        .await
+        .expect("json");
+    let questions = inbox["questions"].as_array().expect("questions");
+    assert_eq!(questions.len(), 1, "{inbox}");
+    let id = questions[0]["id"].as_str().expect("id");
+    let answered = client
+        .post(format!("{base}/api/questions/{id}/answer"))
+        .bearer_auth(&key)
+        .json(&json!({"answer": "rice"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answered.status(), 200);
+    let answered: Value = answered.json().await.expect("json");
+    assert_eq!(answered["question"]["answerer"], format!("{PLATFORM}:100"));
+
+    let wrong = client
+        .get(format!("{base}/api/tasks"))
+        .bearer_auth(format!("hk_{}", "1".repeat(64)))
+        .send()
+        .await
+        .expect("tasks");
+    assert_eq!(wrong.status(), 401);
+    tc.stop().await;
+}
+
+/// `message` as a request with the operator's token.
+fn operator<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {TOKEN}").parse().expect("header"),
+    );
+    request
 }

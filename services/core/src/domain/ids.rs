@@ -437,6 +437,14 @@ impl Role {
     }
 }
 
+impl TryFrom<String> for Role {
+    type Error = IdError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
 impl FromStr for Role {
     type Err = IdError;
 

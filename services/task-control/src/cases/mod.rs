@@ -24,6 +24,7 @@ pub mod clock;
 pub mod command;
 mod delegate;
 pub mod handoff;
+pub mod keys;
 pub mod run;
 
 pub use delegate::delegate;
@@ -87,6 +88,17 @@ pub enum Error {
     AlreadyAsked { handle: String, askee: Owner },
     #[error("{to} is not on {platform}, where the question is asked; name a {platform}: person")]
     OtherPlatform { to: Owner, platform: String },
+    /// A person's key makes keys only for its own owner.
+    #[error("a person's key cannot make a key for {owner}; only an operator token can")]
+    KeyOfAnother { owner: Owner },
+    #[error("a key's name must be 1 to 64 characters, without control characters")]
+    KeyName,
+    #[error("{owner} has the role {most}, so their key cannot have the role {role}")]
+    KeyRole {
+        owner: Owner,
+        role: Role,
+        most: Role,
+    },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -103,6 +115,8 @@ impl Classified for Error {
             Error::Reused { .. } | Error::AlreadyAsked { .. } => Kind::Conflict,
             Error::NotYours { .. } => Kind::Forbidden,
             Error::OtherPlatform { .. } => Kind::Invalid,
+            Error::KeyOfAnother { .. } | Error::KeyRole { .. } => Kind::Forbidden,
+            Error::KeyName => Kind::Invalid,
             Error::Store(e) => e.kind(),
         }
     }
@@ -294,8 +308,16 @@ impl Caller {
         }
     }
 
+    /// The person the caller is, whatever their role; `None` for an operator.
+    pub fn owner(&self) -> Option<&Owner> {
+        match self {
+            Caller::Operator(_) => None,
+            Caller::Person { owner, .. } => Some(owner),
+        }
+    }
+
     /// The owner whose tasks alone the caller sees; `None` for every task.
-    fn sees_only(&self) -> Option<&Owner> {
+    pub fn sees_only(&self) -> Option<&Owner> {
         match self {
             Caller::Person { owner, role } if *role < Role::Admin => Some(owner),
             _ => None,

@@ -39,8 +39,26 @@ pub enum Command {
         handle: Option<String>,
         to: Option<String>,
     },
+    /// Keys that belong to the sender: made, listed and revoked only in a private chat.
+    Key(KeyAction),
     Help,
 }
+
+/// What `key` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyAction {
+    /// Make a key called this.
+    New(String),
+    List,
+    /// Revoke the key with this id (or prefix).
+    Revoke(String),
+}
+
+/// The usage of `key`.
+pub const KEY_USAGE: &str = "key new <name> | key list | key revoke <id>";
+
+/// The words that manage the sender's keys by themselves, as `<command> key` does.
+pub const KEY_WORDS: [&str; 2] = ["/key", "/密钥"];
 
 /// The usage of `delegate`.
 pub const DELEGATE_USAGE: &str = "delegate [#handle] @someone";
@@ -74,9 +92,10 @@ pub fn strip_delegate(text: &str) -> Option<&str> {
 }
 
 /// Whether `text` starts with one of the command `words`, and the rest of it if so.
-pub fn strip_command<'a>(text: &'a str, words: &[String]) -> Option<&'a str> {
+pub fn strip_command<'a>(text: &'a str, words: &[impl AsRef<str>]) -> Option<&'a str> {
     let trimmed = text.trim_start();
     words.iter().find_map(|word| {
+        let word = word.as_ref();
         let rest = trimmed
             .get(..word.len())
             .filter(|head| head.eq_ignore_ascii_case(word))?;
@@ -150,6 +169,20 @@ pub fn parse(args: &str, word: &str, t: Texts) -> Result<Command, String> {
                 }
             }
             Ok(Command::Delegate { handle, to })
+        }
+        "key" | "keys" | "密钥" => {
+            let (action, name) = split_word(rest);
+            let name = name.trim();
+            match action.to_ascii_lowercase().as_str() {
+                "new" | "create" | "新建" | "创建" if !name.is_empty() => {
+                    Ok(Command::Key(KeyAction::New(name.to_owned())))
+                }
+                "list" | "ls" | "" | "列表" | "列出" => Ok(Command::Key(KeyAction::List)),
+                "revoke" | "delete" | "吊销" | "删除" | "撤销" if !name.is_empty() => {
+                    Ok(Command::Key(KeyAction::Revoke(name.to_owned())))
+                }
+                _ => Err(t.usage(word, KEY_USAGE)),
+            }
         }
         other => Err(t.unknown_command(word, &hark_core::domain::ids::shown(other))),
     }
@@ -388,6 +421,34 @@ mod tests {
             parse("new --timeout 0s go", "/task", ZH)
                 .unwrap_err()
                 .contains("必须大于 0")
+        );
+    }
+
+    #[test]
+    fn key_makes_lists_and_revokes_the_senders_keys() {
+        assert_eq!(
+            strip_command("/密钥 新建 笔记本", &KEY_WORDS),
+            Some("新建 笔记本")
+        );
+        assert_eq!(strip_command("/keys", &KEY_WORDS), None);
+        assert_eq!(
+            parse("key new my laptop", "/task", EN),
+            Ok(Command::Key(KeyAction::New("my laptop".into())))
+        );
+        assert_eq!(
+            parse("密钥 新建 笔记本", "/task", ZH),
+            Ok(Command::Key(KeyAction::New("笔记本".into())))
+        );
+        assert_eq!(parse("key", "/task", EN), Ok(Command::Key(KeyAction::List)));
+        assert_eq!(
+            parse("密钥 吊销 0190a3f2", "/task", ZH),
+            Ok(Command::Key(KeyAction::Revoke("0190a3f2".into())))
+        );
+        assert!(parse("key new", "/task", EN).unwrap_err().contains("usage"));
+        assert!(
+            parse("key revoke", "/task", EN)
+                .unwrap_err()
+                .contains("usage")
         );
     }
 

@@ -121,7 +121,11 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
         .collect();
     let command = command::strip_command(&inbound.text, &words)
         .map(str::to_owned)
-        .or_else(|| command::strip_delegate(&inbound.text).map(|rest| format!("delegate {rest}")));
+        .or_else(|| command::strip_delegate(&inbound.text).map(|rest| format!("delegate {rest}")))
+        .or_else(|| {
+            command::strip_command(&inbound.text, &command::KEY_WORDS)
+                .map(|rest| format!("key {rest}"))
+        });
     if let Some(args) = command.as_deref() {
         if let Some(sender) = inbound.owner() {
             match shared.commands.check(&sender, std::time::Instant::now()) {
@@ -508,6 +512,7 @@ async fn run_command(
         Command::Delegate { handle, to } => {
             return delegate(shared, inbound, &sender, role, handle, to).await;
         }
+        Command::Key(action) => return key(shared, inbound, sender, action).await,
         Command::Tell(reference, instruction) => {
             match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(reply) => reply,
@@ -532,6 +537,62 @@ async fn run_command(
     };
     Ok(Some(reply))
 }
+
+/// `key`: the sender's own keys, made, listed and revoked in a private chat only, so that no key
+/// is ever posted where others read. A redelivered message does nothing again.
+async fn key(
+    shared: &Shared,
+    inbound: &Inbound,
+    sender: Owner,
+    action: command::KeyAction,
+) -> Result<Option<String>, store::Error> {
+    let t = shared.texts(&inbound.platform);
+    if inbound.stream.kind() != "private" {
+        return Ok(Some(t.keys_private_only()));
+    }
+    if let Some(key) = inbound.key()
+        && !shared.store.mark_inbound(&key, None).await?
+    {
+        return Ok(None);
+    }
+    let role = shared.role_of(&sender);
+    let caller = cases::Caller::Person {
+        owner: sender.clone(),
+        role,
+    };
+    let done = match action {
+        command::KeyAction::New(name) => {
+            let make = cases::keys::Make {
+                owner: sender,
+                name,
+                role: None,
+                expires_in: Some(KEY_LIFETIME),
+            };
+            cases::keys::create(shared, &caller, make)
+                .await
+                .map(|(key, secret)| t.key_made(&key.short_id(), &key.name, &secret, KEY_LIFETIME))
+        }
+        command::KeyAction::List => cases::keys::list(shared, &caller)
+            .await
+            .map(|keys| t.key_list(&keys)),
+        command::KeyAction::Revoke(id) => cases::keys::revoke(shared, &caller, &id)
+            .await
+            .map(|key| t.key_revoked(&key.short_id(), &key.name)),
+    };
+    match done {
+        Ok(said) => Ok(Some(said)),
+        Err(cases::Error::Store(
+            store::Error::KeyNotFound(id) | store::Error::AmbiguousKey(id),
+        )) => Ok(Some(t.no_key(&id))),
+        Err(e @ (cases::Error::CannotHaveTasks { .. } | cases::Error::KeyName)) => {
+            Ok(Some(t.key_refused(&e.to_string())))
+        }
+        Err(e) => Err(into_store(e)),
+    }
+}
+
+/// How long a key made in chat works.
+const KEY_LIFETIME: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
 
 /// `delegate`: passes an open question of this chat on to someone else. The question is the one
 /// quoted, the one `handle` names, or the sender's only open one here; the person is the one
@@ -729,7 +790,10 @@ fn refused_creation(
         | E::Instruction(_)
         | E::NotYours { .. }
         | E::AlreadyAsked { .. }
-        | E::OtherPlatform { .. }) => t.not_created(&e.to_string()),
+        | E::OtherPlatform { .. }
+        | E::KeyOfAnother { .. }
+        | E::KeyName
+        | E::KeyRole { .. }) => t.not_created(&e.to_string()),
     })
 }
 

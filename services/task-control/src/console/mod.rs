@@ -41,7 +41,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
-use crate::{api::Api, shared::Shared};
+use crate::{
+    api::{Api, PresentedKey},
+    shared::Shared,
+};
 
 /// The console's state: the API it acts through and who may use it.
 #[derive(Debug, Clone)]
@@ -182,7 +185,12 @@ fn allowed(console: &Console, headers: &HeaderMap) -> bool {
             .is_some_and(|given| console.tokens.iter().any(|t| t.matches(given)))
 }
 
-async fn signed_in(State(console): State<Console>, request: Request, next: Next) -> Response {
+async fn signed_in(State(console): State<Console>, mut request: Request, next: Next) -> Response {
+    // A person's key: every call checks it, and acts only as its owner.
+    if let Some(key) = person_key(&console, request.headers()) {
+        request.extensions_mut().insert(key);
+        return next.run(request).await;
+    }
     if allowed(&console, request.headers()) {
         next.run(request).await
     } else {
@@ -191,6 +199,60 @@ async fn signed_in(State(console): State<Console>, request: Request, next: Next)
             "sign in with one of control.api_tokens",
         )
         .into_response()
+    }
+}
+
+/// The person's key `headers` carry, when they carry one that is not an operator's token.
+fn person_key(console: &Console, headers: &HeaderMap) -> Option<PresentedKey> {
+    hark_core::secret::bearer(headers)
+        .filter(|given| given.starts_with(crate::cases::keys::KEY_PREFIX))
+        .filter(|given| !console.tokens.iter().any(|t| t.matches(given)))
+        .map(|given| PresentedKey(Secret::from(given)))
+}
+
+/// Who a console request comes from: the person whose key signed in, or an operator.
+#[derive(Debug, Clone, Default)]
+struct Who(Option<PresentedKey>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Infallible> {
+        Ok(Who(parts.extensions.get::<PresentedKey>().cloned()))
+    }
+}
+
+impl Who {
+    /// `message` as an API request from this caller.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(key) = &self.0 {
+            request.extensions_mut().insert(key.clone());
+        }
+        request
+    }
+
+    /// The caller the use cases see.
+    async fn caller(&self, console: &Console) -> Result<crate::cases::Caller, Failure> {
+        console
+            .api
+            .caller(&self.request(()), "console")
+            .await
+            .map_err(refused)
+    }
+
+    /// Refuses what only an operator may do (the playground speaks as anyone).
+    fn operator_only(&self, what: &str) -> Result<(), Failure> {
+        match self.0 {
+            None => Ok(()),
+            Some(_) => Err(error(
+                StatusCode::FORBIDDEN,
+                format!("{what} is for operators: a person's key cannot use it"),
+            )),
+        }
     }
 }
 
@@ -276,11 +338,22 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
 
 /// `GET /api/session`: whether a token is needed and whether the one sent is good, the
 /// language, the chat command word and the playground.
+/// With a person's key, `as` names the person: the console is their own inbox.
 async fn session(State(console): State<Console>, headers: HeaderMap) -> Json<Value> {
     let config = &console.shared.config;
+    let person = match person_key(&console, &headers) {
+        Some(key) => Some(Who(Some(key)).caller(&console).await.ok()),
+        None => None,
+    };
+    let signed_in = match &person {
+        Some(caller) => caller.is_some(),
+        None => allowed(&console, &headers),
+    };
+    let person = person.flatten();
     Json(json!({
         "token_required": !console.tokens.is_empty(),
-        "signed_in": allowed(&console, &headers),
+        "signed_in": signed_in,
+        "as": person.as_ref().and_then(|c| c.owner()).map(|o| o.to_string()),
         "language": config.chat.language_for(&config.gateway.onebot.platform),
         "command": config.chat.command,
         "playground": console.playground.describe(),
@@ -294,14 +367,18 @@ struct QuestionQuery {
 }
 
 /// `GET /api/questions`: the open questions, oldest first.
-async fn questions(State(console): State<Console>, Query(q): Query<QuestionQuery>) -> Answered {
+async fn questions(
+    State(console): State<Console>,
+    who: Who,
+    Query(q): Query<QuestionQuery>,
+) -> Answered {
     let mut all = Vec::new();
     let mut page_token = String::new();
     // The inbox shows every open question; pages of 200 until none is left (bounded).
     for _ in 0..25 {
         let page = console
             .api
-            .list_questions(tonic::Request::new(pb::ListQuestionsRequest {
+            .list_questions(who.request(pb::ListQuestionsRequest {
                 owner: q.owner.clone(),
                 page_size: 200,
                 page_token: page_token.clone(),
@@ -342,7 +419,7 @@ struct TaskQuery {
 
 /// `GET /api/tasks`: the newest tasks, filtered by state (a comma-separated list), owner and
 /// chat.
-async fn tasks(State(console): State<Console>, Query(q): Query<TaskQuery>) -> Answered {
+async fn tasks(State(console): State<Console>, who: Who, Query(q): Query<TaskQuery>) -> Answered {
     let mut states = Vec::new();
     for word in q.state.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let state = word
@@ -357,7 +434,7 @@ async fn tasks(State(console): State<Console>, Query(q): Query<TaskQuery>) -> An
     };
     let page = console
         .api
-        .list_tasks(tonic::Request::new(pb::ListTasksRequest {
+        .list_tasks(who.request(pb::ListTasksRequest {
             owner: q.owner.trim().to_owned(),
             states,
             stream: stream.to_owned(),
@@ -382,10 +459,10 @@ struct NewTask {
 }
 
 /// `POST /api/tasks`: a task without a chat; its questions are answered here or over the API.
-async fn create(State(console): State<Console>, Body(new): Body<NewTask>) -> Answered {
+async fn create(State(console): State<Console>, who: Who, Body(new): Body<NewTask>) -> Answered {
     let created = console
         .api
-        .create_task(tonic::Request::new(pb::CreateTaskRequest {
+        .create_task(who.request(pb::CreateTaskRequest {
             owner: new.owner,
             goal: new.goal,
             ..Default::default()
@@ -410,6 +487,7 @@ struct DetailQuery {
 /// instructions not yet read.
 async fn task(
     State(console): State<Console>,
+    who: Who,
     Path(id): Path<String>,
     Query(q): Query<DetailQuery>,
 ) -> Answered {
@@ -424,7 +502,7 @@ async fn task(
     };
     let got = console
         .api
-        .get_task(tonic::Request::new(pb::GetTaskRequest {
+        .get_task(who.request(pb::GetTaskRequest {
             task_id: id.clone(),
         }))
         .await
@@ -477,13 +555,14 @@ struct Act {
 /// `POST /api/tasks/{id}/{cancel|pause|resume|tell}`.
 async fn act(
     State(console): State<Console>,
+    who: Who,
     Path((id, action)): Path<(String, String)>,
     Body(act): Body<Act>,
 ) -> Answered {
     let api = &console.api;
     let task = match action.as_str() {
         "cancel" => {
-            api.cancel_task(tonic::Request::new(pb::CancelTaskRequest {
+            api.cancel_task(who.request(pb::CancelTaskRequest {
                 task_id: id,
                 reason: act.reason,
             }))
@@ -493,14 +572,14 @@ async fn act(
             .task
         }
         "pause" => {
-            api.pause_task(tonic::Request::new(pb::PauseTaskRequest { task_id: id }))
+            api.pause_task(who.request(pb::PauseTaskRequest { task_id: id }))
                 .await
                 .map_err(refused)?
                 .into_inner()
                 .task
         }
         "resume" => {
-            api.resume_task(tonic::Request::new(pb::ResumeTaskRequest { task_id: id }))
+            api.resume_task(who.request(pb::ResumeTaskRequest { task_id: id }))
                 .await
                 .map_err(refused)?
                 .into_inner()
@@ -508,7 +587,7 @@ async fn act(
         }
         "tell" => {
             let told = api
-                .tell_task(tonic::Request::new(pb::TellTaskRequest {
+                .tell_task(who.request(pb::TellTaskRequest {
                     task_id: id,
                     instruction: act.text,
                     author: "console".into(),
@@ -544,19 +623,20 @@ struct AnswerBody {
 /// `POST /api/questions/{id}/answer`.
 async fn answer(
     State(console): State<Console>,
+    who: Who,
     Path(id): Path<String>,
     Body(body): Body<AnswerBody>,
 ) -> Answered {
     let answered = console
         .api
         .answer(
-            tonic::Request::new(pb::AnswerQuestionRequest {
+            who.request(pb::AnswerQuestionRequest {
                 question_id: id,
                 answer: body.answer,
                 answer_json: body.value.map(|v| v.to_string()).unwrap_or_default(),
                 ..Default::default()
             }),
-            "console",
+            &who.caller(&console).await?,
         )
         .await
         .map_err(refused)?
@@ -578,18 +658,19 @@ struct DelegateBody {
 /// person from now on (see `DelegateQuestion`).
 async fn delegate(
     State(console): State<Console>,
+    who: Who,
     Path(id): Path<String>,
     Body(body): Body<DelegateBody>,
 ) -> Answered {
     let moved = console
         .api
         .delegate(
-            tonic::Request::new(pb::DelegateQuestionRequest {
+            who.request(pb::DelegateQuestionRequest {
                 question_id: id,
                 to: body.to,
                 request_id: String::new(),
             }),
-            "console",
+            &who.caller(&console).await?,
         )
         .await
         .map_err(refused)?
@@ -598,9 +679,6 @@ async fn delegate(
         "question": moved.question.as_ref().map_or(Value::Null, json::question),
     })))
 }
-
-/// Who acts through the console: its tokens are operators'.
-const CONSOLE: crate::cases::Caller = crate::cases::Caller::Operator("console");
 
 /// The body of `remind`: nothing but `{}`, so that it too is JSON only.
 #[derive(Debug, Deserialize)]
@@ -611,13 +689,15 @@ struct RemindBody {}
 /// once a minute.
 async fn remind(
     State(console): State<Console>,
+    who: Who,
     Path(id): Path<String>,
     Body(RemindBody {}): Body<RemindBody>,
 ) -> Answered {
     let id: QuestionId = id
         .parse()
         .map_err(|e| error(StatusCode::BAD_REQUEST, format!("question id: {e}")))?;
-    let question = crate::cases::remind(&console.shared, &CONSOLE, id)
+    let caller = who.caller(&console).await?;
+    let question = crate::cases::remind(&console.shared, &caller, id)
         .await
         .map_err(|e| refused(crate::api::case_status(e, None)))?;
     Ok(Json(json!({
@@ -630,6 +710,7 @@ async fn remind(
 /// token is too old is told `410 Gone` (it lists again and watches from now).
 async fn events(
     State(console): State<Console>,
+    who: Who,
     headers: HeaderMap,
     extensions: axum::http::Extensions,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Failure> {
@@ -650,20 +731,20 @@ async fn events(
         .watchers
         .slot(holder)
         .map_err(|e| error(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
-    let events = crate::events::watch_many(
-        &console.shared,
-        crate::events::Filter::default(),
-        resume,
-        slot,
-    )
-    .await
-    .map_err(|e| match e {
-        crate::events::WatchError::Gone => error(StatusCode::GONE, e.to_string()),
-        crate::events::WatchError::BadToken => error(StatusCode::BAD_REQUEST, e.to_string()),
-        crate::events::WatchError::Unavailable(_) => {
-            error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-        }
-    })?;
+    // A person's own tasks only.
+    let filter = crate::events::Filter {
+        owner: who.caller(&console).await?.sees_only().cloned(),
+        ..Default::default()
+    };
+    let events = crate::events::watch_many(&console.shared, filter, resume, slot)
+        .await
+        .map_err(|e| match e {
+            crate::events::WatchError::Gone => error(StatusCode::GONE, e.to_string()),
+            crate::events::WatchError::BadToken => error(StatusCode::BAD_REQUEST, e.to_string()),
+            crate::events::WatchError::Unavailable(_) => {
+                error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+        })?;
     let stream = events.map(|item| {
         Ok(match item {
             Ok(response) => Event::default()

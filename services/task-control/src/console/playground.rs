@@ -138,7 +138,12 @@ pub struct Say {
 }
 
 /// `POST /api/playground/messages`: `text` from `user`, as the chat would carry it.
-pub async fn say(State(console): State<Console>, Body(say): Body<Say>) -> super::Answered {
+pub async fn say(
+    State(console): State<Console>,
+    who: super::Who,
+    Body(say): Body<Say>,
+) -> super::Answered {
+    who.operator_only("the playground")?;
     let target = console.playground.target()?;
     let stream = chat_of(&say.user)?;
     let message_id = uuid::Uuid::now_v7().to_string();
@@ -185,8 +190,10 @@ pub struct Listen {
 /// while the page listens.
 pub async fn stream(
     State(console): State<Console>,
+    who: super::Who,
     Query(listen): Query<Listen>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Failure> {
+    who.operator_only("the playground")?;
     let target = console.playground.target()?;
     let stream = chat_of(&listen.user)?;
     let mut response = target

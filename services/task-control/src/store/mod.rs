@@ -366,6 +366,7 @@ mod connect;
 mod delegate;
 mod escalate;
 mod form;
+mod keys;
 mod ops;
 mod outbox;
 mod reads;
@@ -378,7 +379,7 @@ mod worker;
 use apply::{Cas, CasRow, columns};
 
 pub use crate::rows::{
-    Answer, ChatRoute, Instruction, Lease, QuestionRow, RoundRow, ScheduleRow, TaskRow,
+    Answer, ChatRoute, Instruction, KeyRow, Lease, QuestionRow, RoundRow, ScheduleRow, TaskRow,
     TransitionRow,
 };
 pub use answers::{AnswerOutcome, AnswerTarget, SubtaskEnded, subtask_answerer};
@@ -388,6 +389,7 @@ pub use delegate::{Delegated, Delegation};
 pub use form::{FormStep, Step};
 pub use hark_core::domain::Need;
 pub use hark_core::domain::schedule::Overlap;
+pub use keys::NewKey;
 pub use ops::NewTask;
 pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};
@@ -448,6 +450,10 @@ pub enum Error {
     AmbiguousTask { prefix: String, count: usize },
     #[error("no question {0}")]
     QuestionNotFound(String),
+    #[error("no key {0} (`hark key list` shows the keys)")]
+    KeyNotFound(String),
+    #[error("`{0}` matches more than one key; give more of its id")]
+    AmbiguousKey(String),
     #[error("no schedule {0}")]
     ScheduleNotFound(String),
     #[error("schedule {0} has ended: it was cancelled or its one run is done")]
@@ -536,13 +542,15 @@ impl hark_core::error::Classified for Error {
             Error::Refused { .. } | Error::NotPostgres { .. } => Kind::Invalid,
             Error::DatabaseUrl(..)
             | Error::AmbiguousTask { .. }
+            | Error::AmbiguousKey(_)
             | Error::BadRound { .. }
             | Error::Misfit { .. }
             | Error::Invalid(_) => Kind::Invalid,
             Error::WaitsForSubtask { .. } => Kind::Conflict,
-            Error::TaskNotFound(_) | Error::QuestionNotFound(_) | Error::ScheduleNotFound(_) => {
-                Kind::NotFound
-            }
+            Error::TaskNotFound(_)
+            | Error::QuestionNotFound(_)
+            | Error::ScheduleNotFound(_)
+            | Error::KeyNotFound(_) => Kind::NotFound,
             Error::NoOpenQuestion { .. }
             | Error::NotRemindable { .. }
             | Error::ScheduleEnded(_)

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use super::{Error, Store};
 
 /// hark's tables.
-const TABLES: [&str; 9] = [
+const TABLES: [&str; 10] = [
     "tasks",
     "schedules",
     "questions",
@@ -24,6 +24,7 @@ const TABLES: [&str; 9] = [
     "instructions",
     "applied_inbound",
     "outbox",
+    "person_keys",
 ];
 
 /// Act once this many rows, plus this share of the rows the table had when last looked after,

@@ -312,11 +312,13 @@ function renderNav() {
   nav.replaceChildren(
     h("a", { href: "#/inbox", class: view === "inbox" ? "on" : "" }, t("inbox"), count ? h("span", { class: "badge", "data-count": count }, count) : null),
     h("a", { href: "#/tasks", class: view === "tasks" || view === "task" ? "on" : "" }, t("tasks")),
-    h("a", { href: "#/playground", class: view === "playground" ? "on" : "" }, t("playground")),
+    // A person's key sees their own inbox; the playground, which speaks as anyone, is not theirs.
+    app.session && app.session.as ? h("span", { class: "who" }, app.session.as)
+      : h("a", { href: "#/playground", class: view === "playground" ? "on" : "" }, t("playground")),
   );
   document.getElementById("lang").textContent = t("lang");
   const out = document.getElementById("signout");
-  out.hidden = !(app.session && app.session.token_required);
+  out.hidden = !(app.session && (app.session.token_required || app.session.as));
   out.textContent = t("signout");
   setLive(app.live);
 }

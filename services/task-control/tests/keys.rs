@@ -111,6 +111,39 @@ async fn a_persons_key_sees_and_moves_only_that_persons_tasks() {
         assert_eq!(err.code(), Code::NotFound, "{err}");
     }
 
+    let err = api
+        .watch_task(with(
+            &alice,
+            pb::WatchTaskRequest {
+                task_id: bobs.id.clone(),
+            },
+        ))
+        .await
+        .expect_err("not hers");
+    assert_eq!(err.code(), Code::NotFound);
+    let err = api
+        .watch_tasks(with(
+            &alice,
+            pb::WatchTasksRequest {
+                owner: "qq:2002".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("another owner");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    let err = api
+        .list_questions(with(
+            &alice,
+            pb::ListQuestionsRequest {
+                owner: "qq:2002".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect_err("another owner");
+    assert_eq!(err.code(), Code::PermissionDenied);
+
     // Moved: nothing of another's, and a refusal leaves it as it was.
     let err = api
         .cancel_task(with(

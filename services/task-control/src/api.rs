@@ -400,6 +400,8 @@ pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Stat
         E::OtherPlatform { .. } => invalid("to", error),
         E::KeyOfAnother { .. } | E::KeyRole { .. } => Status::permission_denied(error.to_string()),
         E::KeyName => invalid("name", error),
+        E::NeverSeen { .. } => Status::failed_precondition(error.to_string()),
+        E::NotTheirChat { .. } => Status::permission_denied(error.to_string()),
         E::Store(e) => status_of(e),
     }
 }

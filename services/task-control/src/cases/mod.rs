@@ -25,6 +25,7 @@ pub mod command;
 mod delegate;
 pub mod handoff;
 pub mod keys;
+pub mod reach;
 pub mod run;
 
 pub use delegate::delegate;
@@ -99,6 +100,14 @@ pub enum Error {
         role: Role,
         most: Role,
     },
+    /// hark has no chat of theirs to reach them in.
+    #[error("hark has never seen {owner} in a chat: they must send the bot a message first")]
+    NeverSeen { owner: Owner },
+    /// A chat the person was never seen in: the bot does not post there for them.
+    #[error(
+        "{owner} was never seen in {chat}: name a chat they speak in, or none for their private chat"
+    )]
+    NotTheirChat { owner: Owner, chat: String },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -117,6 +126,8 @@ impl Classified for Error {
             Error::OtherPlatform { .. } => Kind::Invalid,
             Error::KeyOfAnother { .. } | Error::KeyRole { .. } => Kind::Forbidden,
             Error::KeyName => Kind::Invalid,
+            Error::NeverSeen { .. } => Kind::Conflict,
+            Error::NotTheirChat { .. } => Kind::Forbidden,
             Error::Store(e) => e.kind(),
         }
     }

@@ -115,6 +115,18 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
             return Ok(());
         }
     };
+    // Where the sender speaks, so that hark may reach them there when asked to.
+    if let Some(sender) = inbound.owner() {
+        shared
+            .store
+            .saw(
+                &sender,
+                &inbound.platform,
+                &inbound.bot_id,
+                inbound.stream.as_str(),
+            )
+            .await?;
+    }
     let chat = &shared.config.chat;
     let words: Vec<String> = std::iter::once(chat.command.clone())
         .chain(chat.command_aliases.iter().cloned())
@@ -793,7 +805,9 @@ fn refused_creation(
         | E::OtherPlatform { .. }
         | E::KeyOfAnother { .. }
         | E::KeyName
-        | E::KeyRole { .. }) => t.not_created(&e.to_string()),
+        | E::KeyRole { .. }
+        | E::NeverSeen { .. }
+        | E::NotTheirChat { .. }) => t.not_created(&e.to_string()),
     })
 }
 

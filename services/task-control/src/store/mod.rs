@@ -372,6 +372,7 @@ mod outbox;
 mod reads;
 mod retention;
 mod schedules;
+mod seen;
 mod timers;
 mod upkeep;
 mod worker;
@@ -395,6 +396,7 @@ pub use outbox::{OutboxEntry, OutboxMessage};
 pub use reads::{QuestionFilter, TaskFilter};
 pub use retention::Purged;
 pub use schedules::NewSchedule;
+pub use seen::SeenChat;
 pub use timers::{Due, Overdue, Sweep};
 pub use upkeep::{UPKEEP_LOCK, Upkeep};
 pub use worker::{AskDecided, AskInput, Claimed, Escalation, Resume, Take, people_on};
@@ -845,6 +847,8 @@ pub struct Store {
     asked: std::sync::Arc<Recent<hark_core::domain::TaskId, answers::AnswerTarget>>,
     /// The tasks of the questions in `asked`.
     asked_of: std::sync::Arc<Recent<hark_core::domain::QuestionId, hark_core::domain::TaskId>>,
+    /// When this process last wrote that a person was seen in a chat, by a hash of both.
+    seen: std::sync::Arc<Recent<u64, std::time::Instant>>,
     /// Creations, claims, asks, answers (and their lookups) and completions waiting to be decided
     /// together.
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
@@ -947,6 +951,7 @@ impl Store {
             routes: std::sync::Arc::new(Recent::new(50_000)),
             asked: std::sync::Arc::new(Recent::new(ASKED_REMEMBERED)),
             asked_of: std::sync::Arc::new(Recent::new(ASKED_REMEMBERED)),
+            seen: std::sync::Arc::new(Recent::new(50_000)),
             claims: Default::default(),
             completions: Default::default(),
             creations: Default::default(),

@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use super::{Error, Store};
 
 /// hark's tables.
-const TABLES: [&str; 10] = [
+const TABLES: [&str; 11] = [
     "tasks",
     "schedules",
     "questions",
@@ -25,6 +25,7 @@ const TABLES: [&str; 10] = [
     "applied_inbound",
     "outbox",
     "person_keys",
+    "person_chats",
 ];
 
 /// Act once this many rows, plus this share of the rows the table had when last looked after,

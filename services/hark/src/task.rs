@@ -598,7 +598,10 @@ pub async fn run(config: &Config, TaskArgs { args, command }: TaskArgs) -> anyho
                 }
             });
             // A person's key names its owner itself.
-            let keyed = args.token.as_deref().is_some_and(|t| t.starts_with("hk_"));
+            let keyed = args
+                .token
+                .as_deref()
+                .is_some_and(|t| t.starts_with(hark_control::cases::keys::KEY_PREFIX));
             let owner = owner.unwrap_or_else(|| if keyed { "" } else { "cli:local" }.to_owned());
             let created = api
                 .create_task(pb::CreateTaskRequest {

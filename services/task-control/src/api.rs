@@ -310,7 +310,7 @@ impl Api {
             .await
             .map_err(|e| case_status(e, None))?
         {
-            Some((_, caller)) => Ok(caller),
+            Some(caller) => Ok(caller),
             None => {
                 if let Some(peer) = request.remote_addr() {
                     self.failures.failed(peer.ip());
@@ -398,7 +398,9 @@ pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Stat
         E::NotYours { .. } => Status::permission_denied(error.to_string()),
         E::AlreadyAsked { .. } => Status::failed_precondition(error.to_string()),
         E::OtherPlatform { .. } => invalid("to", error),
-        E::KeyOfAnother { .. } | E::KeyRole { .. } => Status::permission_denied(error.to_string()),
+        E::KeyOfAnother { .. } | E::KeyRole { .. } | E::ForAnother { .. } => {
+            Status::permission_denied(error.to_string())
+        }
         E::KeyName => invalid("name", error),
         E::NeverSeen { .. } => Status::failed_precondition(error.to_string()),
         E::NotTheirChat { .. } => Status::permission_denied(error.to_string()),
@@ -543,30 +545,13 @@ impl TaskService for Api {
     ) -> Result<Response<pb::CreateTaskResponse>, Status> {
         let caller = self.caller(&request, API).await?;
         let request = request.into_inner();
-        let owner = match (owner_field("owner", &request.owner)?, &caller) {
-            (Some(owner), cases::Caller::Operator(_)) => owner,
-            (None, cases::Caller::Operator(_)) => {
-                return Err(invalid("owner", "must not be empty"));
-            }
-            // A person's key creates tasks for that person only, and only with a role that may
-            // have them.
-            (named, cases::Caller::Person { owner: me, role }) => {
-                if named.as_ref().is_some_and(|named| named != me) {
-                    return Err(Status::permission_denied(format!(
-                        "owner: a key of {me} creates tasks only for {me}"
-                    )));
-                }
-                if *role < hark_core::domain::Role::User {
-                    return Err(case_status(
-                        cases::Error::CannotHaveTasks {
-                            owner: me.clone(),
-                            role: *role,
-                        },
-                        None,
-                    ));
-                }
-                me.clone()
-            }
+        // A person's key names its owner by itself.
+        let owner = match owner_field("owner", &request.owner)? {
+            Some(owner) => owner,
+            None => caller
+                .owner()
+                .cloned()
+                .ok_or_else(|| invalid("owner", "must not be empty"))?,
         };
         let questionnaire = match request.questionnaire.is_empty() {
             true => None,
@@ -647,6 +632,7 @@ impl TaskService for Api {
         let request_id = key_field("request_id", &request.request_id)?;
         let request_key = request_id.as_ref().map(|id| format!("api:{owner}:{id}"));
         let create = cases::Create {
+            by: caller,
             owner,
             goal,
             chat,
@@ -1168,15 +1154,22 @@ impl Auth {
 #[derive(Debug, Clone)]
 pub struct PresentedKey(pub Secret);
 
+impl PresentedKey {
+    /// `token` as a person's key: one that looks like a key and is none of the operators'
+    /// `tokens`.
+    pub fn of(token: &str, tokens: &[Secret]) -> Option<Self> {
+        (token.starts_with(cases::keys::KEY_PREFIX) && !tokens.iter().any(|t| t.matches(token)))
+            .then(|| PresentedKey(Secret::from(token)))
+    }
+}
+
 impl tonic::service::Interceptor for Auth {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         // A person's key is let through to the call, which looks it up; it acts as its owner
         // even where operators need no token.
         let key = bearer(&request)
             .ok()
-            .filter(|token| token.starts_with(cases::keys::KEY_PREFIX))
-            .filter(|token| !self.tokens.iter().any(|t| t.matches(token)))
-            .map(|token| PresentedKey(Secret::from(token)));
+            .and_then(|token| PresentedKey::of(token, &self.tokens));
         if self.tokens.is_empty() && key.is_none() {
             return Ok(request);
         }

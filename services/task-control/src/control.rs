@@ -418,6 +418,7 @@ async fn subtask(shared: &Shared, payload: &[u8]) -> pb::SubtaskResponse {
             .await
             .map_err(|e| refusal_of(&e))?;
         let create = cases::Create {
+            by: cases::Caller::Operator("subtask"),
             owner: parent.owner.clone(),
             goal: strip_nul(request.goal),
             chat: parent.chat(),

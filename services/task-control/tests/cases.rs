@@ -21,6 +21,7 @@ fn owner(s: &str) -> Owner {
 
 fn create(who: &str, goal: &str) -> Create {
     Create {
+        by: Caller::Operator("test"),
         owner: owner(who),
         goal: goal.into(),
         chat: None,

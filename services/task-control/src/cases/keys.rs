@@ -97,7 +97,7 @@ pub async fn revoke(shared: &Shared, caller: &Caller, id: &str) -> Result<KeyRow
 
 /// The person `secret` signs in as, with the key's role capped by the owner's role now; `None`
 /// for a key that is unknown, revoked or expired.
-pub async fn signed_in(shared: &Shared, secret: &str) -> Result<Option<(KeyRow, Caller)>, Error> {
+pub async fn signed_in(shared: &Shared, secret: &str) -> Result<Option<Caller>, Error> {
     if !secret.starts_with(KEY_PREFIX) {
         return Ok(None);
     }
@@ -105,9 +105,8 @@ pub async fn signed_in(shared: &Shared, secret: &str) -> Result<Option<(KeyRow, 
         return Ok(None);
     };
     let role = key.role.min(shared.role_of(&key.owner));
-    let caller = Caller::Person {
-        owner: key.owner.clone(),
+    Ok(Some(Caller::Person {
+        owner: key.owner,
         role,
-    };
-    Ok(Some((key, caller)))
+    }))
 }

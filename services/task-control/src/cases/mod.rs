@@ -89,6 +89,9 @@ pub enum Error {
     AlreadyAsked { handle: String, askee: Owner },
     #[error("{to} is not on {platform}, where the question is asked; name a {platform}: person")]
     OtherPlatform { to: Owner, platform: String },
+    /// A person creates tasks only for themselves.
+    #[error("owner: {by} creates tasks only for {by}, not for {owner}")]
+    ForAnother { by: Owner, owner: Owner },
     /// A person's key makes keys only for its own owner.
     #[error("a person's key cannot make a key for {owner}; only an operator token can")]
     KeyOfAnother { owner: Owner },
@@ -124,7 +127,9 @@ impl Classified for Error {
             Error::Reused { .. } | Error::AlreadyAsked { .. } => Kind::Conflict,
             Error::NotYours { .. } => Kind::Forbidden,
             Error::OtherPlatform { .. } => Kind::Invalid,
-            Error::KeyOfAnother { .. } | Error::KeyRole { .. } => Kind::Forbidden,
+            Error::KeyOfAnother { .. } | Error::KeyRole { .. } | Error::ForAnother { .. } => {
+                Kind::Forbidden
+            }
             Error::KeyName => Kind::Invalid,
             Error::NeverSeen { .. } => Kind::Conflict,
             Error::NotTheirChat { .. } => Kind::Forbidden,
@@ -136,6 +141,9 @@ impl Classified for Error {
 /// A task to create, as a door read it.
 #[derive(Debug, Clone)]
 pub struct Create {
+    /// Who asks for it: a person creates tasks only for themselves, with their role; an
+    /// operator for anyone, with that owner's role.
+    pub by: Caller,
     pub owner: Owner,
     /// As given: checked here. A questionnaire's may be empty, and is then its size.
     pub goal: String,
@@ -178,7 +186,16 @@ struct Checked {
 
 /// Authorises and checks a creation, and decides what it left to the configuration.
 fn check(shared: &Shared, new: &Create) -> Result<Checked, Error> {
-    let role = shared.role_of(&new.owner);
+    let role = match &new.by {
+        Caller::Operator(_) => shared.role_of(&new.owner),
+        Caller::Person { owner, .. } if *owner != new.owner => {
+            return Err(Error::ForAnother {
+                by: owner.clone(),
+                owner: new.owner.clone(),
+            });
+        }
+        Caller::Person { role, .. } => *role,
+    };
     if role < Role::User {
         return Err(Error::CannotHaveTasks {
             owner: new.owner.clone(),

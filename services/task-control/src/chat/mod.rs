@@ -115,18 +115,25 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
             return Ok(());
         }
     };
-    // Where the sender speaks, so that hark may reach them there when asked to.
-    if let Some(sender) = inbound.owner() {
-        shared
+    let handled = handle_inbound(shared, &inbound).await;
+    // Where the sender speaks, so that hark may reach them there when asked to: noted after the
+    // message is handled, so that an answer does not wait for it, and best effort (the sender's
+    // next message notes it again).
+    if handled.is_ok()
+        && let Some(sender) = inbound.owner()
+    {
+        let chat = inbound.stream.as_str();
+        let saw = shared
             .store
-            .saw(
-                &sender,
-                &inbound.platform,
-                &inbound.bot_id,
-                inbound.stream.as_str(),
-            )
-            .await?;
+            .saw(&sender, &inbound.platform, &inbound.bot_id, chat);
+        if let Err(e) = saw.await {
+            tracing::warn!(error = %e, "cannot note the chat a person spoke in");
+        }
     }
+    handled
+}
+
+async fn handle_inbound(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
     let chat = &shared.config.chat;
     let words: Vec<String> = std::iter::once(chat.command.clone())
         .chain(chat.command_aliases.iter().cloned())
@@ -147,22 +154,22 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
                     let text = shared
                         .texts(&inbound.platform)
                         .too_many_commands(chat.commands_per_minute, shared.commands.wait_hint());
-                    say(shared, &inbound, &text).await;
+                    say(shared, inbound, &text).await;
                     return Ok(());
                 }
                 crate::limit::Verdict::RefuseQuietly => return Ok(()),
             }
         }
         let reply = match command::parse(args, &chat.command, shared.texts(&inbound.platform)) {
-            Ok(cmd) => run_command(shared, &inbound, cmd).await?,
+            Ok(cmd) => run_command(shared, inbound, cmd).await?,
             Err(usage) => Some(usage),
         };
         if let Some(text) = reply {
-            say(shared, &inbound, &text).await;
+            say(shared, inbound, &text).await;
         }
         return Ok(());
     }
-    route_answer(shared, &inbound).await
+    route_answer(shared, inbound).await
 }
 
 async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
@@ -383,6 +390,10 @@ async fn run_command(
             goal,
         } => {
             let create = cases::Create {
+                by: cases::Caller::Person {
+                    owner: sender.clone(),
+                    role,
+                },
                 owner: sender.clone(),
                 goal,
                 chat: Some(inbound.route()),
@@ -524,7 +535,7 @@ async fn run_command(
         Command::Delegate { handle, to } => {
             return delegate(shared, inbound, &sender, role, handle, to).await;
         }
-        Command::Key(action) => return key(shared, inbound, sender, action).await,
+        Command::Key(action) => return key(shared, inbound, sender, role, action).await,
         Command::Tell(reference, instruction) => {
             match visible_task(shared, t, &reference, &sender, role).await? {
                 Err(reply) => reply,
@@ -556,6 +567,7 @@ async fn key(
     shared: &Shared,
     inbound: &Inbound,
     sender: Owner,
+    role: Role,
     action: command::KeyAction,
 ) -> Result<Option<String>, store::Error> {
     let t = shared.texts(&inbound.platform);
@@ -567,7 +579,6 @@ async fn key(
     {
         return Ok(None);
     }
-    let role = shared.role_of(&sender);
     let caller = cases::Caller::Person {
         owner: sender.clone(),
         role,
@@ -806,6 +817,7 @@ fn refused_creation(
         | E::KeyOfAnother { .. }
         | E::KeyName
         | E::KeyRole { .. }
+        | E::ForAnother { .. }
         | E::NeverSeen { .. }
         | E::NotTheirChat { .. }) => t.not_created(&e.to_string()),
     })

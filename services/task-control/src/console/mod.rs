@@ -204,10 +204,7 @@ async fn signed_in(State(console): State<Console>, mut request: Request, next: N
 
 /// The person's key `headers` carry, when they carry one that is not an operator's token.
 fn person_key(console: &Console, headers: &HeaderMap) -> Option<PresentedKey> {
-    hark_core::secret::bearer(headers)
-        .filter(|given| given.starts_with(crate::cases::keys::KEY_PREFIX))
-        .filter(|given| !console.tokens.iter().any(|t| t.matches(given)))
-        .map(|given| PresentedKey(Secret::from(given)))
+    hark_core::secret::bearer(headers).and_then(|given| PresentedKey::of(given, &console.tokens))
 }
 
 /// Who a console request comes from: the person whose key signed in, or an operator.

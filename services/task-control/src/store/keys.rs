@@ -66,7 +66,7 @@ impl Store {
     pub async fn revoke_key(&self, id: &str, owner: Option<&Owner>) -> Result<KeyRow, Error> {
         let id = id.trim().to_ascii_lowercase().replace('-', "");
         if id.len() < 4 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::KeyNotFound(id));
+            return Err(Error::KeyNotFound(hark_core::domain::ids::shown(&id)));
         }
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query_as::<_, KeyRow>(concat!(

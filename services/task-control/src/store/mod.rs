@@ -913,6 +913,7 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Recent<K, V> {
             .remove(&key);
     }
 
+    /// Remembers `value` for `key`, in place of what it held.
     pub(crate) fn remember(&self, key: K, value: V) {
         let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (map, order) = &mut *guard;

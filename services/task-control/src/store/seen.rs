@@ -53,7 +53,6 @@ impl Store {
         .bind(stream)
         .execute(&self.pool)
         .await?;
-        self.seen.forget(key);
         self.seen.remember(key, Instant::now());
         Ok(())
     }

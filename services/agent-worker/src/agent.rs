@@ -975,6 +975,7 @@ impl Run<'_> {
                     escalate_after_s: question.escalate_after_s,
                     ask_to: question.ask_to.clone(),
                     need: question.need.clone(),
+                    context: question.context.clone(),
                     ..Default::default()
                 };
                 match control.ask(request, self.gone).await {

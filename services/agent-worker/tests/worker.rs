@@ -570,6 +570,8 @@ async fn a_guest_owned_task_is_told_nobody_can_answer_and_finishes_without_waiti
             priority: 0,
             deadline: None,
             on_deadline: hark_core::domain::DeadlinePolicy::Fail,
+            asked_by: None,
+            key_id: None,
         })
         .await
         .expect("created")

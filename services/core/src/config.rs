@@ -45,6 +45,7 @@ pub struct Config {
     pub llm: LlmConfig,
     pub gateway: GatewayConfig,
     pub control: ControlConfig,
+    pub mcp: McpConfig,
     pub worker: WorkerConfig,
     pub tools: ToolsConfig,
     pub task: TaskConfig,
@@ -331,6 +332,33 @@ impl Default for ControlConfig {
             max_watchers_per_token: 5_000,
             http_listen: "127.0.0.1:8081".into(),
             playground_url: String::new(),
+        }
+    }
+}
+
+/// hark's MCP server at `/mcp` on `control.http_listen`: any MCP client asks a person through
+/// hark with a person's key (or an operator token naming the owner).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// Serve it whenever `control.http_listen` is set.
+    pub enabled: bool,
+    /// How long a tool call waits for the answer before it returns `waiting` with the question's
+    /// id; under the 60 s most clients give a call.
+    pub hold: HumanDuration,
+    /// Questions one key may have open at once.
+    pub max_open_per_key: u32,
+    /// Questions one key may ask in a minute.
+    pub max_per_minute_per_key: u32,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            hold: HumanDuration::from_secs(45),
+            max_open_per_key: 20,
+            max_per_minute_per_key: 30,
         }
     }
 }
@@ -845,6 +873,15 @@ impl Config {
             return bad(
                 "gateway.onebot.idle_timeout",
                 "must be at least 3s (pings go out every third of it), or 0s for never".into(),
+            );
+        }
+        let hold = self.mcp.hold.0;
+        if hold < std::time::Duration::from_secs(1) || hold > std::time::Duration::from_secs(300) {
+            return bad(
+                "mcp.hold",
+                "must be between 1s and 5m: keep it under the time your MCP clients give a call \
+                 (60s for most)"
+                    .into(),
             );
         }
         let retention = self.task.retention.0;

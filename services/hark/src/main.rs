@@ -328,7 +328,8 @@ pub(crate) async fn llm_settings(
 /// it; under `hark dev`, whose banner stays the last thing at start, the roles' start lines too.
 fn quieter(filter: &str, dev: bool) -> String {
     let mut wanted = filter.to_owned();
-    let mut quiet = vec!["async_nats"];
+    // rmcp says every stateless MCP request it serves at info.
+    let mut quiet = vec!["async_nats", "rmcp"];
     if dev {
         quiet.extend(["hark_worker::worker", "hark_control::console"]);
     }

@@ -403,7 +403,13 @@ pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Stat
         }
         E::KeyName => invalid("name", error),
         E::NeverSeen { .. } => Status::failed_precondition(error.to_string()),
-        E::NotTheirChat { .. } => Status::permission_denied(error.to_string()),
+        E::NotTheirChat { .. } | E::NotYourQuestion { .. } => {
+            Status::permission_denied(error.to_string())
+        }
+        E::OwnerNeeded => invalid("owner", error),
+        E::Argument { .. } => Status::invalid_argument(error.to_string()),
+        E::NotAsked { .. } => Status::unavailable(error.to_string()),
+        E::TooManyOpen { .. } | E::TooFast { .. } => Status::resource_exhausted(error.to_string()),
         E::Store(e) => status_of(e),
     }
 }
@@ -574,7 +580,16 @@ impl TaskService for Api {
                                         })
                                 })
                                 .transpose()?;
+                            let context = text::optional_text(&q.context, text::MAX_TEXT_BYTES)
+                                .map_err(|e| {
+                                    invalid(
+                                        "questionnaire",
+                                        format!("question {}: context: {e}", i + 1),
+                                    )
+                                })?
+                                .to_owned();
                             Ok(form::FormQuestion {
+                                context,
                                 key: q.key,
                                 text: q.text,
                                 choices: q.choices,

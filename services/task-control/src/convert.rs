@@ -87,6 +87,7 @@ pub fn task(row: &TaskRow, open_question: Option<&QuestionRow>) -> pb::Task {
         on_deadline: row.on_deadline.to_proto() as i32,
         schedule_id: row.schedule_id.map(|s| s.to_string()).unwrap_or_default(),
         priority: row.priority.into(),
+        asked_by: row.asked_by.clone().unwrap_or_default(),
     }
 }
 
@@ -197,5 +198,6 @@ pub fn form_question(q: &FormQuestion) -> pb::FormQuestion {
         escalate_after_s: q.escalate_after_s,
         ask_to: q.ask_to.clone(),
         need: q.need.clone(),
+        context: q.context.clone(),
     }
 }

@@ -27,6 +27,7 @@ pub mod convert;
 pub mod effects;
 pub mod events;
 pub mod limit;
+pub mod mcp;
 pub mod metrics;
 pub mod parked;
 pub mod render;

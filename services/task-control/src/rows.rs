@@ -80,6 +80,11 @@ pub struct TaskRow {
     pub deadline_at: Option<OffsetDateTime>,
     #[sqlx(try_from = "String")]
     pub on_deadline: DeadlinePolicy,
+    /// Of an `external` task, the one question an outside agent asked through hark's MCP
+    /// server: the name of the key that asked it (or the operator's door).
+    pub asked_by: Option<String>,
+    /// The person's key that asked it.
+    pub key_id: Option<Uuid>,
 }
 
 /// The columns of a task the lifecycle decides on, as every statement that feeds
@@ -164,6 +169,7 @@ impl TaskRow {
             chat: self.chat(),
             on_timeout: self.on_timeout,
             ask_timeout: seconds(self.ask_timeout_s),
+            external: self.asked_by.is_some(),
         }
     }
 
@@ -466,6 +472,9 @@ pub struct Fixed {
     pub on_timeout: TimeoutPolicy,
     /// Its questions' default wait; zero: none.
     pub ask_timeout: std::time::Duration,
+    /// An `external` task: the agent that asked gets the answer, and the chat is not told its
+    /// end as well.
+    pub external: bool,
 }
 
 impl Fixed {

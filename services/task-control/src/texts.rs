@@ -353,6 +353,25 @@ impl Texts {
             en: format!("{asked}\n({first} has not answered in {waited}, so you are asked too: reply here to answer; the first answer counts)"))
     }
 
+    /// The context of a question an outside agent asked with the key `by`: who asks, then the
+    /// agent's own context.
+    pub fn asked_through(&self, by: &str, context: &str) -> String {
+        let who = pick!(self,
+            zh: format!("{by} 通过 MCP 提问"),
+            en: format!("asked by {by} through MCP"));
+        match context.trim() {
+            "" => who,
+            context => format!("{who}\n{context}"),
+        }
+    }
+
+    /// A message an outside agent sent the person with the key `by`, which asks for no answer.
+    pub fn notified(&self, by: &str, message: &str) -> String {
+        pick!(self,
+            zh: format!("[{by}] {message}"),
+            en: format!("[{by}] {message}"))
+    }
+
     /// Told to someone whose answer to `handle` was kept while more are needed.
     pub fn answer_counted(&self, handle: &str, have: usize, need: usize) -> String {
         pick!(self,

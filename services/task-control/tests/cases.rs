@@ -94,6 +94,7 @@ async fn a_creation_decides_what_the_door_left_to_the_configuration() {
         escalate_after_s: 0,
         ask_to: vec![],
         need: String::new(),
+        context: String::new(),
     }]);
     let titled = cases::create_task(&tc.shared, form).await.expect("created");
     assert_eq!(titled.goal, "a questionnaire of 1 questions");

@@ -317,6 +317,8 @@ async fn creating_twice_with_one_request_id_returns_the_first_task() {
         priority: 0,
         deadline: None,
         on_deadline: DeadlinePolicy::Fail,
+        asked_by: None,
+        key_id: None,
     };
     let a = db.store.create_task(&new).await.expect("create");
     let b = db.store.create_task(&new).await.expect("create again");
@@ -689,6 +691,8 @@ async fn creations_decided_together_with_one_request_id_make_one_task() {
         priority: 0,
         deadline: None,
         on_deadline: DeadlinePolicy::Fail,
+        asked_by: None,
+        key_id: None,
     };
     // Six creations at once: four share a request id, two have none.
     let requests = [

@@ -46,6 +46,9 @@ pub struct FormQuestion {
     /// "all" or a number); empty: any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub need: String,
+    /// What the person should know to answer it, shown under the question.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub context: String,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -213,6 +216,7 @@ pub fn questionnaire(given: Vec<FormQuestion>) -> Result<Vec<FormQuestion>, Form
             escalate_after_s: question.escalate_after_s,
             ask_to,
             need,
+            context: question.context,
         });
     }
     Ok(kept)
@@ -391,6 +395,7 @@ mod tests {
             escalate_after_s: 0,
             ask_to: Vec::new(),
             need: String::new(),
+            context: String::new(),
         }
     }
 

@@ -98,6 +98,11 @@ pub async fn revoke(shared: &Shared, caller: &Caller, id: &str) -> Result<KeyRow
 /// The person `secret` signs in as, with the key's role capped by the owner's role now; `None`
 /// for a key that is unknown, revoked or expired.
 pub async fn signed_in(shared: &Shared, secret: &str) -> Result<Option<Caller>, Error> {
+    Ok(holder(shared, secret).await?.map(|(_, caller)| caller))
+}
+
+/// The key `secret` is, with the person it signs in as (see [`signed_in`]).
+pub async fn holder(shared: &Shared, secret: &str) -> Result<Option<(KeyRow, Caller)>, Error> {
     if !secret.starts_with(KEY_PREFIX) {
         return Ok(None);
     }
@@ -105,8 +110,9 @@ pub async fn signed_in(shared: &Shared, secret: &str) -> Result<Option<Caller>, 
         return Ok(None);
     };
     let role = key.role.min(shared.role_of(&key.owner));
-    Ok(Some(Caller::Person {
-        owner: key.owner,
+    let caller = Caller::Person {
+        owner: key.owner.clone(),
         role,
-    }))
+    };
+    Ok(Some((key, caller)))
 }

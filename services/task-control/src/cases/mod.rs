@@ -23,6 +23,7 @@ pub mod claim;
 pub mod clock;
 pub mod command;
 mod delegate;
+pub mod external;
 pub mod handoff;
 pub mod keys;
 pub mod reach;
@@ -111,6 +112,27 @@ pub enum Error {
         "{owner} was never seen in {chat}: name a chat they speak in, or none for their private chat"
     )]
     NotTheirChat { owner: Owner, chat: String },
+    /// An argument of a request that does not hold.
+    #[error("{field}: {why}")]
+    Argument { field: &'static str, why: String },
+    /// An operator's token asks on nobody's behalf: it names the person.
+    #[error("owner: an operator's token must name the person to ask (platform:user_id)")]
+    OwnerNeeded,
+    #[error(
+        "task {task} was made for the question, but nothing asked it yet: ask again with the same request id"
+    )]
+    NotAsked { task: TaskId },
+    #[error(
+        "the key {key} has {limit} questions open (mcp.max_open_per_key): wait for answers, or cancel some"
+    )]
+    TooManyOpen { key: String, limit: u32 },
+    #[error(
+        "the key {key} asked {limit} questions in the last minute (mcp.max_per_minute_per_key): ask again in a minute"
+    )]
+    TooFast { key: String, limit: u32 },
+    /// Another person's question: a key sees only its owner's.
+    #[error("question {id} was not asked of this key's owner")]
+    NotYourQuestion { id: QuestionId },
     #[error(transparent)]
     Store(#[from] store::Error),
 }
@@ -133,6 +155,10 @@ impl Classified for Error {
             Error::KeyName => Kind::Invalid,
             Error::NeverSeen { .. } => Kind::Conflict,
             Error::NotTheirChat { .. } => Kind::Forbidden,
+            Error::OwnerNeeded | Error::Argument { .. } => Kind::Invalid,
+            Error::NotAsked { .. } => Kind::Unavailable,
+            Error::TooManyOpen { .. } | Error::TooFast { .. } => Kind::Exhausted,
+            Error::NotYourQuestion { .. } => Kind::Forbidden,
             Error::Store(e) => e.kind(),
         }
     }
@@ -278,6 +304,8 @@ pub async fn create_task(shared: &Shared, mut new: Create) -> Result<TaskRow, Er
             priority: new.priority,
             deadline: checked.deadline,
             on_deadline: checked.on_deadline,
+            asked_by: None,
+            key_id: None,
         })
         .await?;
     if new.request_key.is_some() && (task.goal != asked.0 || task.stream != asked.1) {

@@ -585,6 +585,17 @@ async fn key(
     };
     let done = match action {
         command::KeyAction::New(name) => {
+            // This private chat is where the key's questions go: noted before the key is
+            // given, so that its first question finds it.
+            shared
+                .store
+                .saw(
+                    &sender,
+                    &inbound.platform,
+                    &inbound.bot_id,
+                    inbound.stream.as_str(),
+                )
+                .await?;
             let make = cases::keys::Make {
                 owner: sender,
                 name,
@@ -819,7 +830,13 @@ fn refused_creation(
         | E::KeyRole { .. }
         | E::ForAnother { .. }
         | E::NeverSeen { .. }
-        | E::NotTheirChat { .. }) => t.not_created(&e.to_string()),
+        | E::NotTheirChat { .. }
+        | E::OwnerNeeded
+        | E::Argument { .. }
+        | E::NotAsked { .. }
+        | E::TooManyOpen { .. }
+        | E::TooFast { .. }
+        | E::NotYourQuestion { .. }) => t.not_created(&e.to_string()),
     })
 }
 

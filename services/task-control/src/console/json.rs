@@ -102,6 +102,8 @@ pub fn task(t: &pb::Task) -> Value {
         "finished_at": millis(t.finished_at.as_ref()),
         "open_question": t.open_question.as_ref().map_or(Value::Null, question),
         "questionnaire": !t.questionnaire.is_empty(),
+        "kind": if !t.asked_by.is_empty() { "external" } else if t.questionnaire.is_empty() { "agent" } else { "questionnaire" },
+        "asked_by": t.asked_by,
         "pause_requested": t.pause_requested,
         "priority": t.priority,
         "deadline": millis(t.deadline.as_ref()),

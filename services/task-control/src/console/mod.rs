@@ -127,7 +127,21 @@ fn router(shared: Shared) -> Router {
         .route("/playground/stream", get(playground::stream))
         .route_layer(middleware::from_fn_with_state(console.clone(), signed_in))
         .route("/session", get(session));
-    Router::new()
+    let mut router = Router::new();
+    if console.shared.config.mcp.enabled {
+        let mcp = crate::mcp::service(
+            console.shared.clone(),
+            &console.tokens,
+            console.shared.watchers.stopping(),
+        );
+        router = router.merge(Router::new().route_service("/mcp", mcp).route_layer(
+            middleware::from_fn_with_state(
+                (console.shared.clone(), console.tokens.clone()),
+                crate::mcp::signed_in,
+            ),
+        ));
+    }
+    router
         .route("/", get(assets::index))
         .route("/assets/{name}", get(assets::file))
         .nest("/api", api)

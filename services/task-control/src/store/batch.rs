@@ -690,11 +690,11 @@ impl Store {
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                                      $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
                                      $17::jsonb[], $18::uuid[], $19::smallint[], $20::bigint[],
-                                     $21::text[])
+                                     $21::text[], $22::text[], $23::uuid[])
                     WITH ORDINALITY
                     AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
                          request_id, active_limit, questionnaire, schedule_id, priority, deadline_ms,
-                         on_deadline, ord)
+                         on_deadline, asked_by, key_id, ord)
             ), counted AS (
                 SELECT n.*,
                     CASE WHEN n.active_limit = 0 THEN 0 ELSE
@@ -707,10 +707,10 @@ impl Store {
             ), t AS (
                 INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
                                    on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id,
-                                   priority, deadline_at, on_deadline)
+                                   priority, deadline_at, on_deadline, asked_by, key_id)
                 SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
                        on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority,
-                       now() + deadline_ms * interval '1 millisecond', on_deadline
+                       now() + deadline_ms * interval '1 millisecond', on_deadline, asked_by, key_id
                 FROM counted
                 WHERE active_limit = 0 OR would_have <= active_limit
                 ORDER BY ord
@@ -769,6 +769,8 @@ impl Store {
                     .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             }))
             .bind(column(batch, |r| r.new.on_deadline.as_str()))
+            .bind(column(batch, |r| r.new.asked_by.as_deref()))
+            .bind(column(batch, |r| r.new.key_id))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();

@@ -272,7 +272,8 @@ impl Store {
         let task = question.task_id;
         let moves = Moves::of(chain)?;
         let last = chain.last();
-        let chat = self.chat_of(task).await?;
+        let fixed = self.fixed_of(task).await?;
+        let chat = fixed.chat;
         let closing = Closing::of(&chain.answer)?;
         let answered = |messages: serde_json::Value| Answered {
             moves,
@@ -286,9 +287,9 @@ impl Store {
         };
         let row = match &step {
             Step::Finish(output) => {
-                let mut outbox = self
-                    .effects
-                    .of(task, generation + 3, chat.as_ref(), None, last);
+                // An external task's answer goes back to the agent that asked.
+                let told = chat.as_ref().filter(|_| !fixed.external);
+                let mut outbox = self.effects.of(task, generation + 3, told, None, last);
                 outbox.extend(
                     self.effects
                         .answered_elsewhere(open_others, &answer.answerer),
@@ -332,7 +333,7 @@ impl Store {
                         task,
                         id,
                         &handle,
-                        (&next.text, "", &shape),
+                        (&next.text, &next.context, &shape),
                     );
                     outbox.extend(
                         self.effects

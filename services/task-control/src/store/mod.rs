@@ -24,7 +24,7 @@ macro_rules! task_columns {
         "id, owner, platform, bot_id, stream, origin_message_id, goal, state, generation, \
     attempt, worker_id, lease_until, on_timeout, ask_timeout_s, rounds, result, error, run_ms, running_since, \
     created_at, updated_at, finished_at, questionnaire, pause_requested, paused_at, schedule_id, priority, \
-    deadline_at, on_deadline"
+    deadline_at, on_deadline, asked_by, key_id"
     };
 }
 
@@ -365,6 +365,7 @@ mod chat;
 mod connect;
 mod delegate;
 mod escalate;
+mod external;
 mod form;
 mod keys;
 mod ops;

@@ -33,6 +33,9 @@ pub struct NewTask {
     pub deadline: Option<Duration>,
     /// What the deadline's passing does to it.
     pub on_deadline: DeadlinePolicy,
+    /// Of an `external` task: who asked (the key's name) and with which key.
+    pub asked_by: Option<String>,
+    pub key_id: Option<Uuid>,
 }
 
 impl Store {

@@ -204,6 +204,8 @@ impl Store {
                         // A schedule's runs have no deadline of their own yet.
                         deadline: None,
                         on_deadline: DeadlinePolicy::default(),
+                        asked_by: None,
+                        key_id: None,
                     })
                     .await;
                 match created {

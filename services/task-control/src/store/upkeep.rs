@@ -14,7 +14,7 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use super::{Error, Store};
 
 /// hark's tables.
-const TABLES: [&str; 11] = [
+const TABLES: [&str; 12] = [
     "tasks",
     "schedules",
     "questions",
@@ -26,6 +26,7 @@ const TABLES: [&str; 11] = [
     "outbox",
     "person_keys",
     "person_chats",
+    "mcp_grants",
 ];
 
 /// Act once this many rows, plus this share of the rows the table had when last looked after,

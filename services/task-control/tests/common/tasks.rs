@@ -43,6 +43,8 @@ pub fn new_task_spec(chat: Option<ChatRoute>) -> NewTask {
         priority: 0,
         deadline: None,
         on_deadline: DeadlinePolicy::Fail,
+        asked_by: None,
+        key_id: None,
     }
 }
 

@@ -141,6 +141,7 @@ pub async fn retention(shared: Shared, shutdown: CancellationToken) {
                         .tasks
                         .max(purged.applied_inbound)
                         .max(purged.schedules)
+                        .max(purged.grants)
                         < PURGE_BATCH as u64
                     {
                         break;

@@ -224,3 +224,30 @@ async fn a_question_goes_only_where_its_owner_was_seen() {
     assert_eq!(again.question.id, asked.question.id);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_tool_approved_for_a_session_lasts_its_day_and_then_goes() {
+    let tc = TestControl::start().await;
+    let asker = key_holder(&tc).await;
+    let key = asker.key.as_ref().expect("key").id;
+    external::grant(&tc.shared, &asker, "s1", "Bash", "qq:1001")
+        .await
+        .expect("granted");
+    assert!(external::granted(&tc.shared, &asker, "s1", "Bash").await);
+    assert!(!external::granted(&tc.shared, &asker, "s2", "Bash").await);
+    assert!(!external::granted(&tc.shared, &asker, "s1", "Edit").await);
+    // One whose day is over no longer counts, and the retention pass deletes it.
+    tc.store
+        .grant(key, "s3", "Bash", "qq:1001", std::time::Duration::ZERO)
+        .await
+        .expect("granted");
+    assert!(!external::granted(&tc.shared, &asker, "s3", "Bash").await);
+    let purged = tc
+        .store
+        .purge_finished(std::time::Duration::from_secs(3600), 100)
+        .await
+        .expect("purged");
+    assert_eq!(purged.grants, 1);
+    assert!(external::granted(&tc.shared, &asker, "s1", "Bash").await);
+    tc.stop().await;
+}

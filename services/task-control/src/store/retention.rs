@@ -1,7 +1,7 @@
 //! Retention: a finished task is kept for `task.retention` after it ended, then deleted with
 //! everything it owns (its rounds, questions, told instructions and audit rows go with it by
 //! their foreign keys). The record of which inbound messages were applied is kept as long, and
-//! so is a schedule after it ended.
+//! so is a schedule after it ended. A tool approved for an MCP session goes when its day is over.
 
 use std::time::Duration;
 
@@ -14,6 +14,8 @@ pub struct Purged {
     pub applied_inbound: u64,
     /// Schedules that ended (done or cancelled).
     pub schedules: u64,
+    /// Tools approved for an MCP session whose day is over.
+    pub grants: u64,
 }
 
 impl Store {
@@ -79,10 +81,24 @@ impl Store {
         .execute(&self.pool)
         .await?
         .rows_affected();
+        let grants = sqlx::query(
+            "WITH due AS (
+                SELECT key_id, session, tool FROM mcp_grants WHERE expires_at < now()
+                LIMIT $1
+                FOR UPDATE SKIP LOCKED
+            )
+            DELETE FROM mcp_grants g USING due
+            WHERE (g.key_id, g.session, g.tool) = (due.key_id, due.session, due.tool)",
+        )
+        .bind(limit)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
         Ok(Purged {
             tasks,
             applied_inbound,
             schedules,
+            grants,
         })
     }
 }

@@ -652,15 +652,13 @@ impl Store {
         result: &str,
         finish: &decide::Decision,
     ) -> Result<TaskRow, Error> {
-        let chat = self.chat_of(lease.task).await?;
+        let fixed = self.fixed_of(lease.task).await?;
         let decided = Move::of(finish);
-        let outbox = self.effects.of(
-            lease.task,
-            lease.generation + 1,
-            chat.as_ref(),
-            None,
-            finish,
-        );
+        // An external task's end goes back to the agent that asked, not to the chat.
+        let told = fixed.chat.as_ref().filter(|_| !fixed.external);
+        let outbox = self
+            .effects
+            .of(lease.task, lease.generation + 1, told, None, finish);
         let won = self
             .decide(super::batch::CompleteRequest {
                 lease: lease.clone(),

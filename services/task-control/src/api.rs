@@ -403,7 +403,7 @@ pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Stat
         }
         E::KeyName => invalid("name", error),
         E::NeverSeen { .. } => Status::failed_precondition(error.to_string()),
-        E::NotTheirChat { .. } | E::NotYourQuestion { .. } => {
+        E::NotTheirChat { .. } | E::NotYourQuestion { .. } | E::NotYourTask { .. } => {
             Status::permission_denied(error.to_string())
         }
         E::OwnerNeeded => invalid("owner", error),

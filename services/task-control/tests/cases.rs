@@ -132,14 +132,18 @@ async fn a_person_finds_and_moves_only_their_own_tasks_and_an_admin_any() {
         owner: owner("qq:200"),
         role: Role::User,
     };
-    for reference in [
-        TaskRef::Full(theirs.id),
-        TaskRef::Prefix(theirs.id.to_string()[..8].to_owned()),
+    // A whole id is refused as not theirs; a prefix is not found among their tasks.
+    for (reference, kind) in [
+        (TaskRef::Full(theirs.id), Kind::Forbidden),
+        (
+            TaskRef::Prefix(theirs.id.to_string()[..8].to_owned()),
+            Kind::NotFound,
+        ),
     ] {
         let refused = cases::find(&tc.shared, &stranger, &reference)
             .await
             .expect_err("not the stranger's");
-        assert_eq!(refused.kind(), Kind::NotFound, "{refused}");
+        assert_eq!(refused.kind(), kind, "{refused}");
     }
 
     let owner_caller = Caller::Person {

@@ -530,7 +530,7 @@ async fn with_a_persons_key_the_console_is_that_persons_own_inbox() {
         .expect("tasks");
     assert_eq!(other.status(), 403);
     let detail = get(format!("/api/tasks/{}", bobs.id)).await.expect("task");
-    assert_eq!(detail.status(), 404);
+    assert_eq!(detail.status(), 403);
     let cancel = client
         .post(format!("{base}/api/tasks/{}/cancel", bobs.id))
         .bearer_auth(&key)
@@ -538,7 +538,7 @@ async fn with_a_persons_key_the_console_is_that_persons_own_inbox() {
         .send()
         .await
         .expect("cancel");
-    assert_eq!(cancel.status(), 404);
+    assert_eq!(cancel.status(), 403);
     let still = api
         .get_task(operator(pb::GetTaskRequest {
             task_id: bobs.id.clone(),

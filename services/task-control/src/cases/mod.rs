@@ -130,6 +130,9 @@ pub enum Error {
         "the key {key} asked {limit} questions in the last minute (mcp.max_per_minute_per_key): ask again in a minute"
     )]
     TooFast { key: String, limit: u32 },
+    /// Another person's task, named by its whole id.
+    #[error("task {task} is not a task of {owner}")]
+    NotYourTask { task: TaskId, owner: Owner },
     /// Another person's question: a key sees only its owner's.
     #[error("question {id} was not asked of this key's owner")]
     NotYourQuestion { id: QuestionId },
@@ -158,7 +161,7 @@ impl Classified for Error {
             Error::OwnerNeeded | Error::Argument { .. } => Kind::Invalid,
             Error::NotAsked { .. } => Kind::Unavailable,
             Error::TooManyOpen { .. } | Error::TooFast { .. } => Kind::Exhausted,
-            Error::NotYourQuestion { .. } => Kind::Forbidden,
+            Error::NotYourQuestion { .. } | Error::NotYourTask { .. } => Kind::Forbidden,
             Error::Store(e) => e.kind(),
         }
     }
@@ -397,17 +400,20 @@ impl std::ops::Deref for Found {
 }
 
 /// The task `reference` names, if the caller may see it. A prefix is resolved only among the
-/// tasks the caller sees, so that nobody learns of other people's tasks by probing prefixes;
-/// another person's task is not found, as if it did not exist.
+/// tasks the caller sees, so that nobody learns of other people's tasks by probing prefixes (it
+/// is not found, as if it did not exist); a whole id of another person's task, which nobody
+/// guesses, is refused as not theirs.
 pub async fn find(shared: &Shared, caller: &Caller, reference: &TaskRef) -> Result<Found, Error> {
     let only = caller.sees_only();
-    let task = shared.store.resolve_task(reference, only).await?;
-    if only.is_some_and(|owner| task.owner != *owner) {
-        let shown = match reference {
-            TaskRef::Full(id) => id.to_string(),
-            TaskRef::Prefix(prefix) => prefix.clone(),
-        };
-        return Err(store::Error::TaskNotFound(shown).into());
+    let task = match reference {
+        TaskRef::Full(_) => shared.store.resolve_task(reference, None).await?,
+        TaskRef::Prefix(_) => shared.store.resolve_task(reference, only).await?,
+    };
+    if let Some(owner) = only.filter(|owner| task.owner != **owner) {
+        return Err(Error::NotYourTask {
+            task: task.id,
+            owner: owner.clone(),
+        });
     }
     Ok(Found {
         task,

@@ -735,9 +735,11 @@ async fn visible_task(
     };
     match cases::find(shared, &caller, reference).await {
         Ok(task) => Ok(Ok(task)),
-        Err(cases::Error::Store(store::Error::TaskNotFound(_))) => {
-            Ok(Err(t.no_task(&display_ref(reference))))
-        }
+        // In chat, where others read, another person's task is not found whichever way it is
+        // named.
+        Err(
+            cases::Error::Store(store::Error::TaskNotFound(_)) | cases::Error::NotYourTask { .. },
+        ) => Ok(Err(t.no_task(&display_ref(reference)))),
         Err(cases::Error::Store(store::Error::AmbiguousTask { prefix, count })) => {
             Ok(Err(t.ambiguous(&prefix, count)))
         }
@@ -836,7 +838,8 @@ fn refused_creation(
         | E::NotAsked { .. }
         | E::TooManyOpen { .. }
         | E::TooFast { .. }
-        | E::NotYourQuestion { .. }) => t.not_created(&e.to_string()),
+        | E::NotYourQuestion { .. }
+        | E::NotYourTask { .. }) => t.not_created(&e.to_string()),
     })
 }
 

@@ -57,13 +57,15 @@ async def main() -> None:
     url, key, adapter, platform, user = sys.argv[1:6]
     n = int(sys.argv[6]) if len(sys.argv) > 6 else 20
     say(adapter, platform, user, "hello")
-    await asyncio.sleep(0.5)
     headers = {"Authorization": f"Bearer {key}"}
     asks, answers = [], []
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120.0)) as http:
         async with Client(streamable_http_client(url, http_client=http)) as asker, Client(
             streamable_http_client(url, http_client=http)
         ) as watcher:
+            # Until hark has seen the person in their chat, it has nowhere to ask them.
+            while (await asker.call_tool("notify", {"text": "benchmark starting"})).is_error:
+                await asyncio.sleep(0.01)
             for i in range(n):
                 start = time.perf_counter()
                 call = asyncio.create_task(asker.call_tool("ask_user", {"question": f"Question {i}?"}))

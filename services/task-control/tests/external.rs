@@ -251,3 +251,37 @@ async fn a_tool_approved_for_a_session_lasts_its_day_and_then_goes() {
     assert!(external::granted(&tc.shared, &asker, "s1", "Bash").await);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_held_wait_ends_when_task_control_stops_and_the_question_stays_open() {
+    let tc = TestControl::start().await;
+    let asker = key_holder(&tc).await;
+    let asked = external::ask(&tc.shared, &asker, question("Still there?"))
+        .await
+        .expect("asked");
+    let shared = tc.shared.clone();
+    let holder = asker.clone();
+    let held = tokio::spawn(async move {
+        external::wait(
+            &shared,
+            &holder,
+            asked.question.id,
+            std::time::Duration::from_secs(3600),
+        )
+        .await
+    });
+    // Held until task-control stops, which no call may hold up.
+    tc.eventually("the call holds on a watch", || async {
+        tc.watchers.count() > 0
+    })
+    .await;
+    assert!(!held.is_finished());
+    tc.watchers.stop();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), held)
+        .await
+        .expect("the wait ends with task-control")
+        .expect("ran")
+        .expect("read");
+    assert!(ended.waiting(), "the question stays open for the next call");
+    tc.stop().await;
+}

@@ -99,9 +99,10 @@ pub struct Asked {
 }
 
 impl Asked {
-    /// Whether the question is still open.
+    /// Whether the question is still open. Every move that ends a task closes its open question
+    /// in the same statement, so the question alone says it.
     pub fn waiting(&self) -> bool {
-        self.question.outcome == QuestionOutcome::Open && !self.task.state.is_terminal()
+        self.question.outcome == QuestionOutcome::Open
     }
 }
 
@@ -252,9 +253,10 @@ async fn ask_now(
         need: Need::default(),
     };
     let question = super::run::ask(&shared.store, &claimed.lease, &input).await?;
-    let task = shared.store.get_task(task.id).await?;
-    let question = shared.store.get_question(question.id).await?;
-    Ok(Asked { task, question })
+    Ok(Asked {
+        task: claimed.task,
+        question,
+    })
 }
 
 /// The question of `task`, once it is asked (by this replica before it stopped, or a worker).
@@ -267,12 +269,14 @@ async fn asked_by_then(shared: &Shared, task: TaskRow) -> Result<Asked, Error> {
     loop {
         let task = shared.store.get_task(task.id).await?;
         if let Some(question) = shared.store.questions_of(task.id).await?.into_iter().last() {
-            return current(shared, question.id, task.id).await;
+            return Ok(Asked { task, question });
         }
         if task.state.is_terminal() || tokio::time::Instant::now() >= until {
             return Err(Error::NotAsked { task: task.id });
         }
-        woken(watch.as_mut(), until, Duration::from_secs(1)).await;
+        if !woken(watch.as_mut(), until, Duration::from_secs(1)).await {
+            return Err(Error::NotAsked { task: task.id });
+        }
     }
 }
 
@@ -322,37 +326,44 @@ pub async fn wait(
         .watch(first.task.id, crate::watchers::Holder::default())
         .ok();
     let until = tokio::time::Instant::now() + hold;
+    let mut now = first;
     loop {
-        let now = current(shared, id, first.task.id).await?;
-        if !now.waiting() || tokio::time::Instant::now() >= until {
+        now.question = shared.store.get_question(id).await?;
+        // When task-control stops, the call returns what it has, and its client asks again.
+        if !now.waiting()
+            || tokio::time::Instant::now() >= until
+            || !woken(watch.as_mut(), until, crate::events::RECHECK).await
+        {
             return Ok(now);
         }
-        woken(watch.as_mut(), until, crate::events::RECHECK).await;
     }
 }
 
 /// Waits for the next event of the watched task, or `every` (events are published best effort),
-/// but not past `until`.
+/// but not past `until`; `false` once task-control stops, which no wait may hold up.
 async fn woken(
     watch: Option<&mut crate::watchers::Watch>,
     until: tokio::time::Instant,
     every: Duration,
-) {
+) -> bool {
     let recheck = tokio::time::sleep_until(until.min(tokio::time::Instant::now() + every));
     match watch {
         Some(w) => {
+            let stopping = w.stopping();
             tokio::select! {
-                _ = w.next() => {}
-                _ = recheck => {}
+                event = w.next() => event.is_some(),
+                _ = stopping.cancelled() => false,
+                _ = recheck => true,
             }
         }
-        None => recheck.await,
+        None => {
+            recheck.await;
+            true
+        }
     }
 }
 
-/// Question `id` and its task as they are now. The task is read before the question: a
-/// question closes in the statement that ends its task, so a task read still going has a
-/// question read open or closed, never a task read ended with its question read open.
+/// Question `id` and its task `task` as they are now.
 async fn current(shared: &Shared, id: QuestionId, task: TaskId) -> Result<Asked, Error> {
     let task = shared.store.get_task(task).await?;
     let question = shared.store.get_question(id).await?;

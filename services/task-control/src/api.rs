@@ -381,6 +381,18 @@ fn owner_for(
     }
 }
 
+/// The owner a request names, or, when it names none, the person whose key calls: a person's
+/// key names its owner by itself.
+fn owner_or_callers(caller: &cases::Caller, named: &str) -> Result<Owner, Status> {
+    match owner_field("owner", named)? {
+        Some(owner) => Ok(owner),
+        None => caller
+            .owner()
+            .cloned()
+            .ok_or_else(|| invalid("owner", "must not be empty")),
+    }
+}
+
 /// A use case's refusal as a gRPC status, naming the request's field where one is at fault.
 pub(crate) fn case_status(error: cases::Error, request_id: Option<&str>) -> Status {
     use cases::Error as E;
@@ -551,14 +563,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::CreateTaskResponse>, Status> {
         let caller = self.caller(&request, API).await?;
         let request = request.into_inner();
-        // A person's key names its owner by itself.
-        let owner = match owner_field("owner", &request.owner)? {
-            Some(owner) => owner,
-            None => caller
-                .owner()
-                .cloned()
-                .ok_or_else(|| invalid("owner", "must not be empty"))?,
-        };
+        let owner = owner_or_callers(&caller, &request.owner)?;
         let questionnaire = match request.questionnaire.is_empty() {
             true => None,
             false => Some(
@@ -916,13 +921,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         let caller = self.caller(&request, API).await?;
         let request = request.into_inner();
-        let owner = match owner_field("owner", &request.owner)? {
-            Some(owner) => owner,
-            None => caller
-                .owner()
-                .cloned()
-                .ok_or_else(|| invalid("owner", "must not be empty"))?,
-        };
+        let owner = owner_or_callers(&caller, &request.owner)?;
         let role = match request.role.trim() {
             "" => None,
             role => Some(

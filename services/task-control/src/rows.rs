@@ -478,6 +478,12 @@ pub struct Fixed {
 }
 
 impl Fixed {
+    /// The chat told of the task's end: its chat, but none for an external task, whose end
+    /// goes back to the agent that asked.
+    pub fn end_told_in(&self) -> Option<&ChatRoute> {
+        self.chat.as_ref().filter(|_| !self.external)
+    }
+
     /// How a question the task asks waits, with the ask's `own` timeout.
     pub fn wait(&self, own: Option<std::time::Duration>) -> hark_core::domain::decide::Wait {
         hark_core::domain::decide::Wait {

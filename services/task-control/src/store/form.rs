@@ -273,7 +273,7 @@ impl Store {
         let moves = Moves::of(chain)?;
         let last = chain.last();
         let fixed = self.fixed_of(task).await?;
-        let chat = fixed.chat;
+        let chat = fixed.chat.as_ref();
         let closing = Closing::of(&chain.answer)?;
         let answered = |messages: serde_json::Value| Answered {
             moves,
@@ -287,8 +287,7 @@ impl Store {
         };
         let row = match &step {
             Step::Finish(output) => {
-                // An external task's answer goes back to the agent that asked.
-                let told = chat.as_ref().filter(|_| !fixed.external);
+                let told = fixed.end_told_in();
                 let mut outbox = self.effects.of(task, generation + 3, told, None, last);
                 outbox.extend(
                     self.effects
@@ -309,7 +308,7 @@ impl Store {
                     .parse()
                     .map_err(|e| Error::Internal(format!("questionnaire {task}: {e}")))?;
                 let (audience, escalation) =
-                    match super::worker::Audience::of(chat.as_ref(), &next.ask_to, need)? {
+                    match super::worker::Audience::of(chat, &next.ask_to, need)? {
                         Some((audience, others)) => (Some(audience), others),
                         None => (
                             None,
@@ -328,7 +327,7 @@ impl Store {
                 for _ in 0..8 {
                     let handle = Handle::random().to_string();
                     let mut outbox = self.asking(
-                        chat.as_ref(),
+                        chat,
                         audience.as_ref(),
                         task,
                         id,

@@ -57,14 +57,7 @@ impl Store {
         }
         // The request id was used before: that task is the answer.
         if let Some(request_id) = &new.request_id
-            && let Some(task) = sqlx::query_as::<_, TaskRow>(concat!(
-                "SELECT ",
-                task_columns!(),
-                " FROM tasks WHERE request_id = $1"
-            ))
-            .bind(request_id)
-            .fetch_optional(&self.pool)
-            .await?
+            && let Some(task) = self.task_of_request(request_id).await?
         {
             return Ok(task);
         }

@@ -654,8 +654,7 @@ impl Store {
     ) -> Result<TaskRow, Error> {
         let fixed = self.fixed_of(lease.task).await?;
         let decided = Move::of(finish);
-        // An external task's end goes back to the agent that asked, not to the chat.
-        let told = fixed.chat.as_ref().filter(|_| !fixed.external);
+        let told = fixed.end_told_in();
         let outbox = self
             .effects
             .of(lease.task, lease.generation + 1, told, None, finish);

@@ -178,6 +178,21 @@ pub fn token(s: &str) -> Result<&str, Error> {
     }
 }
 
+/// A subject token that stands for the message key `key`: 128 bits of FNV-1a, stable across
+/// builds and hosts (the gateway and task-control compute it apart).
+fn verdict_token(key: &str) -> String {
+    let fnv = |offset: u64| {
+        key.bytes().fold(offset, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    format!(
+        "{:016x}{:016x}",
+        fnv(0xcbf2_9ce4_8422_2325),
+        fnv(0x6c62_272e_07bb_0142)
+    )
+}
+
 /// Every name on the bus, for one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
@@ -221,6 +236,12 @@ impl Names {
 
     pub fn chat_receipt(&self) -> String {
         format!("{}.chat.receipt", self.ns)
+    }
+
+    /// Where the verdict on the inbound message `key` ([`Names::chat_in_msg_id`]) is told, on
+    /// core NATS: whether hark took it, for a framework in front of the chat.
+    pub fn chat_verdict(&self, key: &str) -> String {
+        format!("{}.chat.verdict.{}", self.ns, verdict_token(key))
     }
 
     pub fn task_run(&self) -> String {

@@ -189,6 +189,8 @@ impl App {
                 Router::new()
                     .route("/api/v1/messages", post(http::post_message))
                     .route("/api/v1/stream", get(http::stream))
+                    .route("/api/v1/outbound", get(http::pull))
+                    .route("/api/v1/outbound/ack", post(http::ack))
                     .with_state(adapter),
             );
         }

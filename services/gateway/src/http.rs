@@ -351,8 +351,27 @@ impl Door {
     }
 }
 
-/// `POST /api/v1/messages`.
-pub async fn post_message(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> Response {
+/// `POST /api/v1/messages?wait_ms=…`.
+#[derive(Debug, Default, Deserialize)]
+pub struct PostQuery {
+    /// How long to wait for hark's verdict on the message (whether it took it), in
+    /// milliseconds, at most [`MAX_VERDICT_WAIT`]; 0, the default: answer once it is accepted.
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// The longest a sender may wait for a message's verdict.
+pub const MAX_VERDICT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `POST /api/v1/messages`: 202 once JetStream has the message. With `wait_ms`, 200 and hark's
+/// verdict when it comes within that time: `taken` (an answer, a command, or a hint hark
+/// replied with: the sender's other handlers should leave the message alone) and `as`.
+pub async fn post_message(
+    State(door): State<Door>,
+    Query(query): Query<PostQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let hub = &door.hub;
     if let Err(response) = check_token(hub, &headers).and_then(|()| json_only(&headers)) {
         return *response;
@@ -366,10 +385,26 @@ pub async fn post_message(State(door): State<Door>, headers: HeaderMap, body: By
         .get(hark_core::trace::HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(hark_core::trace::TraceContext::parse);
+    let wait = std::time::Duration::from_millis(query.wait_ms).min(MAX_VERDICT_WAIT);
+    // Listening before the message is published, so that no verdict can come before.
+    let verdicts = if wait.is_zero() {
+        None
+    } else {
+        let key = bus::Names::chat_in_msg_id(
+            &message.platform,
+            &message.bot_id,
+            &message.stream,
+            &message.message_id,
+        );
+        hub.nats
+            .subscribe(hub.names.chat_verdict(&key))
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "cannot listen for a verdict"))
+            .ok()
+    };
     let published = crate::inbound::publish_now(hub, *message, trace).await;
-    match published {
-        // Accepted only once JetStream has it: a 202 is a promise.
-        Ok(()) => (StatusCode::ACCEPTED, Json(json!({"accepted": true}))).into_response(),
+    let duplicate = match published {
+        Ok(duplicate) => duplicate,
         Err(e) => {
             tracing::warn!(error = %e, "an HTTP adapter message was not taken: NATS does not answer");
             let mut response = error(
@@ -379,8 +414,30 @@ pub async fn post_message(State(door): State<Door>, headers: HeaderMap, body: By
             response
                 .headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("5"));
-            response
+            return response;
         }
+    };
+    // Accepted only once JetStream has it: a 202 is a promise.
+    let accepted = || {
+        let mut body = json!({"accepted": true, "taken": null});
+        if duplicate {
+            body["duplicate"] = json!(true);
+        }
+        body
+    };
+    let Some(mut verdicts) = verdicts else {
+        return (StatusCode::ACCEPTED, Json(accepted())).into_response();
+    };
+    match tokio::time::timeout(wait, verdicts.next()).await {
+        Ok(Some(verdict)) => {
+            let verdict: Value = serde_json::from_slice(&verdict.payload).unwrap_or(Value::Null);
+            let mut body = accepted();
+            body["taken"] = verdict.get("taken").cloned().unwrap_or(Value::Null);
+            body["as"] = verdict.get("as").cloned().unwrap_or(Value::Null);
+            (StatusCode::OK, Json(body)).into_response()
+        }
+        // No verdict in time: the message is hark's all the same, and handled when it can be.
+        _ => (StatusCode::ACCEPTED, Json(accepted())).into_response(),
     }
 }
 
@@ -512,4 +569,267 @@ pub async fn stream(
 pub async fn webhook(door: Door, platform: String, bot_id: String) {
     let closed = door.hub.shutdown.clone();
     outbound::run(door.hub, door.adapter, platform, bot_id, closed).await;
+}
+
+/// `GET /api/v1/outbound?platform=…&bot_id=…&wait_ms=…&max=…`.
+#[derive(Debug, Deserialize)]
+pub struct PullQuery {
+    pub platform: String,
+    pub bot_id: String,
+    /// How long to wait for a first message, in milliseconds, at most [`MAX_PULL_WAIT`].
+    #[serde(default)]
+    pub wait_ms: u64,
+    /// The most messages one answer holds, 1 to 100 (default 20).
+    #[serde(default)]
+    pub max: Option<usize>,
+}
+
+/// The longest a pull waits for a first message.
+pub const MAX_PULL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A pulled outbound message: what the stream carries, and the token that acknowledges it.
+#[derive(Debug, Serialize)]
+pub struct PulledJson {
+    #[serde(flatten)]
+    pub message: OutboundJson,
+    /// Given back to `POST /api/v1/outbound/ack` once the message is sent; a message not
+    /// acknowledged within `gateway.send_timeout` + 5 s is pulled again.
+    pub ack: String,
+}
+
+/// The bot a pull or an acknowledgement is for, checked: one of `gateway.http.bots`, delivered
+/// by pulling (no webhook).
+fn pulled_bot(hub: &Hub, platform: &str, bot_id: &str) -> Result<(), Box<Response>> {
+    if !hub
+        .settings
+        .http_bots
+        .iter()
+        .any(|(p, b)| p == platform && b == bot_id)
+    {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{}:{} is not in gateway.http.bots",
+                ids::shown(platform),
+                ids::shown(bot_id)
+            ),
+        )));
+    }
+    if !hub.settings.webhook_url.is_empty() {
+        return Err(Box::new(error(
+            StatusCode::CONFLICT,
+            "outbound messages go to gateway.http.webhook_url; there is nothing to pull",
+        )));
+    }
+    Ok(())
+}
+
+/// `GET /api/v1/outbound`: the bot's pending outbound messages, oldest first, each with the
+/// token that acknowledges it. A message stays hark's until it is acknowledged: one pulled and
+/// never acknowledged (the app died before sending it) is pulled again after the bot's
+/// acknowledgement wait, by whichever gateway replica is asked.
+pub async fn pull(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Query(query): Query<PullQuery>,
+) -> Response {
+    let hub = &door.hub;
+    if let Err(response) = check_token(hub, &headers) {
+        return *response;
+    }
+    if let Err(response) = pulled_bot(hub, &query.platform, &query.bot_id) {
+        return *response;
+    }
+    let max = query.max.unwrap_or(20).clamp(1, 100);
+    let wait = std::time::Duration::from_millis(query.wait_ms)
+        .clamp(std::time::Duration::from_millis(10), MAX_PULL_WAIT);
+    let unavailable = |why: String| {
+        tracing::warn!(why, "cannot pull outbound messages");
+        let mut response = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("hark cannot hand out messages right now ({why}); ask again"),
+        );
+        response
+            .headers_mut()
+            .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        response
+    };
+    let consumer = match outbound::consumer(hub, &query.platform, &query.bot_id).await {
+        Ok(c) => c,
+        Err(outbound::Opened::Never(e)) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(outbound::Opened::NotNow(e)) => return unavailable(e.to_string()),
+    };
+    let batch = consumer
+        .fetch()
+        .max_messages(max)
+        .expires(wait)
+        .messages()
+        .await;
+    let mut batch = match batch {
+        Ok(b) => b,
+        Err(e) => return unavailable(e.to_string()),
+    };
+    let mut pulled = Vec::new();
+    while let Some(message) = batch.next().await {
+        let message = match message {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "a pull ended early");
+                break;
+            }
+        };
+        let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
+            continue;
+        };
+        let outbound: pb::OutboundMessage = match hark_core::codec::decode(&message.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                hub.dead
+                    .set_aside(
+                        "chat_out",
+                        &message,
+                        &format!("undecodable outbound message: {e}"),
+                        std::time::Duration::from_secs(5),
+                    )
+                    .await;
+                continue;
+            }
+        };
+        let ack = AckToken {
+            reply,
+            id: outbound.id.clone(),
+            question_id: outbound.question_id.clone(),
+        }
+        .to_string();
+        pulled.push(PulledJson {
+            message: OutboundJson::from(&outbound),
+            ack,
+        });
+    }
+    Json(json!({"messages": pulled})).into_response()
+}
+
+/// What an acknowledgement token carries: the JetStream acknowledgement subject of the pulled
+/// delivery, and what the receipt of a delivered question needs.
+#[derive(Debug, PartialEq, Eq)]
+struct AckToken {
+    reply: String,
+    id: String,
+    question_id: String,
+}
+
+impl std::fmt::Display for AckToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.reply, self.id, self.question_id)
+    }
+}
+
+impl AckToken {
+    /// Reads a token given back by an app, only when it acknowledges a delivery of the
+    /// consumer `consumer` of the stream `stream`: an app speaks only for its own bot.
+    fn parse(token: &str, stream: &str, consumer: &str) -> Option<Self> {
+        let mut parts = token.splitn(3, ' ');
+        let reply = parts.next()?;
+        let id = parts.next().unwrap_or_default();
+        let question_id = parts.next().unwrap_or_default();
+        let tokens: Vec<&str> = reply.split('.').collect();
+        let ours = tokens.len() >= 9
+            && tokens[0] == "$JS"
+            && tokens[1] == "ACK"
+            && tokens
+                .windows(2)
+                .any(|pair| pair[0] == stream && pair[1] == consumer)
+            && !reply
+                .chars()
+                .any(|c| c.is_whitespace() || matches!(c, '*' | '>'));
+        ours.then(|| Self {
+            reply: reply.to_owned(),
+            id: id.to_owned(),
+            question_id: question_id.to_owned(),
+        })
+    }
+}
+
+/// `POST /api/v1/outbound/ack`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcksJson {
+    pub platform: String,
+    pub bot_id: String,
+    pub acks: Vec<AckJson>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckJson {
+    pub ack: String,
+    /// The platform's id of the sent message, when it gave one: a later quote of a question
+    /// is matched by it.
+    #[serde(default)]
+    pub message_id: Option<Value>,
+}
+
+/// How long an acknowledgement waits for JetStream to confirm it.
+const ACK_CONFIRM: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// `POST /api/v1/outbound/ack`: the app sent these messages; they are not handed out again.
+/// Answers which were confirmed: one not confirmed may be pulled again, and the app then
+/// drops it by its `id`.
+pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> Response {
+    let hub = &door.hub;
+    if let Err(response) = check_token(hub, &headers).and_then(|()| json_only(&headers)) {
+        return *response;
+    }
+    let acks: AcksJson = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a list of acknowledgements: {e}"),
+            );
+        }
+    };
+    if let Err(response) = pulled_bot(hub, &acks.platform, &acks.bot_id) {
+        return *response;
+    }
+    let consumer = match hub.names.gateway_consumer(&acks.platform, &acks.bot_id) {
+        Ok(c) => c,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let stream = hub.names.chat_out_stream();
+    let mut tokens = Vec::with_capacity(acks.acks.len());
+    for (i, entry) in acks.acks.iter().enumerate() {
+        match AckToken::parse(&entry.ack, &stream, &consumer) {
+            Some(token) => tokens.push((token, entry)),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "acks[{i}].ack is not a token of a message pulled for {}:{}",
+                        acks.platform, acks.bot_id
+                    ),
+                );
+            }
+        }
+    }
+    let mut confirmed = Vec::with_capacity(tokens.len());
+    for (token, entry) in tokens {
+        // A double acknowledgement: JetStream answers once it recorded it.
+        let acked = tokio::time::timeout(
+            ACK_CONFIRM,
+            hub.nats.request(token.reply.clone(), "+ACK".into()),
+        )
+        .await;
+        let ok = matches!(acked, Ok(Ok(_)));
+        if ok {
+            hub.metrics.outbound.of(&acks.platform).inc();
+            if let Some(platform_id) = crate::platform::message_id(entry.message_id.as_ref()) {
+                outbound::report_receipt(hub, &token.id, &token.question_id, platform_id).await;
+            }
+        } else {
+            tracing::debug!(id = token.id, "an acknowledgement was not confirmed");
+        }
+        confirmed.push(json!({"id": token.id, "acked": ok}));
+    }
+    Json(json!({"acks": confirmed})).into_response()
 }

@@ -109,7 +109,7 @@ pub async fn publish(
         loop {
             let sent = match send(&hub.js, &message).await {
                 Err(Unsent::Never { reason, .. }) => set_aside(&hub, &message, &reason).await,
-                sent => sent,
+                sent => sent.map(drop),
             };
             match sent {
                 Ok(()) => {
@@ -171,15 +171,17 @@ async fn set_aside(hub: &Hub, message: &Spooled, reason: &str) -> Result<(), Uns
         })
 }
 
-/// Publishes a spooled message and waits for JetStream to store it.
-pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<(), Unsent> {
+/// Publishes a spooled message and waits for JetStream to store it: whether it had it already.
+pub async fn send(js: &async_nats::jetstream::Context, message: &Spooled) -> Result<bool, Unsent> {
     let outgoing = publish::Outgoing {
         subject: message.subject.clone(),
         msg_id: &message.msg_id,
         payload: message.payload.clone(),
         trace: message.trace.as_deref(),
     };
-    publish::publish(js, outgoing).await.map(|_| ())
+    publish::publish(js, outgoing)
+        .await
+        .map(|ack| ack.duplicate)
 }
 
 /// The text a chat is told when the gateway cannot take a message.
@@ -207,12 +209,12 @@ pub async fn tell_not_taken<P: Platform>(
 
 /// Publishes an inbound message of the HTTP adapter to `CHAT_IN`, deduplicated by its
 /// platform message id, in the trace `trace` (a new one when the sender gave none), and
-/// returns once JetStream acknowledged it.
+/// returns once JetStream acknowledged it: whether it had it already.
 pub async fn publish_now(
     hub: &Hub,
     message: hark_proto::v1::ChatMessage,
     trace: Option<hark_core::trace::TraceContext>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let platform = message.platform.clone();
     let span = tracing::info_span!(
         "receive",
@@ -222,11 +224,13 @@ pub async fn publish_now(
         trace_id = tracing::field::Empty,
         span_id = tracing::field::Empty,
     );
-    hark_core::trace::scope_in(span, trace, async {
+    let duplicate = hark_core::trace::scope_in(span, trace, async {
         let spooled = spooled(&hub.names, message).map_err(|e| e.to_string())?;
         send(&hub.js, &spooled).await.map_err(|e| e.to_string())
     })
     .await?;
-    hub.metrics.inbound.of(&platform).inc();
-    Ok(())
+    if !duplicate {
+        hub.metrics.inbound.of(&platform).inc();
+    }
+    Ok(duplicate)
 }

@@ -32,31 +32,13 @@ pub async fn run<P: Platform>(
     closed: CancellationToken,
 ) {
     let consumer = loop {
-        let config = (|| {
-            Ok::<_, bus::Error>(async_nats::jetstream::consumer::pull::Config {
-                // A bot gone for good does not keep its consumer forever; what waits for it stays
-                // in the (work-queue) stream, and a new consumer delivers it.
-                inactive_threshold: hub.settings.forget_bot_after,
-                ..bus::durable(
-                    &hub.names.gateway_consumer(&platform, &bot_id)?,
-                    hub.names.chat_out(&platform, &bot_id)?,
-                    // A bot has `gateway.send_timeout` to confirm; a message pulled by a gateway
-                    // that died meanwhile goes to the next one soon after.
-                    hub.settings.send_timeout + Duration::from_secs(5),
-                    -1,
-                )
-            })
-        })();
-        let config = match config {
-            Ok(c) => c,
-            Err(e) => {
+        match consumer(&hub, &platform, &bot_id).await {
+            Ok(c) => break c,
+            Err(Opened::Never(e)) => {
                 tracing::error!(error = %e, "this bot's messages cannot be delivered");
                 return;
             }
-        };
-        match bus::ensure_consumer(&hub.js, &hub.names.chat_out_stream(), config).await {
-            Ok(c) => break c,
-            Err(e) => {
+            Err(Opened::NotNow(e)) => {
                 tracing::warn!(error = %e, "cannot open the outbound consumer; retrying");
                 tokio::select! {
                     _ = closed.cancelled() => return,
@@ -111,6 +93,66 @@ pub async fn run<P: Platform>(
     }
 }
 
+/// Why a bot's outbound consumer is not open.
+#[derive(Debug)]
+pub enum Opened {
+    /// The bot's names cannot form a consumer: it never will be.
+    Never(bus::Error),
+    /// JetStream did not answer as it should; try again.
+    NotNow(bus::Error),
+}
+
+/// The durable consumer of the outbound messages of the bot `bot_id` of `platform`, created when
+/// it does not exist. Every gateway replica opens the same one.
+pub async fn consumer(
+    hub: &Hub,
+    platform: &str,
+    bot_id: &str,
+) -> Result<async_nats::jetstream::consumer::PullConsumer, Opened> {
+    let config = (|| {
+        Ok::<_, bus::Error>(async_nats::jetstream::consumer::pull::Config {
+            // A bot gone for good does not keep its consumer forever; what waits for it stays
+            // in the (work-queue) stream, and a new consumer delivers it.
+            inactive_threshold: hub.settings.forget_bot_after,
+            ..bus::durable(
+                &hub.names.gateway_consumer(platform, bot_id)?,
+                hub.names.chat_out(platform, bot_id)?,
+                // A bot has `gateway.send_timeout` to confirm; a message pulled by a gateway
+                // that died meanwhile goes to the next one soon after.
+                hub.settings.send_timeout + Duration::from_secs(5),
+                -1,
+            )
+        })
+    })()
+    .map_err(Opened::Never)?;
+    bus::ensure_consumer(&hub.js, &hub.names.chat_out_stream(), config)
+        .await
+        .map_err(Opened::NotNow)
+}
+
+/// Reports the platform's id of a delivered question's message, so that a quote of it finds the
+/// question.
+pub async fn report_receipt(hub: &Hub, outbound_id: &str, question_id: &str, platform_id: String) {
+    if question_id.is_empty() {
+        return;
+    }
+    let receipt = pb::DeliveryReceipt {
+        outbound_id: outbound_id.to_owned(),
+        question_id: question_id.to_owned(),
+        platform_message_id: platform_id,
+        ..Default::default()
+    };
+    let receipt = publish::Outgoing {
+        subject: hub.names.chat_receipt(),
+        msg_id: outbound_id,
+        payload: codec::encode(receipt),
+        trace: None,
+    };
+    if let Err(e) = publish::publish(&hub.js, receipt).await {
+        tracing::warn!(error = %e, "cannot report a delivered question's message id");
+    }
+}
+
 /// Forgets a bot's outbound consumer in the gateway's liveness once its delivery ends.
 struct Forget<'a>(&'a Hub, &'a str);
 
@@ -148,24 +190,8 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
         Ok(platform_id) => {
             metrics.outbound.of(platform).inc();
             consume::settle(message, SOURCE, Settle::Confirmed).await;
-            if let Some(platform_id) = platform_id
-                && !outbound.question_id.is_empty()
-            {
-                let receipt = pb::DeliveryReceipt {
-                    outbound_id: outbound.id.clone(),
-                    question_id: outbound.question_id.clone(),
-                    platform_message_id: platform_id,
-                    ..Default::default()
-                };
-                let receipt = publish::Outgoing {
-                    subject: hub.names.chat_receipt(),
-                    msg_id: &outbound.id,
-                    payload: codec::encode(receipt),
-                    trace: None,
-                };
-                if let Err(e) = publish::publish(&hub.js, receipt).await {
-                    tracing::warn!(error = %e, "cannot report a delivered question's message id");
-                }
+            if let Some(platform_id) = platform_id {
+                report_receipt(hub, &outbound.id, &outbound.question_id, platform_id).await;
             }
             true
         }

@@ -464,3 +464,164 @@ async fn ids_that_cannot_be_headers_or_bots_that_are_not_configured_are_refused_
     assert_eq!(got.message_id, "ok-3");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_post_that_waits_gets_the_verdict_task_control_tells_and_without_one_is_still_accepted() {
+    let gw = Gw::start(|_| {}).await;
+    let nats = async_nats::connect(common::nats_url()).await.expect("nats");
+    // Plays task-control: takes the message from CHAT_IN, then tells its verdict.
+    let teller = {
+        let (js, names, nats) = (gw.js.clone(), gw.names.clone(), nats.clone());
+        tokio::spawn(async move {
+            let consumer: jetstream::consumer::PullConsumer = js
+                .get_consumer_from_stream(Names::CONTROL_CONSUMER, names.chat_in_stream())
+                .await
+                .expect("consumer");
+            let mut messages = consumer.messages().await.expect("messages");
+            let message = messages.next().await.expect("one").expect("ok");
+            let got: pb::ChatMessage = codec::decode(&message.payload).expect("decodes");
+            message.ack().await.expect("ack");
+            let key =
+                Names::chat_in_msg_id(&got.platform, &got.bot_id, &got.stream, &got.message_id);
+            nats.publish(
+                names.chat_verdict(&key),
+                json!({"taken": true, "as": "answer"}).to_string().into(),
+            )
+            .await
+            .expect("verdict");
+            nats.flush().await.expect("flush");
+        })
+    };
+    let post = |id: &str, wait_ms: u64| {
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/messages?wait_ms={wait_ms}", gw.base))
+            .bearer_auth("app-secret")
+            .json(&message(id))
+            .send()
+    };
+    let response = post("v1", 10_000).await.expect("request");
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(
+        (&body["accepted"], &body["taken"], &body["as"]),
+        (&json!(true), &json!(true), &json!("answer")),
+        "{body}"
+    );
+    teller.await.expect("teller");
+
+    // Nobody tells a verdict: after the wait, the message is accepted all the same.
+    let response = post("v2", 200).await.expect("request");
+    assert_eq!(response.status(), 202);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(
+        (&body["accepted"], &body["taken"]),
+        (&json!(true), &Value::Null)
+    );
+    let got: pb::ChatMessage = codec::decode(&gw.next_chat_in().await.payload).expect("decodes");
+    assert_eq!(got.message_id, "v2");
+    // The same message again is a duplicate, and not a second message.
+    let response = post("v2", 0).await.expect("request");
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["duplicate"], json!(true), "{body}");
+    assert!(gw.try_next_chat_in().await.is_none());
+    gw.stop().await;
+}
+
+/// Pulls the bot's messages through `GET /api/v1/outbound`.
+async fn pull(gw: &Gw, bot: &str, wait_ms: u64) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/outbound?platform=myapp&bot_id={bot}&wait_ms={wait_ms}",
+            gw.base
+        ))
+        .bearer_auth("app-secret")
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn ack(gw: &Gw, bot: &str, acks: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/v1/outbound/ack", gw.base))
+        .bearer_auth("app-secret")
+        .json(&json!({"platform": "myapp", "bot_id": bot, "acks": acks}))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn pulled_messages_come_again_until_acknowledged_and_never_after() {
+    let gw = Gw::start(|c| {
+        c.gateway.http.bots = vec!["myapp:main".into(), "myapp:other".into()];
+        // A pulled message not acknowledged comes back after send_timeout + 5 s.
+        c.gateway.send_timeout = hark_core::domain::HumanDuration::from_secs(1);
+    })
+    .await;
+    gw.publish_out("Which plan?", "q-7").await;
+    gw.publish_out("second", "").await;
+    let (status, body) = pull(&gw, "main", 5_000).await;
+    assert_eq!(status, 200, "{body}");
+    let first = body["messages"].as_array().cloned().unwrap_or_default();
+    let texts: Vec<&str> = first.iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(texts, ["Which plan?", "second"], "{body}");
+    // The app dies before acknowledging "second": it is handed out again, and only it.
+    let (status, body) = ack(
+        &gw,
+        "main",
+        json!([{"ack": first[0]["ack"], "message_id": 555}]),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
+    let again = loop {
+        let (status, body) = pull(&gw, "main", 10_000).await;
+        assert_eq!(status, 200, "{body}");
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if !messages.is_empty() {
+            break messages;
+        }
+    };
+    let texts: Vec<&str> = again.iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(texts, ["second"]);
+    assert_eq!(again[0]["id"], first[1]["id"]);
+    let (_, body) = ack(&gw, "main", json!([{"ack": again[0]["ack"]}])).await;
+    assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
+    // The question's platform id was reported, for quotes.
+    let receipts = gw
+        .js
+        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_receipt_stream())
+        .await
+        .expect("consumer");
+    let receipt: pb::DeliveryReceipt = common::next(&receipts, Duration::from_secs(10))
+        .await
+        .expect("a receipt");
+    assert_eq!(
+        (
+            receipt.question_id.as_str(),
+            receipt.platform_message_id.as_str()
+        ),
+        ("q-7", "555")
+    );
+    // Nothing is handed out twice once acknowledged, well past the acknowledgement wait.
+    let (_, body) = pull(&gw, "main", 7_000).await;
+    assert_eq!(body["messages"], json!([]), "{body}");
+
+    // Another bot's token, a made-up token and a bot not configured are refused.
+    gw.publish_out("third", "").await;
+    let (_, body) = pull(&gw, "main", 5_000).await;
+    let third = body["messages"][0]["ack"].clone();
+    let (status, body) = ack(&gw, "other", json!([{"ack": third}])).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = ack(&gw, "main", json!([{"ack": "$JS.ACK.X.Y.1.2.3.4.5 a b"}])).await;
+    assert_eq!(status, 400);
+    let (status, _) = pull(&gw, "nobody", 10).await;
+    assert_eq!(status, 404);
+    let (_, body) = ack(&gw, "main", json!([{"ack": third}])).await;
+    assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
+    gw.stop().await;
+}

@@ -572,7 +572,7 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
 async fn handle_chat(shared: &Shared, payload: &[u8]) -> Result<(), Failure> {
     let message: pb::ChatMessage = codec::decode(payload)
         .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable chat message: {e}")))?;
-    chat::handle(shared, message).await.map_err(|e| {
+    chat::handle(shared, message).await.map(drop).map_err(|e| {
         let kind = e.kind();
         if kind.is_retryable() {
             tracing::warn!(error = %e, "chat message will be retried");

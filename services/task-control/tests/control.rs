@@ -1484,3 +1484,68 @@ async fn an_approval_put_to_three_people_ends_at_the_first_denial() {
     assert_eq!(told.route.expect("route").stream, "private:400");
     tc.stop().await;
 }
+
+/// Says `text` as `user` in `stream` and returns the verdict task-control tells of it.
+async fn verdict_of(
+    tc: &TestControl,
+    stream: &str,
+    user: &str,
+    text: &str,
+    quoted: &str,
+) -> String {
+    use futures_util::StreamExt as _;
+    let id = tc.message_id();
+    let key = hark_core::bus::Names::chat_in_msg_id(
+        common::control::PLATFORM,
+        common::control::BOT,
+        stream,
+        &id,
+    );
+    let mut verdicts = tc
+        .nats
+        .subscribe(tc.names.chat_verdict(&key))
+        .await
+        .expect("subscribe");
+    tc.publish_chat(stream, user, text, quoted, &id, &key).await;
+    let told = tokio::time::timeout(Duration::from_secs(30), verdicts.next())
+        .await
+        .expect("a verdict within 30s")
+        .expect("a verdict");
+    let told: serde_json::Value = serde_json::from_slice(&told.payload).expect("JSON");
+    assert_eq!(
+        told["taken"].as_bool(),
+        Some(told["as"] != "left"),
+        "{told}"
+    );
+    told["as"].as_str().expect("as").to_owned()
+}
+
+#[tokio::test]
+async fn every_chat_message_tells_whether_hark_took_it_and_as_what() {
+    let tc = TestControl::start().await;
+    assert_eq!(
+        verdict_of(&tc, GROUP, "100", "/task new pick a colour", "").await,
+        "command"
+    );
+    tc.out_containing("created").await;
+    let (_, _) = tc.claim_and_ask("Which colour?", 0).await;
+    let shown = tc.out_containing("Which colour?").await;
+    tc.receipt(&shown, "q-msg").await;
+    tc.eventually("the question's message is known", || async {
+        tc.store
+            .question_by_chat_message("qq", GROUP, "q-msg")
+            .await
+            .expect("lookup")
+            .is_some()
+    })
+    .await;
+    // A stranger's reply is not hark's: the framework in front of the chat keeps it.
+    assert_eq!(verdict_of(&tc, GROUP, "200", "blue", "").await, "left");
+    assert_eq!(verdict_of(&tc, GROUP, "100", "blue", "").await, "answer");
+    tc.out_containing("continues").await;
+    // Quoting the answered question: hark says it is closed.
+    assert_eq!(verdict_of(&tc, GROUP, "100", "red", "q-msg").await, "hint");
+    // Nothing open: a plain message goes to whoever else reads the chat.
+    assert_eq!(verdict_of(&tc, GROUP, "100", "hello all", "").await, "left");
+    tc.stop().await;
+}

@@ -105,17 +105,50 @@ impl Inbound {
     }
 }
 
+/// What hark made of a chat message, as a framework in front of the chat is told: whether hark
+/// took it (so that the framework's own handlers leave it alone), and as what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// An answer to an open question (applied, counted, or a duplicate of one).
+    Answer,
+    /// A hark command, answered or refused.
+    Command,
+    /// Not an answer, but about hark's questions: hark replied with a hint (the answer did not
+    /// fit, the question is closed, which question is meant, too late).
+    Hint,
+    /// Not for hark: left to whoever else reads the chat.
+    Left,
+}
+
+impl Verdict {
+    pub fn taken(self) -> bool {
+        self != Verdict::Left
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Answer => "answer",
+            Verdict::Command => "command",
+            Verdict::Hint => "hint",
+            Verdict::Left => "left",
+        }
+    }
+}
+
 /// Handles one inbound chat message. An `Err` is worth retrying (the database was unreachable);
 /// everything the sender got wrong is answered in the chat instead.
-pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::Error> {
+pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<Verdict, store::Error> {
     let inbound = match Inbound::parse(msg) {
         Ok(inbound) => inbound,
         Err(reason) => {
             tracing::debug!(reason, "ignoring a chat message");
-            return Ok(());
+            return Ok(Verdict::Left);
         }
     };
     let handled = handle_inbound(shared, &inbound).await;
+    if let Ok(verdict) = handled {
+        tell_verdict(shared, &inbound, verdict).await;
+    }
     // Where the sender speaks, so that hark may reach them there when asked to: noted after the
     // message is handled, so that an answer does not wait for it, and best effort (the sender's
     // next message notes it again).
@@ -133,7 +166,23 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<(), store::
     handled
 }
 
-async fn handle_inbound(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
+/// Tells whoever waits for this message's verdict (the HTTP adapter, for a framework in front of
+/// the chat) what hark made of it. Best effort, on core NATS: after hark's reply is on its way,
+/// and again when a redelivered message is handled again; nobody may be listening.
+async fn tell_verdict(shared: &Shared, inbound: &Inbound, verdict: Verdict) {
+    let Some(key) = inbound.key() else { return };
+    let body = serde_json::json!({"taken": verdict.taken(), "as": verdict.as_str()});
+    let subject = shared.names.chat_verdict(&key);
+    if let Err(e) = shared
+        .nats
+        .publish(subject, body.to_string().into_bytes().into())
+        .await
+    {
+        tracing::debug!(error = %e, "cannot tell a chat message's verdict");
+    }
+}
+
+async fn handle_inbound(shared: &Shared, inbound: &Inbound) -> Result<Verdict, store::Error> {
     let chat = &shared.config.chat;
     let words: Vec<String> = std::iter::once(chat.command.clone())
         .chain(chat.command_aliases.iter().cloned())
@@ -155,9 +204,9 @@ async fn handle_inbound(shared: &Shared, inbound: &Inbound) -> Result<(), store:
                         .texts(&inbound.platform)
                         .too_many_commands(chat.commands_per_minute, shared.commands.wait_hint());
                     say(shared, inbound, &text).await;
-                    return Ok(());
+                    return Ok(Verdict::Command);
                 }
-                crate::limit::Verdict::RefuseQuietly => return Ok(()),
+                crate::limit::Verdict::RefuseQuietly => return Ok(Verdict::Command),
             }
         }
         let reply = match command::parse(args, &chat.command, shared.texts(&inbound.platform)) {
@@ -167,7 +216,7 @@ async fn handle_inbound(shared: &Shared, inbound: &Inbound) -> Result<(), store:
         if let Some(text) = reply {
             say(shared, inbound, &text).await;
         }
-        return Ok(());
+        return Ok(Verdict::Command);
     }
     route_answer(shared, inbound).await
 }
@@ -184,7 +233,7 @@ async fn say(shared: &Shared, inbound: &Inbound, text: &str) {
         .await;
 }
 
-async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::Error> {
+async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<Verdict, store::Error> {
     let store = &shared.store;
     let t = shared.texts(&inbound.platform);
     // Read with their tasks, so that the answer starts from them without reading again.
@@ -242,10 +291,13 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
             apply(shared, inbound, &question, &text, &targets).await
         }
         route::Route::Closed(id) => {
-            if let Some(question) = quoted.iter().chain(by_handle.iter()).find(|q| q.id == id) {
-                say(shared, inbound, &closed_text(t, question)).await;
+            match quoted.iter().chain(by_handle.iter()).find(|q| q.id == id) {
+                Some(question) => {
+                    say(shared, inbound, &closed_text(t, question)).await;
+                    Ok(Verdict::Hint)
+                }
+                None => Ok(Verdict::Left),
             }
-            Ok(())
         }
         route::Route::QuotedClosed(handle) => {
             let text = match store
@@ -259,16 +311,16 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
                 {
                     closed_text(t, &question)
                 }
-                _ => return Ok(()),
+                _ => return Ok(Verdict::Left),
             };
             say(shared, inbound, &text).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
         route::Route::TooLate => {
             let handles: Vec<String> = open.iter().map(|q| format!("#{}", q.handle)).collect();
             let text = t.too_late(&handles);
             say(shared, inbound, &text).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
         route::Route::AskWhich => {
             let open: Vec<(String, String)> = open
@@ -277,9 +329,9 @@ async fn route_answer(shared: &Shared, inbound: &Inbound) -> Result<(), store::E
                 .collect();
             let text = t.ask_which(&open);
             say(shared, inbound, &text).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
-        route::Route::Ignore => Ok(()),
+        route::Route::Ignore => Ok(Verdict::Left),
     }
 }
 
@@ -293,13 +345,13 @@ async fn apply(
     question: &QuestionRow,
     text: &str,
     open: &[AnswerTarget],
-) -> Result<(), store::Error> {
+) -> Result<Verdict, store::Error> {
     let t = shared.texts(&inbound.platform);
     // An answer too long to keep is refused, and the question stays open for a shorter one.
     if let Err(e) = text::optional_text(text, text::MAX_TEXT_BYTES) {
         let reply = t.answer_refused(&question.handle, &e.to_string());
         say(shared, inbound, &reply).await;
-        return Ok(());
+        return Ok(Verdict::Hint);
     }
     let answer = Answer {
         answerer: inbound
@@ -326,9 +378,9 @@ async fn apply(
                 .collect();
             let ack = t.got_it(task.id, task.state == TaskState::Paused, &others);
             say(shared, inbound, &ack).await;
-            Ok(())
+            Ok(Verdict::Answer)
         }
-        Ok(AnswerOutcome::Duplicate { .. }) => Ok(()),
+        Ok(AnswerOutcome::Duplicate { .. }) => Ok(Verdict::Answer),
         Ok(AnswerOutcome::Counted { have, need, .. }) => {
             say(
                 shared,
@@ -336,7 +388,7 @@ async fn apply(
                 &t.answer_counted(&question.handle, have, need),
             )
             .await;
-            Ok(())
+            Ok(Verdict::Answer)
         }
         Err(store::Error::Misfit {
             handle,
@@ -346,22 +398,22 @@ async fn apply(
         }) => {
             let reply = t.misfit(&handle, &shape, &misfit);
             say(shared, inbound, &reply).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
         Err(store::Error::QuestionClosed { .. }) => {
             let now = shared.store.get_question(question.id).await?;
             say(shared, inbound, &closed_text(t, &now)).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
         // Passed on to someone else just before this answer would have counted.
         Err(store::Error::Moved { handle, askee }) => {
             say(shared, inbound, &t.passed_meanwhile(&handle, &askee)).await;
-            Ok(())
+            Ok(Verdict::Hint)
         }
         Err(e) if e.is_retryable() => Err(e),
         Err(e) => {
             tracing::warn!(error = %e, "cannot apply an answer");
-            Ok(())
+            Ok(Verdict::Left)
         }
     }
 }

@@ -82,7 +82,8 @@ impl Bot {
                     let id = action["params"]["message_id"].as_i64().unwrap_or_default();
                     let response = match posted.get(&id) {
                         Some(text) => json!({"status": "ok", "retcode": 0, "echo": action["echo"],
-                            "data": {"message_id": id, "sender": {"user_id": own_id},
+                            "data": {"message_id": id, "real_id": id, "time": 1_700_000_000,
+                                     "message_type": "group", "sender": {"user_id": own_id},
                                      "message": [{"type": "text", "data": {"text": text}}]}}),
                         None => json!({"status": "failed", "retcode": 100, "echo": action["echo"],
                             "message": "no such message"}),
@@ -92,9 +93,13 @@ impl Bot {
                 }
                 next_message_id += 1;
                 let params = &action["params"];
-                let stream_id = match name {
-                    "send_group_msg" => format!("group:{}", params["group_id"]),
-                    "send_private_msg" => format!("private:{}", params["user_id"]),
+                let stream_id = match (name, params["message_type"].as_str()) {
+                    ("send_group_msg", _) | ("send_msg", Some("group")) => {
+                        format!("group:{}", params["group_id"])
+                    }
+                    ("send_private_msg", _) | ("send_msg", Some("private")) => {
+                        format!("private:{}", params["user_id"])
+                    }
                     _ => String::new(),
                 };
                 let mut body = String::new();
@@ -232,6 +237,21 @@ impl Bot {
                 Err(_) => panic!("the bot posted no {what} within {wait:?}"),
             }
         }
+    }
+
+    /// Numbers the bot's next messages from `first`: a bot that connects again does not reuse
+    /// the ids of its messages before, as a real one does not.
+    pub fn numbering_from(mut self, first: i64) -> Self {
+        self.next_id = first;
+        self
+    }
+
+    /// The next posted message within `wait`, if any.
+    pub async fn next_sent(&mut self, wait: Duration) -> Option<Sent> {
+        tokio::time::timeout(wait, self.sent.recv())
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Collects everything posted within `wait`.

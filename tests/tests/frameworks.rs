@@ -1,0 +1,311 @@
+//! The chat frameworks people already run, in front of a real hark (control, gateway and a
+//! worker in processes): each one's hark plugin, loaded as the framework loads plugins, with the
+//! framework's own connection to the chat played by a OneBot v11 bot over WebSocket.
+
+use std::{path::PathBuf, time::Duration};
+
+use hark_e2e::{Env, bot::Bot, bot::Sent, chat::handle_of};
+use hark_proto::v1 as pb;
+use hark_worker::scripted::{Script, ScriptedLlm, Step};
+
+const WAIT: Duration = Duration::from_secs(60);
+const SELF_ID: i64 = 4242;
+const GROUP: i64 = 777;
+const OWNER: i64 = 100;
+const STRANGER: i64 = 200;
+const PLATFORM: &str = "nonebot-onebot";
+const HTTP_TOKEN: &str = "plugin-secret";
+
+/// Where `.ci/run` installs the pinned NoneBot2 (tests/frameworks/nonebot/requirements.txt).
+fn nonebot_python() -> PathBuf {
+    let path = std::env::var_os("HARK_TEST_NONEBOT_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/hark-ci/nonebot/bin/python"));
+    assert!(
+        path.exists(),
+        "{} is missing: make a venv with `pip install -r tests/frameworks/nonebot/requirements.txt` \
+         (as .ci/run does) and point HARK_TEST_NONEBOT_PYTHON at its python",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A NoneBot2 bot process with nonebot-plugin-hark and an echo handler of its own.
+struct NoneBot {
+    child: tokio::process::Child,
+    port: u16,
+}
+
+impl NoneBot {
+    fn start(env: &Env, gateway_port: u16, port: u16) -> Self {
+        let dir = std::env::temp_dir().join("hark-e2e").join(&env.namespace);
+        std::fs::create_dir_all(&dir).expect("log directory");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("nonebot.log"))
+            .expect("log file");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("frameworks/nonebot/bot.py");
+        let child = tokio::process::Command::new(nonebot_python())
+            .arg(script)
+            // NoneBot reads `.env` files from where it runs: none of the developer's.
+            .current_dir(&dir)
+            .env("PORT", port.to_string())
+            .env("HARK_URL", format!("http://127.0.0.1:{gateway_port}"))
+            .env("HARK_TOKEN", HTTP_TOKEN)
+            .env("HARK_PLATFORM", PLATFORM)
+            .env("HARK_WAIT_MS", "10000")
+            .env("HARK_PULL_MS", "5000")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("NoneBot starts");
+        Self { child, port }
+    }
+
+    /// The chat's bot, connected to NoneBot's OneBot v11 reverse WebSocket.
+    async fn connect(&self) -> Bot {
+        Bot::connect(self.port, SELF_ID, "").await
+    }
+
+    /// kill -9.
+    async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Everything the bot posted, in order, as the chat shows it.
+struct Chat {
+    bot: Bot,
+    seen: Vec<Sent>,
+}
+
+impl Chat {
+    /// Waits for a posted message matching `matches`, keeping every one posted meanwhile.
+    async fn expect(&mut self, what: &str, matches: impl Fn(&Sent) -> bool) -> Sent {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let Some(sent) = self.bot.next_sent(left).await else {
+                panic!(
+                    "the bot posted no {what} within {WAIT:?}; it posted {:?}",
+                    texts(self)
+                );
+            };
+            self.seen.push(sent.clone());
+            if matches(&sent) {
+                return sent;
+            }
+        }
+    }
+
+    fn count(&self, text: &str) -> usize {
+        self.seen.iter().filter(|s| s.text.contains(text)).count()
+    }
+}
+
+/// hark's processes with the HTTP adapter speaking for NoneBot's platform.
+async fn hark() -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::ask("Which colour?"),
+        Step::say("Painted {answer}."),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    env.set("HARK_GATEWAY__HTTP__PLATFORMS", PLATFORM);
+    env.set("HARK_GATEWAY__HTTP__BOTS", &format!("{PLATFORM}:{SELF_ID}"));
+    env.set("HARK_GATEWAY__HTTP__TOKEN", HTTP_TOKEN);
+    env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "unused");
+    // A pulled message the plugin never acknowledged comes back soon.
+    env.set("HARK_GATEWAY__SEND_TIMEOUT", "2s");
+    let control = env.spawn(&["control"], &[]);
+    env.client().await;
+    let gateway = env.spawn(&["gateway"], &[]);
+    let worker = env.spawn(&["worker", "--id", "w1"], &[]);
+    (env, llm, vec![control, gateway, worker])
+}
+
+/// The short id a "created" reply names.
+fn created_id(sent: &Sent) -> String {
+    sent.text
+        .split_whitespace()
+        .nth(1)
+        .expect("the reply names the task")
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_rest_to_the_bot() {
+    let (env, llm, mut processes) = hark().await;
+    let gateway_port = env.gateway_port().await;
+    let port = free_port();
+    let mut nonebot = NoneBot::start(&env, gateway_port, port);
+    let mut chat = Chat {
+        bot: nonebot.connect().await,
+        seen: Vec::new(),
+    };
+
+    // A task started in the framework's chat: the command is hark's, its reply and its
+    // question come through NoneBot's own send API.
+    chat.bot
+        .group_message(GROUP, OWNER, "/task new paint the fence")
+        .await;
+    let fence = created_id(
+        &chat
+            .expect("'created'", |s| s.text.contains("created"))
+            .await,
+    );
+    let q_fence = chat
+        .expect("the fence's question", |s| {
+            s.text.contains("Which colour?") && s.text.contains(&fence)
+        })
+        .await;
+    assert_eq!(q_fence.stream, format!("group:{GROUP}"));
+    chat.bot
+        .group_message(GROUP, OWNER, "/task new paint the door")
+        .await;
+    let door = created_id(
+        &chat
+            .expect("'created'", |s| s.text.contains("created"))
+            .await,
+    );
+    let q_door = chat
+        .expect("the door's question", |s| {
+            s.text.contains("Which colour?") && s.text.contains(&door)
+        })
+        .await;
+    assert_ne!(handle_of(&q_fence.text), handle_of(&q_door.text));
+
+    // A stranger's reply is not an answer: it reaches the bot's own handler, untouched.
+    chat.bot.group_message(GROUP, STRANGER, "blue").await;
+    chat.expect("the echo of the stranger", |s| s.text == "echo: blue")
+        .await;
+
+    // A quote of the door's question answers the door, though the fence's is older.
+    chat.bot
+        .group_message_quoting(GROUP, OWNER, "green", Some(q_door.message_id))
+        .await;
+    chat.expect("the door painted", |s| s.text.contains("Painted green."))
+        .await;
+    // A plain reply answers the oldest open question: the fence's.
+    chat.bot.group_message(GROUP, OWNER, "red").await;
+    chat.expect("the fence painted", |s| s.text.contains("Painted red."))
+        .await;
+    // Nothing open: the owner's message is the bot's.
+    chat.bot.group_message(GROUP, OWNER, "hello bot").await;
+    chat.expect("the echo of the owner", |s| s.text == "echo: hello bot")
+        .await;
+
+    // The plugin dies; meanwhile hark asks in its chat.
+    nonebot.kill().await;
+    let task = env
+        .client()
+        .await
+        .create_task(pb::CreateTaskRequest {
+            owner: format!("{PLATFORM}:{OWNER}"),
+            goal: "paint the gate".into(),
+            chat: Some(pb::ChatRoute {
+                platform: PLATFORM.into(),
+                bot_id: SELF_ID.to_string(),
+                stream: format!("group:{GROUP}"),
+                origin_message_id: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    let mut client = env.client().await;
+    for _ in 0..600 {
+        let state = client
+            .get_task(pb::GetTaskRequest {
+                task_id: task.id.clone(),
+            })
+            .await
+            .expect("get task")
+            .into_inner()
+            .task
+            .expect("task")
+            .state();
+        if state == pb::TaskState::WaitingInput {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Back: the question is delivered once, and nothing delivered before comes again.
+    let mut nonebot = NoneBot::start(&env, gateway_port, port);
+    chat.bot = nonebot.connect().await.numbering_from(1000);
+    let gate = &task.id[..8];
+    chat.expect("the gate's question", |s| {
+        s.text.contains("Which colour?") && s.text.contains(gate)
+    })
+    .await;
+    chat.bot.group_message(GROUP, OWNER, "yellow").await;
+    chat.expect("the gate painted", |s| s.text.contains("Painted yellow."))
+        .await;
+    // A last message the bot echoes: everything hark said before it has arrived.
+    chat.bot.group_message(GROUP, STRANGER, "bye").await;
+    chat.expect("the last echo", |s| s.text == "echo: bye")
+        .await;
+    let rest = chat.bot.drain(Duration::from_millis(0)).await;
+    chat.seen.extend(rest);
+
+    assert_eq!(
+        chat.seen
+            .iter()
+            .filter(|s| s.text.contains("Which colour?") && s.text.contains(gate))
+            .count(),
+        1,
+        "the gate's question posted once: {:?}",
+        texts(&chat)
+    );
+    for text in [
+        "Painted green.",
+        "Painted red.",
+        "Painted yellow.",
+        "echo: blue",
+        "echo: hello bot",
+    ] {
+        assert_eq!(
+            chat.count(text),
+            1,
+            "{text} posted once: {:?}",
+            texts(&chat)
+        );
+    }
+    let echoes: Vec<&str> = chat
+        .seen
+        .iter()
+        .map(|s| s.text.as_str())
+        .filter(|t| t.starts_with("echo:"))
+        .collect();
+    assert_eq!(
+        echoes,
+        ["echo: blue", "echo: hello bot", "echo: bye"],
+        "the bot's handler saw only what hark did not take"
+    );
+
+    nonebot.kill().await;
+    for p in &mut processes {
+        p.stop().await;
+    }
+    drop(llm);
+    env.cleanup().await;
+}
+
+fn texts(chat: &Chat) -> Vec<&str> {
+    chat.seen.iter().map(|s| s.text.as_str()).collect()
+}

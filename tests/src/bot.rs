@@ -33,13 +33,23 @@ pub struct Bot {
 impl Bot {
     /// Connects to the gateway at `port`, retrying while it starts.
     pub async fn connect(port: u16, self_id: i64, token: &str) -> Self {
-        let url = format!("ws://127.0.0.1:{port}/onebot/v11/ws");
+        Self::connect_at(port, "/onebot/v11/ws", self_id, token).await
+    }
+
+    /// Connects to the OneBot v11 reverse WebSocket at `path` on `port` (aiocqhttp serves
+    /// `/ws`), retrying while it starts.
+    pub async fn connect_at(port: u16, path: &str, self_id: i64, token: &str) -> Self {
+        let url = format!("ws://127.0.0.1:{port}{path}");
         let mut socket = None;
         for _ in 0..300 {
             let mut request = url.clone().into_client_request().expect("request");
             request
                 .headers_mut()
                 .insert("x-self-id", self_id.to_string().parse().expect("header"));
+            // One connection for both events and actions, as NapCat dials by default.
+            request
+                .headers_mut()
+                .insert("x-client-role", "Universal".parse().expect("header"));
             request.headers_mut().insert(
                 "authorization",
                 format!("Bearer {token}").parse().expect("header"),

@@ -13,21 +13,71 @@ const SELF_ID: i64 = 4242;
 const GROUP: i64 = 777;
 const OWNER: i64 = 100;
 const STRANGER: i64 = 200;
-const PLATFORM: &str = "nonebot-onebot";
 const HTTP_TOKEN: &str = "plugin-secret";
 
-/// Where `.ci/run` installs the pinned NoneBot2 (tests/frameworks/nonebot/requirements.txt).
-fn nonebot_python() -> PathBuf {
-    let path = std::env::var_os("HARK_TEST_NONEBOT_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/hark-ci/nonebot/bin/python"));
-    assert!(
-        path.exists(),
-        "{} is missing: make a venv with `pip install -r tests/frameworks/nonebot/requirements.txt` \
-         (as .ci/run does) and point HARK_TEST_NONEBOT_PYTHON at its python",
-        path.display()
-    );
-    path
+/// A framework, and how hark knows its chats.
+#[derive(Debug, Clone, Copy)]
+enum Framework {
+    NoneBot,
+    AstrBot,
+}
+
+impl Framework {
+    /// The platform id hark knows the framework's chats by.
+    fn platform(self) -> &'static str {
+        match self {
+            Framework::NoneBot => "nonebot-onebot",
+            Framework::AstrBot => "astrbot-aiocqhttp",
+        }
+    }
+
+    /// The bot id: NoneBot's bot is its QQ account, AstrBot's its platform instance.
+    fn bot_id(self) -> String {
+        match self {
+            Framework::NoneBot => SELF_ID.to_string(),
+            Framework::AstrBot => "qq".into(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Framework::NoneBot => "nonebot",
+            Framework::AstrBot => "astrbot",
+        }
+    }
+
+    /// Where `.ci/run` installs the framework, pinned by tests/frameworks/<name>/requirements.txt.
+    fn python(self) -> PathBuf {
+        let var = format!("HARK_TEST_{}_PYTHON", self.name().to_uppercase());
+        let path = std::env::var_os(&var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("/opt/hark-ci/{}/bin/python", self.name())));
+        assert!(
+            path.exists(),
+            "{} is missing: make a venv with `pip install -r tests/frameworks/{}/requirements.txt` \
+             (as .ci/run does) and point {var} at its python",
+            path.display(),
+            self.name()
+        );
+        path
+    }
+
+    /// The script that runs the framework with the plugin and an echo handler of its own.
+    fn script(self) -> PathBuf {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("frameworks");
+        match self {
+            Framework::NoneBot => dir.join("nonebot/bot.py"),
+            Framework::AstrBot => dir.join("astrbot/run.py"),
+        }
+    }
+
+    /// Where the framework serves the OneBot v11 reverse WebSocket.
+    fn path(self) -> &'static str {
+        match self {
+            Framework::NoneBot => "/onebot/v11/ws",
+            Framework::AstrBot => "/ws",
+        }
+    }
 }
 
 fn free_port() -> u16 {
@@ -37,43 +87,51 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A NoneBot2 bot process with nonebot-plugin-hark and an echo handler of its own.
-struct NoneBot {
+/// The framework's process, with hark's plugin and an echo handler of the bot's own.
+struct Peer {
+    framework: Framework,
     child: tokio::process::Child,
     port: u16,
 }
 
-impl NoneBot {
-    fn start(env: &Env, gateway_port: u16, port: u16) -> Self {
-        let dir = std::env::temp_dir().join("hark-e2e").join(&env.namespace);
-        std::fs::create_dir_all(&dir).expect("log directory");
+impl Peer {
+    fn start(framework: Framework, env: &Env, gateway_port: u16, port: u16) -> Self {
+        let dir = std::env::temp_dir()
+            .join("hark-e2e")
+            .join(&env.namespace)
+            .join(framework.name());
+        std::fs::create_dir_all(&dir).expect("the framework's directory");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(dir.join("nonebot.log"))
+            .open(dir.join("framework.log"))
             .expect("log file");
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("frameworks/nonebot/bot.py");
-        let child = tokio::process::Command::new(nonebot_python())
-            .arg(script)
-            // NoneBot reads `.env` files from where it runs: none of the developer's.
+        let child = tokio::process::Command::new(framework.python())
+            .arg(framework.script())
+            // The framework reads its files from where it runs: none of the developer's.
             .current_dir(&dir)
+            .env("ASTRBOT_ROOT", &dir)
             .env("PORT", port.to_string())
             .env("HARK_URL", format!("http://127.0.0.1:{gateway_port}"))
             .env("HARK_TOKEN", HTTP_TOKEN)
-            .env("HARK_PLATFORM", PLATFORM)
+            .env("HARK_PLATFORM", framework.platform())
             .env("HARK_WAIT_MS", "10000")
             .env("HARK_PULL_MS", "5000")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .expect("NoneBot starts");
-        Self { child, port }
+            .expect("the framework starts");
+        Self {
+            framework,
+            child,
+            port,
+        }
     }
 
-    /// The chat's bot, connected to NoneBot's OneBot v11 reverse WebSocket.
+    /// The chat's bot, connected to the framework's OneBot v11 reverse WebSocket.
     async fn connect(&self) -> Bot {
-        Bot::connect(self.port, SELF_ID, "").await
+        Bot::connect_at(self.port, self.framework.path(), SELF_ID, "").await
     }
 
     /// kill -9.
@@ -113,8 +171,8 @@ impl Chat {
     }
 }
 
-/// hark's processes with the HTTP adapter speaking for NoneBot's platform.
-async fn hark() -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
+/// hark's processes with the HTTP adapter speaking for the framework's platform.
+async fn hark(framework: Framework) -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
     let llm = ScriptedLlm::with_default(Script::new(vec![
         Step::ask("Which colour?"),
         Step::say("Painted {answer}."),
@@ -123,8 +181,11 @@ async fn hark() -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
     .expect("scripted LLM");
     let mut env = Env::new().await;
     env.set("HARK_LLM__BASE_URL", &llm.base_url());
-    env.set("HARK_GATEWAY__HTTP__PLATFORMS", PLATFORM);
-    env.set("HARK_GATEWAY__HTTP__BOTS", &format!("{PLATFORM}:{SELF_ID}"));
+    env.set("HARK_GATEWAY__HTTP__PLATFORMS", framework.platform());
+    env.set(
+        "HARK_GATEWAY__HTTP__BOTS",
+        &format!("{}:{}", framework.platform(), framework.bot_id()),
+    );
     env.set("HARK_GATEWAY__HTTP__TOKEN", HTTP_TOKEN);
     env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "unused");
     // A pulled message the plugin never acknowledged comes back soon.
@@ -147,17 +208,31 @@ fn created_id(sent: &Sent) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_rest_to_the_bot() {
-    let (env, llm, mut processes) = hark().await;
+    hark_in_front_of(Framework::NoneBot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_astrbot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_rest_to_the_bot()
+{
+    hark_in_front_of(Framework::AstrBot).await;
+}
+
+/// A task started from the framework's chat asks there; the owner's plain reply and a quote are
+/// hark's and no other handler's; a stranger's reply and a message when nothing is asked reach
+/// the framework's handler untouched; a kill -9 of the framework loses none of hark's messages
+/// and repeats none.
+async fn hark_in_front_of(framework: Framework) {
+    let (env, llm, mut processes) = hark(framework).await;
     let gateway_port = env.gateway_port().await;
     let port = free_port();
-    let mut nonebot = NoneBot::start(&env, gateway_port, port);
+    let mut peer = Peer::start(framework, &env, gateway_port, port);
     let mut chat = Chat {
-        bot: nonebot.connect().await,
+        bot: peer.connect().await,
         seen: Vec::new(),
     };
 
     // A task started in the framework's chat: the command is hark's, its reply and its
-    // question come through NoneBot's own send API.
+    // question come through the framework's own send API.
     chat.bot
         .group_message(GROUP, OWNER, "/task new paint the fence")
         .await;
@@ -208,16 +283,16 @@ async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the
         .await;
 
     // The plugin dies; meanwhile hark asks in its chat.
-    nonebot.kill().await;
+    peer.kill().await;
     let task = env
         .client()
         .await
         .create_task(pb::CreateTaskRequest {
-            owner: format!("{PLATFORM}:{OWNER}"),
+            owner: format!("{}:{OWNER}", framework.platform()),
             goal: "paint the gate".into(),
             chat: Some(pb::ChatRoute {
-                platform: PLATFORM.into(),
-                bot_id: SELF_ID.to_string(),
+                platform: framework.platform().into(),
+                bot_id: framework.bot_id(),
                 stream: format!("group:{GROUP}"),
                 origin_message_id: String::new(),
             }),
@@ -246,8 +321,8 @@ async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Back: the question is delivered once, and nothing delivered before comes again.
-    let mut nonebot = NoneBot::start(&env, gateway_port, port);
-    chat.bot = nonebot.connect().await.numbering_from(1000);
+    let mut peer = Peer::start(framework, &env, gateway_port, port);
+    chat.bot = peer.connect().await.numbering_from(1000);
     let gate = &task.id[..8];
     chat.expect("the gate's question", |s| {
         s.text.contains("Which colour?") && s.text.contains(gate)
@@ -298,7 +373,7 @@ async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the
         "the bot's handler saw only what hark did not take"
     );
 
-    nonebot.kill().await;
+    peer.kill().await;
     for p in &mut processes {
         p.stop().await;
     }

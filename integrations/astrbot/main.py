@@ -1,0 +1,210 @@
+"""astrbot_plugin_hark: hark's durable questions in an AstrBot bot.
+
+Every message is first shown to hark. When hark takes it (an answer to one of its open
+questions, a `/task` command, or a hint hark replied with), `event.stop_event()` keeps every
+other plugin and the bot's LLM from also answering it; every other message goes on untouched.
+What hark says is pulled from hark per platform instance and sent through the platform; hark
+keeps each message until the plugin acknowledged it, so a restart loses none, and one already
+sent is dropped by its id.
+
+hark knows an AstrBot platform instance as the platform `astrbot-<adapter>` (e.g.
+`astrbot-aiocqhttp`) and the bot `<instance id>`: list `astrbot-aiocqhttp` in hark's
+`gateway.http.platforms` and `astrbot-aiocqhttp:<instance id>` in `gateway.http.bots`.
+"""
+
+import asyncio
+import collections
+from sys import maxsize
+from typing import Optional
+
+import aiohttp
+
+import astrbot.api.message_components as Comp
+from astrbot.api import AstrBotConfig, logger
+from astrbot.api.event import AstrMessageEvent, MessageChain, filter
+from astrbot.api.star import Context, Star
+
+# Ids of hark's messages sent lately: one handed out again is acknowledged, not sent twice.
+SENT_KEPT = 2048
+
+
+def hark_platform(adapter: str) -> str:
+    """The platform id hark knows an AstrBot adapter by."""
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in adapter.lower())
+    return f"astrbot-{name}"
+
+
+class Hark(Star):
+    def __init__(self, context: Context, config: AstrBotConfig):
+        super().__init__(context)
+        self.url = str(config.get("hark_url", "http://127.0.0.1:8080")).rstrip("/")
+        self.token = str(config.get("hark_token", ""))
+        self.wait_ms = int(config.get("wait_ms", 3000))
+        self.pull_ms = int(config.get("pull_ms", 20000))
+        self.http: Optional[aiohttp.ClientSession] = None
+        self.pollers: "dict[str, asyncio.Task]" = {}
+        self.sent: "collections.OrderedDict[str, None]" = collections.OrderedDict()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self.http is None or self.http.closed:
+            headers = {"Content-Type": "application/json"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self.http = aiohttp.ClientSession(headers=headers)
+        return self.http
+
+    # Inbound: every message is hark's first.
+
+    @filter.event_message_type(filter.EventMessageType.ALL, priority=maxsize - 2)
+    async def to_hark(self, event: AstrMessageEvent):
+        message = self.normalise(event)
+        try:
+            async with self.session().post(
+                f"{self.url}/api/v1/messages",
+                params={"wait_ms": str(self.wait_ms)},
+                json=message,
+                timeout=aiohttp.ClientTimeout(total=self.wait_ms / 1000 + 10),
+            ) as response:
+                body = await response.json(content_type=None)
+                if response.status not in (200, 202):
+                    logger.warning(f"hark refused a message ({response.status}): {body}")
+                    return
+        except Exception as e:
+            logger.warning(f"hark does not answer at {self.url}; the message goes on: {e!r}")
+            return
+        if body.get("taken") is True:
+            event.stop_event()
+
+    def normalise(self, event: AstrMessageEvent) -> dict:
+        obj = event.message_obj
+        self_id = str(event.get_self_id())
+        group = event.get_group_id()
+        sender = str(event.get_sender_id())
+        quoted_id = quoted_text = quoted_sender = ""
+        mentions = []
+        mentions_bot = False
+        for part in obj.message:
+            if isinstance(part, Comp.Reply):
+                quoted_id = str(part.id or "")
+                quoted_text = part.message_str or ""
+                quoted_sender = str(part.sender_id or "")
+            elif isinstance(part, Comp.At):
+                if str(part.qq) == self_id:
+                    mentions_bot = True
+                elif str(part.qq) != "all":
+                    mentions.append(str(part.qq))
+        return {
+            "platform": hark_platform(event.get_platform_name()),
+            "bot_id": event.get_platform_id(),
+            "stream": f"group:{group}" if group else f"private:{sender}",
+            "sender": {"user_id": sender, "nickname": event.get_sender_name() or ""},
+            # As written: AstrBot's wake prefix is not part of the message for hark.
+            "text": obj.message_str or "",
+            "message_id": str(obj.message_id),
+            "quoted_message_id": quoted_id,
+            "quoted_text": quoted_text,
+            "quoted_sender": quoted_sender,
+            "mentions": mentions,
+            "mentions_bot": mentions_bot,
+        }
+
+    # Outbound: hark's messages, pulled per platform instance and acknowledged once sent.
+
+    @filter.on_astrbot_loaded()
+    async def loaded(self):
+        for platform in self.context.platform_manager.platform_insts:
+            meta = platform.meta()
+            if meta.id not in self.pollers:
+                self.pollers[meta.id] = asyncio.create_task(self.deliver(platform))
+
+    async def deliver(self, platform) -> None:
+        meta = platform.meta()
+        name, bot = hark_platform(meta.name), meta.id
+        pause = 1.0
+        while True:
+            try:
+                async with self.session().get(
+                    f"{self.url}/api/v1/outbound",
+                    params={"platform": name, "bot_id": bot, "wait_ms": str(self.pull_ms)},
+                    timeout=aiohttp.ClientTimeout(total=self.pull_ms / 1000 + 10),
+                ) as response:
+                    body = await response.json(content_type=None)
+                    if response.status == 404:
+                        logger.info(
+                            f"hark delivers nothing to {name}:{bot} (not in its gateway.http.bots)"
+                        )
+                        return
+                    if response.status != 200:
+                        raise RuntimeError(f"{response.status}: {body}")
+                pause = 1.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.warning(f"cannot pull hark's messages for {name}:{bot} (retrying): {e!r}")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 30.0)
+                continue
+            for message in body.get("messages", []):
+                if message["id"] in self.sent:
+                    await self.acknowledge(name, bot, message, None)
+                    continue
+                sent = await self.send(platform, message)
+                if sent is False:
+                    continue  # not acknowledged: hark hands it out again
+                self.sent[message["id"]] = None
+                while len(self.sent) > SENT_KEPT:
+                    self.sent.popitem(last=False)
+                await self.acknowledge(name, bot, message, sent)
+
+    async def send(self, platform, message: dict):
+        """Sends one of hark's messages; the platform's id of it, None when it gave none, or
+        False when it could not be sent (the bot is not connected yet: tried for a while)."""
+        kind, _, target = message["stream"].partition(":")
+        reply_to = message.get("reply_to_message_id") or ""
+        for attempt in range(10):
+            try:
+                if platform.meta().name == "aiocqhttp":
+                    # Through the OneBot connection itself: its answer names the message, so a
+                    # quote of a question finds it.
+                    segments = []
+                    if reply_to.lstrip("-").isdigit():
+                        segments.append({"type": "reply", "data": {"id": reply_to}})
+                    segments.append({"type": "text", "data": {"text": message["text"]}})
+                    client = platform.get_client()
+                    if kind == "group":
+                        result = await client.send_group_msg(group_id=int(target), message=segments)
+                    else:
+                        result = await client.send_private_msg(user_id=int(target), message=segments)
+                    return (result or {}).get("message_id")
+                message_type = "GroupMessage" if kind == "group" else "FriendMessage"
+                origin = f"{platform.meta().id}:{message_type}:{target}"
+                chain = MessageChain().message(message["text"])
+                await self.context.send_message(origin, chain)
+                return None
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                logger.info(f"cannot send hark's message {message['id']} yet: {e!r}")
+                await asyncio.sleep(min(0.2 * (attempt + 1), 1.0))
+        return False
+
+    async def acknowledge(self, name: str, bot: str, message: dict, message_id) -> None:
+        entry = {"ack": message["ack"]}
+        if message_id is not None:
+            entry["message_id"] = message_id
+        try:
+            async with self.session().post(
+                f"{self.url}/api/v1/outbound/ack",
+                json={"platform": name, "bot_id": bot, "acks": [entry]},
+            ) as response:
+                if response.status != 200:
+                    logger.warning(f"hark refused an acknowledgement: {await response.text()}")
+        except Exception as e:
+            logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+
+    async def terminate(self):
+        for poller in self.pollers.values():
+            poller.cancel()
+        self.pollers.clear()
+        if self.http is not None:
+            await self.http.close()

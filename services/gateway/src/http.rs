@@ -386,25 +386,8 @@ pub async fn post_message(
         .and_then(|v| v.to_str().ok())
         .and_then(hark_core::trace::TraceContext::parse);
     let wait = std::time::Duration::from_millis(query.wait_ms).min(MAX_VERDICT_WAIT);
-    // Listening before the message is published, so that no verdict can come before.
-    let verdicts = if wait.is_zero() {
-        None
-    } else {
-        let key = bus::Names::chat_in_msg_id(
-            &message.platform,
-            &message.bot_id,
-            &message.stream,
-            &message.message_id,
-        );
-        hub.nats
-            .subscribe(hub.names.chat_verdict(&key))
-            .await
-            .inspect_err(|e| tracing::debug!(error = %e, "cannot listen for a verdict"))
-            .ok()
-    };
-    let published = crate::inbound::publish_now(hub, *message, trace).await;
-    let duplicate = match published {
-        Ok(duplicate) => duplicate,
+    let posted = match crate::inbound::publish_for_verdict(hub, *message, trace, wait).await {
+        Ok(posted) => posted,
         Err(e) => {
             tracing::warn!(error = %e, "an HTTP adapter message was not taken: NATS does not answer");
             let mut response = error(
@@ -418,26 +401,18 @@ pub async fn post_message(
         }
     };
     // Accepted only once JetStream has it: a 202 is a promise.
-    let accepted = || {
-        let mut body = json!({"accepted": true, "taken": null});
-        if duplicate {
-            body["duplicate"] = json!(true);
-        }
-        body
-    };
-    let Some(mut verdicts) = verdicts else {
-        return (StatusCode::ACCEPTED, Json(accepted())).into_response();
-    };
-    match tokio::time::timeout(wait, verdicts.next()).await {
-        Ok(Some(verdict)) => {
-            let verdict: Value = serde_json::from_slice(&verdict.payload).unwrap_or(Value::Null);
-            let mut body = accepted();
-            body["taken"] = verdict.get("taken").cloned().unwrap_or(Value::Null);
-            body["as"] = verdict.get("as").cloned().unwrap_or(Value::Null);
+    let mut body = json!({"accepted": true, "taken": null});
+    if posted.duplicate {
+        body["duplicate"] = json!(true);
+    }
+    match posted.verdict {
+        Some(verdict) => {
+            body["taken"] = json!(verdict.taken);
+            body["as"] = json!(verdict.kind);
             (StatusCode::OK, Json(body)).into_response()
         }
         // No verdict in time: the message is hark's all the same, and handled when it can be.
-        _ => (StatusCode::ACCEPTED, Json(accepted())).into_response(),
+        None => (StatusCode::ACCEPTED, Json(body)).into_response(),
     }
 }
 

@@ -234,3 +234,59 @@ pub async fn publish_now(
     }
     Ok(duplicate)
 }
+
+/// What task-control made of an inbound message: whether it took it, and as what (`answer`,
+/// `command`, `hint`, or `left`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Verdict {
+    pub taken: bool,
+    #[serde(rename = "as")]
+    pub kind: String,
+}
+
+/// A message published for a framework in front of the chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Posted {
+    /// JetStream had it already (the same message id).
+    pub duplicate: bool,
+    /// task-control's verdict, when it came within the wait.
+    pub verdict: Option<Verdict>,
+}
+
+/// Publishes `message` as [`publish_now`] does and waits at most `wait` for task-control's
+/// verdict on it (none is waited for when `wait` is zero).
+pub async fn publish_for_verdict(
+    hub: &Hub,
+    message: hark_proto::v1::ChatMessage,
+    trace: Option<hark_core::trace::TraceContext>,
+    wait: Duration,
+) -> Result<Posted, String> {
+    // Listening before the message is published, so that no verdict can come before.
+    let verdicts = if wait.is_zero() {
+        None
+    } else {
+        let key = bus::Names::chat_in_msg_id(
+            &message.platform,
+            &message.bot_id,
+            &message.stream,
+            &message.message_id,
+        );
+        hub.nats
+            .subscribe(hub.names.chat_verdict(&key))
+            .await
+            .inspect_err(|e| tracing::debug!(error = %e, "cannot listen for a verdict"))
+            .ok()
+    };
+    let duplicate = publish_now(hub, message, trace).await?;
+    let verdict = match verdicts {
+        Some(mut verdicts) => {
+            use futures_util::StreamExt as _;
+            match tokio::time::timeout(wait, verdicts.next()).await {
+                Ok(Some(told)) => serde_json::from_slice(&told.payload).ok(),
+                _ => None,
+            }
+        }
+        None => None,
+    };
+    Ok(Posted { duplicate, verdict })
+}

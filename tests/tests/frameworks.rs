@@ -384,3 +384,186 @@ async fn hark_in_front_of(framework: Framework) {
 fn texts(chat: &Chat) -> Vec<&str> {
     chat.seen.iter().map(|s| s.text.as_str()).collect()
 }
+
+/// LangBot's bot as hark knows it.
+const LANGBOT_BOT: &str = "3f6b2c1e-langbot-bot";
+
+/// A webhook event exactly as LangBot's `WebhookPusher` builds it (`message_chain.model_dump()`
+/// with its `Source` first).
+fn langbot_event(user: i64, text: &str, id: i64, quote: Option<&str>) -> serde_json::Value {
+    let mut chain =
+        vec![serde_json::json!({"type": "Source", "id": id, "time": "2026-12-05T10:00:00"})];
+    if let Some(quoted) = quote {
+        chain.push(
+            serde_json::json!({"type": "Quote", "id": null, "group_id": GROUP,
+            "sender_id": 42, "target_id": GROUP, "origin": [{"type": "Plain", "text": quoted}]}),
+        );
+    }
+    chain.push(serde_json::json!({"type": "Plain", "text": text}));
+    serde_json::json!({
+        "uuid": uuid::Uuid::new_v4().to_string(),
+        "event_type": "bot.group_message",
+        "data": {
+            "bot_uuid": LANGBOT_BOT,
+            "adapter_name": "aiocqhttp",
+            "group": {"id": GROUP.to_string(), "name": "the group"},
+            "sender": {"id": user.to_string(), "name": format!("member {user}")},
+            "message": chain,
+            "timestamp": 1_764_928_800,
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn langbot_s_webhook_skips_its_pipeline_for_what_hark_took_and_hark_replies_through_its_api()
+{
+    use axum::{Json, extract::Path, http::HeaderMap, routing::post};
+    hark_core::install_crypto();
+    // LangBot's HTTP API, as its bots router serves send_message.
+    let (sent_tx, mut sent) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    let api = axum::Router::new().route(
+        "/api/v1/platform/bots/{bot}/send_message",
+        post(
+            move |Path(bot): Path<String>,
+                  headers: HeaderMap,
+                  Json(body): Json<serde_json::Value>| {
+                let sent_tx = sent_tx.clone();
+                async move {
+                    if headers.get("x-api-key").and_then(|v| v.to_str().ok()) != Some("lb-key")
+                        || bot != LANGBOT_BOT
+                    {
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            Json(serde_json::json!({"code": -1, "msg": "no"})),
+                        );
+                    }
+                    let _ = sent_tx.send(body);
+                    (
+                        axum::http::StatusCode::OK,
+                        Json(serde_json::json!({"code": 0, "msg": "ok", "data": {"sent": true}})),
+                    )
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let api_url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, api).await });
+
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::ask("Which colour?"),
+        Step::say("Painted {answer}."),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    env.set("HARK_GATEWAY__LANGBOT__URL", &api_url);
+    env.set("HARK_GATEWAY__LANGBOT__API_KEY", "lb-key");
+    env.set(
+        "HARK_GATEWAY__LANGBOT__BOTS",
+        &format!("langbot-qq:{LANGBOT_BOT}"),
+    );
+    env.set("HARK_GATEWAY__LANGBOT__TOKEN", "lb-webhook-token");
+    env.set("HARK_GATEWAY__LANGBOT__WAIT", "10s");
+    let mut processes = vec![env.spawn(&["control"], &[])];
+    env.client().await;
+    processes.push(env.spawn(&["gateway"], &[]));
+    processes.push(env.spawn(&["worker", "--id", "w1"], &[]));
+    let webhook = format!(
+        "http://127.0.0.1:{}/api/v1/langbot/webhook?token=lb-webhook-token",
+        env.gateway_port().await
+    );
+    let http = reqwest::Client::new();
+    let push = |event: serde_json::Value| {
+        let (http, webhook) = (http.clone(), webhook.clone());
+        async move {
+            let response = http
+                .post(&webhook)
+                .json(&event)
+                .send()
+                .await
+                .expect("the webhook answers");
+            assert_eq!(response.status(), 200);
+            let body: serde_json::Value = response.json().await.expect("JSON");
+            assert_eq!(body["status"], "ok", "{body}");
+            body["skip_pipeline"].as_bool().expect("skip_pipeline")
+        }
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let mut expect = async |what: &str, matches: &dyn Fn(&str) -> bool| -> String {
+        loop {
+            let body = tokio::time::timeout(WAIT, sent.recv())
+                .await
+                .unwrap_or_else(|_| panic!("LangBot was asked to send no {what}; it sent {seen:?}"))
+                .expect("LangBot's API runs");
+            assert_eq!(body["target_type"], "group", "{body}");
+            assert_eq!(body["target_id"], GROUP.to_string(), "{body}");
+            let text = body["message_chain"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            seen.push(text.clone());
+            if matches(&text) {
+                return text;
+            }
+        }
+    };
+
+    assert!(push(langbot_event(OWNER, "/task new paint the fence", 1, None)).await);
+    let created = expect("'created'", &|t| t.contains("created")).await;
+    let fence = created.split_whitespace().nth(1).expect("id").to_owned();
+    let q_fence = expect("the fence's question", &|t| t.contains("Which colour?")).await;
+    assert!(q_fence.contains(&fence), "{q_fence}");
+    assert!(push(langbot_event(OWNER, "/task new paint the gate", 2, None)).await);
+    let created = expect("'created'", &|t| t.contains("created")).await;
+    let gate = created.split_whitespace().nth(1).expect("id").to_owned();
+    let q_gate = expect("the gate's question", &|t| {
+        t.contains("Which colour?") && t.contains(&gate)
+    })
+    .await;
+
+    // A stranger's reply goes on to LangBot's pipeline.
+    assert!(!push(langbot_event(STRANGER, "blue", 3, None)).await);
+    // A quote of the gate's question answers the gate, though the fence's is older.
+    assert!(push(langbot_event(OWNER, "green", 4, Some(&q_gate))).await);
+    expect("the gate painted", &|t| t.contains("Painted green.")).await;
+    assert!(push(langbot_event(OWNER, "red", 5, None)).await);
+    expect("the fence painted", &|t| t.contains("Painted red.")).await;
+    // Nothing open: the owner's message is LangBot's.
+    assert!(!push(langbot_event(OWNER, "hello bot", 6, None)).await);
+    let gate_done = seen.iter().position(|t| t.contains("Painted green."));
+    let fence_done = seen.iter().position(|t| t.contains("Painted red."));
+    assert!(gate_done < fence_done, "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|t| t.contains(&format!("task {gate} continues"))),
+        "the quote answered the gate: {seen:?}"
+    );
+
+    // Without the token, or for a bot hark does not serve, nothing is taken.
+    let response = http
+        .post(webhook.replace("lb-webhook-token", "guess"))
+        .json(&langbot_event(OWNER, "/task list", 7, None))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), 401);
+    let mut other = langbot_event(OWNER, "/task list", 8, None);
+    other["data"]["bot_uuid"] = serde_json::json!("another-bot");
+    let response = http
+        .post(&webhook)
+        .json(&other)
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(response.status(), 403);
+
+    for p in &mut processes {
+        p.stop().await;
+    }
+    drop(llm);
+    env.cleanup().await;
+}

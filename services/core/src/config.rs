@@ -219,6 +219,7 @@ pub struct GatewayConfig {
     pub forget_bot_after: HumanDuration,
     pub onebot: OneBotConfig,
     pub http: HttpAdapterConfig,
+    pub langbot: LangBotConfig,
 }
 
 impl Default for GatewayConfig {
@@ -233,6 +234,7 @@ impl Default for GatewayConfig {
             forget_bot_after: HumanDuration::from_secs(86_400),
             onebot: OneBotConfig::default(),
             http: HttpAdapterConfig::default(),
+            langbot: LangBotConfig::default(),
         }
     }
 }
@@ -252,6 +254,50 @@ pub struct HttpAdapterConfig {
     pub bots: Vec<String>,
     /// Outbound messages are POSTed here; without it they are served on `/api/v1/stream` (SSE).
     pub webhook_url: String,
+}
+
+/// LangBot in front of the chat: its webhook posts every message to
+/// `/api/v1/langbot/webhook?token=…`, which answers `skip_pipeline` when hark took it, and hark
+/// replies through LangBot's HTTP API. Off until `bots` names a bot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LangBotConfig {
+    /// LangBot's HTTP API, e.g. `http://127.0.0.1:5300`.
+    pub url: String,
+    /// A LangBot API key allowed to send messages (sent as `X-API-Key`).
+    pub api_key: Secret,
+    /// The LangBot bots hark serves, as `platform:bot_uuid`, e.g. `langbot-qq:4b1c…`. The
+    /// platform names the chat the bot is on: its users are owners `platform:user id`.
+    pub bots: Vec<String>,
+    /// LangBot's webhook sends no header of its own, so its URL carries this as `?token=`.
+    /// Required when the gateway listens beyond loopback.
+    pub token: Secret,
+    /// How long a message waits for hark's verdict before the webhook answers (LangBot waits
+    /// 15 s for it).
+    pub wait: HumanDuration,
+}
+
+impl Default for LangBotConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            api_key: Secret::default(),
+            bots: Vec::new(),
+            token: Secret::default(),
+            wait: HumanDuration::from_secs(5),
+        }
+    }
+}
+
+impl LangBotConfig {
+    /// The bots, as `(platform, bot uuid)`.
+    pub fn bots(&self) -> Vec<(String, String)> {
+        self.bots
+            .iter()
+            .filter_map(|b| b.split_once(':'))
+            .map(|(p, b)| (p.to_owned(), b.to_owned()))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -987,6 +1033,7 @@ impl Config {
             );
         }
         self.validate_http_adapter()?;
+        self.validate_langbot()?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return bad(
                 "log.format",
@@ -1115,6 +1162,63 @@ impl Config {
         Ok(())
     }
 
+    fn validate_langbot(&self) -> Result<(), Error> {
+        let langbot = &self.gateway.langbot;
+        let bad = |key: &str, message: String| {
+            Err(Error::Key {
+                key: key.into(),
+                message,
+            })
+        };
+        for bot in &langbot.bots {
+            let Some((platform, id)) = bot
+                .split_once(':')
+                .filter(|(p, b)| !p.is_empty() && !b.is_empty())
+            else {
+                return bad(
+                    "gateway.langbot.bots",
+                    format!("`{bot}`: expected platform:bot_uuid, e.g. langbot-qq:4b1c0f7e"),
+                );
+            };
+            if Owner::new(platform, "x").is_err() {
+                return bad(
+                    "gateway.langbot.bots",
+                    format!(
+                        "`{}` is not a platform name: expected a-z, 0-9, _ or -, e.g. langbot-qq",
+                        crate::domain::ids::shown(platform)
+                    ),
+                );
+            }
+            if *platform == self.gateway.onebot.platform
+                || self.gateway.http.platforms.iter().any(|p| p == platform)
+            {
+                return bad(
+                    "gateway.langbot.bots",
+                    format!(
+                        "`{platform}` is the platform of another door (gateway.onebot.platform or \
+                         gateway.http.platforms): LangBot's chats need a platform name of their own"
+                    ),
+                );
+            }
+            if crate::bus::token(id).is_err() {
+                return bad(
+                    "gateway.langbot.bots",
+                    format!("`{bot}`: the bot uuid must not hold '.', '*', '>' or spaces"),
+                );
+            }
+        }
+        let reachable = langbot.url.starts_with("http://") || langbot.url.starts_with("https://");
+        if !langbot.bots.is_empty() && !reachable {
+            return bad(
+                "gateway.langbot.url",
+                "LangBot's webhook is on (gateway.langbot.bots), but hark cannot reply without \
+                 LangBot's HTTP API: set gateway.langbot.url, e.g. http://127.0.0.1:5300"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     fn validate_http_adapter(&self) -> Result<(), Error> {
         let http = &self.gateway.http;
         let bad = |key: &str, message: String| {
@@ -1207,6 +1311,18 @@ impl Config {
         }
         strong("gateway.http.token", &self.gateway.http.token, addr)?;
         strong("metrics.token", &self.metrics.token, addr)?;
+        strong("gateway.langbot.token", &self.gateway.langbot.token, addr)?;
+        if !self.gateway.langbot.bots.is_empty() && self.gateway.langbot.token.is_empty() {
+            return Err(Error::Key {
+                key: "gateway.langbot.token".into(),
+                message: format!(
+                    "gateway.listen = {addr} is reachable from other hosts and LangBot's webhook is on \
+                     (gateway.langbot.bots), but it has no token, so anyone could post messages as \
+                     any user. Set gateway.langbot.token (HARK_GATEWAY__LANGBOT__TOKEN) and end the \
+                     webhook's URL in LangBot with ?token=<it>, or listen on 127.0.0.1"
+                ),
+            });
+        }
         if !self.gateway.http.platforms.is_empty() && self.gateway.http.token.is_empty() {
             return Err(Error::Key {
                 key: "gateway.http.token".into(),
@@ -1943,6 +2059,60 @@ mod tests {
                 assert!(!message.contains("there is no config"), "{key}: {message}");
             }
         }
+    }
+
+    #[test]
+    fn langbot_bots_name_a_platform_of_their_own_and_need_langbot_s_api_and_a_token_beyond_loopback()
+     {
+        let parse = |pairs: &[(&str, &str)]| Config::from_parts(None, "f", &env(pairs));
+        let fine = parse(&[
+            ("HARK_GATEWAY__LANGBOT__BOTS", "langbot-qq:4b1c"),
+            ("HARK_GATEWAY__LANGBOT__URL", "http://127.0.0.1:5300"),
+        ])
+        .expect("loads");
+        assert_eq!(
+            fine.gateway.langbot.bots(),
+            [("langbot-qq".to_owned(), "4b1c".to_owned())]
+        );
+        assert!(fine.check_gateway_exposure().is_ok());
+        for (pairs, key) in [
+            (
+                vec![("HARK_GATEWAY__LANGBOT__BOTS", "langbot-qq:4b1c")],
+                "gateway.langbot.url",
+            ),
+            (
+                vec![
+                    ("HARK_GATEWAY__LANGBOT__BOTS", "qq:4b1c"),
+                    ("HARK_GATEWAY__LANGBOT__URL", "http://x"),
+                ],
+                "gateway.langbot.bots",
+            ),
+            (
+                vec![
+                    ("HARK_GATEWAY__LANGBOT__BOTS", "4b1c"),
+                    ("HARK_GATEWAY__LANGBOT__URL", "http://x"),
+                ],
+                "gateway.langbot.bots",
+            ),
+        ] {
+            let err = parse(&pairs).expect_err("refused").to_string();
+            assert!(err.contains(key), "{pairs:?}: {err}");
+        }
+        let open = parse(&[
+            ("HARK_GATEWAY__LANGBOT__BOTS", "langbot-qq:4b1c"),
+            ("HARK_GATEWAY__LANGBOT__URL", "http://127.0.0.1:5300"),
+            ("HARK_GATEWAY__LISTEN", "0.0.0.0:8080"),
+            (
+                "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
+                "0123456789abcdef0123456789abcdef",
+            ),
+        ])
+        .expect("loads");
+        let err = open
+            .check_gateway_exposure()
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("gateway.langbot.token"), "{err}");
     }
 
     #[test]

@@ -162,6 +162,10 @@ impl App {
                 tokio::spawn(http::webhook(adapter.clone(), platform, bot));
             }
         }
+        let langbot = crate::langbot::Door::new(hub.clone(), &hub.settings.langbot);
+        for (platform, bot) in langbot.langbot.bots().to_vec() {
+            tokio::spawn(crate::langbot::deliver(langbot.clone(), platform, bot));
+        }
         let limit = hub.settings.max_frame_bytes;
         let health_state = Health {
             hub: hub.clone(),
@@ -192,6 +196,14 @@ impl App {
                     .route("/api/v1/outbound", get(http::pull))
                     .route("/api/v1/outbound/ack", post(http::ack))
                     .with_state(adapter),
+            );
+        }
+        // LangBot's webhook exists only when it was given bots.
+        if !langbot.langbot.bots().is_empty() {
+            router = router.merge(
+                Router::new()
+                    .route("/api/v1/langbot/webhook", post(crate::langbot::webhook))
+                    .with_state(langbot),
             );
         }
         let router = router

@@ -100,7 +100,7 @@ impl From<&pb::OutboundMessage> for OutboundJson {
     }
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({"error": message.into()}))).into_response()
 }
 
@@ -123,7 +123,7 @@ fn check_token(hub: &Hub, headers: &HeaderMap) -> Result<(), Box<Response>> {
 /// page the developer opened. Such a page can send no `Content-Type: application/json` across
 /// sites without a preflight the adapter never answers, and a DNS-rebound name arrives with its
 /// own `Host`: so a token-less adapter takes requests for loopback names only, and JSON only.
-fn loopback_only(headers: &HeaderMap) -> Result<(), Box<Response>> {
+pub(crate) fn loopback_only(headers: &HeaderMap) -> Result<(), Box<Response>> {
     let host = headers
         .get(axum::http::header::HOST)
         .and_then(|h| h.to_str().ok())

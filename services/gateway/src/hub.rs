@@ -62,7 +62,8 @@ impl Hub {
     pub fn new(parts: Parts) -> (Arc<Self>, mpsc::UnboundedReceiver<Spooled>) {
         let (publisher, queue) = mpsc::unbounded_channel();
         let platforms = std::iter::once(parts.settings.platform.clone())
-            .chain(parts.settings.http_platforms.iter().cloned());
+            .chain(parts.settings.http_platforms.iter().cloned())
+            .chain(parts.settings.langbot.bots().into_iter().map(|(p, _)| p));
         let metrics = Arc::new(crate::metrics::Metrics::new(platforms));
         hark_core::metrics::Registry::global().register(metrics.clone());
         let js = async_nats::jetstream::new(parts.nats.clone());

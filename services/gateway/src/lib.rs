@@ -8,7 +8,9 @@
 //! - [`hub`] holds what all connections share, and knows no platform: the bus, the spool.
 //! - [`inbound`] takes messages from bots to JetStream through the [`spool`] on disk.
 //! - [`outbound`] delivers `CHAT_OUT` messages per bot, acknowledging only confirmed sends.
-//! - [`http`] is the generic HTTP adapter for other apps.
+//! - [`http`] is the generic HTTP adapter for other apps, and the seam for bot frameworks in
+//!   front of the chat.
+//! - [`langbot`] is LangBot in front of the chat: its webhook in, its HTTP API out.
 //! - [`metrics`] counts bots, messages and failed sends per platform.
 //! - [`app`] binds the listener and runs it all.
 
@@ -16,6 +18,7 @@ pub mod app;
 pub mod http;
 pub mod hub;
 pub mod inbound;
+pub mod langbot;
 pub mod metrics;
 pub mod onebot;
 pub mod outbound;
@@ -47,6 +50,8 @@ pub struct Settings {
     pub http_token: Secret,
     pub http_bots: Vec<(String, String)>,
     pub webhook_url: String,
+    /// LangBot in front of the chat (`gateway.langbot`); off without bots.
+    pub langbot: hark_core::config::LangBotConfig,
 }
 
 impl Settings {
@@ -75,6 +80,7 @@ impl Settings {
                 .map(|(p, b)| (p.to_owned(), b.to_owned()))
                 .collect(),
             webhook_url: config.http.webhook_url.clone(),
+            langbot: config.langbot.clone(),
         }
     }
 }

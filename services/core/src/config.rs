@@ -220,6 +220,7 @@ pub struct GatewayConfig {
     pub onebot: OneBotConfig,
     pub http: HttpAdapterConfig,
     pub langbot: LangBotConfig,
+    pub satori: SatoriConfig,
 }
 
 impl Default for GatewayConfig {
@@ -235,6 +236,7 @@ impl Default for GatewayConfig {
             onebot: OneBotConfig::default(),
             http: HttpAdapterConfig::default(),
             langbot: LangBotConfig::default(),
+            satori: SatoriConfig::default(),
         }
     }
 }
@@ -254,6 +256,19 @@ pub struct HttpAdapterConfig {
     pub bots: Vec<String>,
     /// Outbound messages are POSTed here; without it they are served on `/api/v1/stream` (SSE).
     pub webhook_url: String,
+}
+
+/// A Satori server (Koishi with server-satori, satori-python, Chronocat, …), which hark dials as
+/// a client: its event stream over WebSocket, its API over HTTP. Each of its logins is a bot;
+/// hark knows a login of the Satori platform `p` as the platform `satori-p`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SatoriConfig {
+    /// The server, e.g. `http://127.0.0.1:5140` (its API and events under `/v1`). Empty: off.
+    pub url: String,
+    /// The server's token, sent in IDENTIFY and as `Authorization: Bearer`. Required for a
+    /// server beyond loopback.
+    pub token: Secret,
 }
 
 /// LangBot in front of the chat: its webhook posts every message to
@@ -1034,6 +1049,7 @@ impl Config {
         }
         self.validate_http_adapter()?;
         self.validate_langbot()?;
+        self.validate_satori()?;
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return bad(
                 "log.format",
@@ -1158,6 +1174,42 @@ impl Config {
             if server.timeout.0 < std::time::Duration::from_secs(1) {
                 return bad(key("timeout"), "must be at least 1s".into());
             }
+        }
+        Ok(())
+    }
+
+    fn validate_satori(&self) -> Result<(), Error> {
+        let satori = &self.gateway.satori;
+        if satori.url.is_empty() {
+            return Ok(());
+        }
+        let bad = |message: String| {
+            Err(Error::Key {
+                key: "gateway.satori.url".into(),
+                message,
+            })
+        };
+        let Some(rest) = satori
+            .url
+            .strip_prefix("http://")
+            .or_else(|| satori.url.strip_prefix("https://"))
+        else {
+            return bad(format!(
+                "`{}`: expected the server's HTTP address, e.g. http://127.0.0.1:5140",
+                crate::secret::redact_url(&satori.url)
+            ));
+        };
+        let host = rest.split(['/', '?']).next().unwrap_or_default();
+        if !loopback_host(host) && satori.token.is_empty() {
+            return Err(Error::Key {
+                key: "gateway.satori.token".into(),
+                message: format!(
+                    "the Satori server at {} is beyond loopback, but gateway.satori.token is empty: \
+                     anyone on the way could read and speak for its chats. Set the server's token \
+                     (HARK_GATEWAY__SATORI__TOKEN)",
+                    crate::secret::redact_url(&satori.url)
+                ),
+            });
         }
         Ok(())
     }

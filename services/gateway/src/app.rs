@@ -42,6 +42,7 @@ pub struct App {
     queue: tokio::sync::mpsc::UnboundedReceiver<crate::spool::Spooled>,
     listener: TcpListener,
     forward: Vec<String>,
+    satori: hark_core::config::SatoriConfig,
     nats: hark_core::config::NatsConfig,
     /// What `GET /metrics` asks for: `metrics.token`; `None`: it is refused (the gateway listens
     /// beyond loopback and there is no `metrics.token`; a bot's token never reads metrics).
@@ -88,6 +89,7 @@ impl App {
             queue,
             listener,
             forward: config.gateway.onebot.forward.clone(),
+            satori: config.gateway.satori.clone(),
             nats: config.nats.clone(),
             metrics_token: Some(config.metrics.token.clone())
                 .filter(|token| !token.is_empty() || addr.ip().is_loopback()),
@@ -117,6 +119,7 @@ impl App {
             queue,
             listener,
             forward,
+            satori,
             nats,
             metrics_token,
             shutdown: own,
@@ -161,6 +164,9 @@ impl App {
             for (platform, bot) in hub.settings.http_bots.clone() {
                 tokio::spawn(http::webhook(adapter.clone(), platform, bot));
             }
+        }
+        if !satori.url.is_empty() {
+            tokio::spawn(crate::satori::keep_connected(hub.clone(), satori));
         }
         let langbot = crate::langbot::Door::new(hub.clone(), &hub.settings.langbot);
         for (platform, bot) in langbot.langbot.bots().to_vec() {

@@ -277,29 +277,25 @@ impl Platform for Adapter {
             ids::chat_id("quoted_message_id", &inbound.quoted_message_id)
                 .map_err(|e| field("quoted_message_id", e.to_string()))?;
         }
-        let received = crate::onebot::event::now();
-        Ok(Inbound::Message(Box::new(pb::ChatMessage {
-            version: hark_proto::WIRE_VERSION,
-            platform: inbound.platform,
-            bot_id: inbound.bot_id,
-            stream: inbound.stream,
-            sender: Some(pb::Sender {
-                user_id: inbound.sender.user_id,
-                nickname: inbound.sender.nickname,
-            }),
-            text: inbound.text,
-            quoted_message_id: inbound.quoted_message_id,
-            quoted_text: inbound.quoted_text,
-            quoted_sender: inbound.quoted_sender,
-            mentions: inbound.mentions,
-            mentions_bot: inbound.mentions_bot,
-            time: Some(prost_types::Timestamp {
-                seconds: received.seconds,
-                nanos: 0,
-            }),
-            message_id: inbound.message_id,
-            received_at: Some(received),
-        })))
+        Ok(Inbound::Message(Box::new(crate::platform::received(
+            pb::ChatMessage {
+                platform: inbound.platform,
+                bot_id: inbound.bot_id,
+                stream: inbound.stream,
+                sender: Some(pb::Sender {
+                    user_id: inbound.sender.user_id,
+                    nickname: inbound.sender.nickname,
+                }),
+                text: inbound.text,
+                quoted_message_id: inbound.quoted_message_id,
+                quoted_text: inbound.quoted_text,
+                quoted_sender: inbound.quoted_sender,
+                mentions: inbound.mentions,
+                mentions_bot: inbound.mentions_bot,
+                message_id: inbound.message_id,
+                ..Default::default()
+            },
+        ))))
     }
 
     fn send(

@@ -59,7 +59,13 @@ pub async fn ingest<P: Platform>(
     }
 }
 
-async fn ingest_one<P: Platform>(hub: &Arc<Hub>, platform: &P, mut message: pb::ChatMessage) {
+/// Completes one message through its platform and spools it; a message the spool cannot take is
+/// refused, and its chat told.
+pub(crate) async fn ingest_one<P: Platform>(
+    hub: &Arc<Hub>,
+    platform: &P,
+    mut message: pb::ChatMessage,
+) {
     platform.complete(&mut message).await;
     let route = crate::platform::route(&message.platform, &message.bot_id, &message.stream);
     let spooled = match spooled(&hub.names, message) {

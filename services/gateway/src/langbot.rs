@@ -189,29 +189,25 @@ impl Platform for LangBot {
         if !quoted.is_empty() {
             field("the quoted message id", &quoted)?;
         }
-        let received = crate::onebot::event::now();
-        Ok(Inbound::Message(Box::new(pb::ChatMessage {
-            version: hark_proto::WIRE_VERSION,
-            platform: platform.clone(),
-            bot_id: data.bot_uuid,
-            stream,
-            sender: Some(pb::Sender {
-                user_id: data.sender.id,
-                nickname: String::new(),
-            }),
-            text: plain_text(&data.message).trim().to_owned(),
-            quoted_message_id: quoted,
-            quoted_text,
-            quoted_sender,
-            mentions,
-            mentions_bot: false,
-            time: Some(prost_types::Timestamp {
-                seconds: received.seconds,
-                nanos: 0,
-            }),
-            message_id,
-            received_at: Some(received),
-        })))
+        Ok(Inbound::Message(Box::new(crate::platform::received(
+            pb::ChatMessage {
+                platform: platform.clone(),
+                bot_id: data.bot_uuid,
+                stream,
+                sender: Some(pb::Sender {
+                    user_id: data.sender.id,
+                    nickname: String::new(),
+                }),
+                text: plain_text(&data.message).trim().to_owned(),
+                quoted_message_id: quoted,
+                quoted_text,
+                quoted_sender,
+                mentions,
+                mentions_bot: false,
+                message_id,
+                ..Default::default()
+            },
+        ))))
     }
 
     fn send(

@@ -11,6 +11,7 @@
 //! - [`http`] is the generic HTTP adapter for other apps, and the seam for bot frameworks in
 //!   front of the chat.
 //! - [`langbot`] is LangBot in front of the chat: its webhook in, its HTTP API out.
+//! - [`satori`] is a client of a Satori server, for the many platforms it reaches.
 //! - [`metrics`] counts bots, messages and failed sends per platform.
 //! - [`app`] binds the listener and runs it all.
 
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod onebot;
 pub mod outbound;
 pub mod platform;
+pub mod satori;
 pub mod spool;
 
 use std::time::Duration;

@@ -84,3 +84,27 @@ pub fn message_id(value: Option<&serde_json::Value>) -> Option<String> {
         _ => None,
     }
 }
+
+/// `message` as received now: stamped with the wire version, and with the time the gateway read
+/// it (for platforms that give no time of their own).
+pub fn received(message: pb::ChatMessage) -> pb::ChatMessage {
+    let received = now();
+    pb::ChatMessage {
+        version: hark_proto::WIRE_VERSION,
+        time: Some(prost_types::Timestamp {
+            seconds: received.seconds,
+            nanos: 0,
+        }),
+        received_at: Some(received),
+        ..message
+    }
+}
+
+/// The time now, as a message's `received_at`.
+pub fn now() -> prost_types::Timestamp {
+    let now = time::OffsetDateTime::now_utc();
+    prost_types::Timestamp {
+        seconds: now.unix_timestamp(),
+        nanos: now.nanosecond() as i32,
+    }
+}

@@ -183,14 +183,7 @@ fn message(value: &Value, platform: &str) -> Result<Frame, Error> {
     })))
 }
 
-/// The time now, as the message's `received_at`.
-pub fn now() -> prost_types::Timestamp {
-    let now = time::OffsetDateTime::now_utc();
-    prost_types::Timestamp {
-        seconds: now.unix_timestamp(),
-        nanos: now.nanosecond() as i32,
-    }
-}
+pub use crate::platform::now;
 
 /// What hark reads from a message's segments.
 #[derive(Debug, Default, PartialEq)]

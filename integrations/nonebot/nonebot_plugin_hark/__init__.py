@@ -32,7 +32,6 @@ __plugin_meta__ = PluginMetadata(
     description="Durable questions: an AI task asks in the chat and waits, across restarts, for its owner's answer",
     usage="Send `/task help` in a chat. Answers to hark's questions are taken by hark; everything else reaches your handlers.",
     type="application",
-    homepage="https://github.com/hark-dev/hark/tree/main/integrations/nonebot",
     config=Config,
     supported_adapters={"~onebot.v11"},
 )

@@ -178,6 +178,16 @@ pub fn token(s: &str) -> Result<&str, Error> {
     }
 }
 
+/// What task-control made of an inbound chat message, told on [`Names::chat_verdict`] for a
+/// framework in front of the chat: whether hark took it, and as what (`answer`, `command`,
+/// `hint`, or `left`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChatVerdict {
+    pub taken: bool,
+    #[serde(rename = "as")]
+    pub kind: String,
+}
+
 /// A subject token that stands for the message key `key`: 128 bits of FNV-1a, stable across
 /// builds and hosts (the gateway and task-control compute it apart).
 fn verdict_token(key: &str) -> String {

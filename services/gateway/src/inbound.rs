@@ -241,22 +241,13 @@ pub async fn publish_now(
     Ok(duplicate)
 }
 
-/// What task-control made of an inbound message: whether it took it, and as what (`answer`,
-/// `command`, `hint`, or `left`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct Verdict {
-    pub taken: bool,
-    #[serde(rename = "as")]
-    pub kind: String,
-}
-
 /// A message published for a framework in front of the chat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Posted {
     /// JetStream had it already (the same message id).
     pub duplicate: bool,
     /// task-control's verdict, when it came within the wait.
-    pub verdict: Option<Verdict>,
+    pub verdict: Option<bus::ChatVerdict>,
 }
 
 /// Publishes `message` as [`publish_now`] does and waits at most `wait` for task-control's

@@ -171,13 +171,15 @@ pub async fn handle(shared: &Shared, msg: pb::ChatMessage) -> Result<Verdict, st
 /// and again when a redelivered message is handled again; nobody may be listening.
 async fn tell_verdict(shared: &Shared, inbound: &Inbound, verdict: Verdict) {
     let Some(key) = inbound.key() else { return };
-    let body = serde_json::json!({"taken": verdict.taken(), "as": verdict.as_str()});
+    let told = hark_core::bus::ChatVerdict {
+        taken: verdict.taken(),
+        kind: verdict.as_str().to_owned(),
+    };
+    let Ok(body) = serde_json::to_vec(&told) else {
+        return;
+    };
     let subject = shared.names.chat_verdict(&key);
-    if let Err(e) = shared
-        .nats
-        .publish(subject, body.to_string().into_bytes().into())
-        .await
-    {
+    if let Err(e) = shared.nats.publish(subject, body.into()).await {
         tracing::debug!(error = %e, "cannot tell a chat message's verdict");
     }
 }

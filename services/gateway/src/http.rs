@@ -317,17 +317,7 @@ impl Platform for Adapter {
             if !webhook.token.is_empty() {
                 request = request.bearer_auth(webhook.token.expose());
             }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| SendError::Retry(format!("webhook {shown}: {}", e.without_url())))?;
-            let status = response.status();
-            if !status.is_success() {
-                return Err(SendError::Retry(format!(
-                    "webhook {shown} answered {status}"
-                )));
-            }
-            let body: Value = response.json().await.unwrap_or(Value::Null);
+            let body = crate::platform::call_api(request, &format!("webhook {shown}")).await?;
             Ok(crate::platform::message_id(body.get("message_id")))
         })
     }

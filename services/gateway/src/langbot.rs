@@ -234,27 +234,15 @@ impl Platform for LangBot {
                 self.url, route.bot_id
             );
             let shown = hark_core::secret::redact_url(&url);
-            let response = client
+            let request = client
                 .post(&url)
                 .header("X-API-Key", self.api_key.expose())
                 .json(&json!({
                     "target_type": target_type,
                     "target_id": target_id,
                     "message_chain": [{"type": "Plain", "text": message.text}],
-                }))
-                .send()
-                .await
-                .map_err(|e| {
-                    SendError::Retry(format!("LangBot at {shown}: {}", e.without_url()))
-                })?;
-            let status = response.status();
-            if !status.is_success() {
-                let body = response.text().await.unwrap_or_default();
-                return Err(SendError::Retry(format!(
-                    "LangBot at {shown} answered {status}: {}",
-                    body.chars().take(200).collect::<String>()
-                )));
-            }
+                }));
+            crate::platform::call_api(request, &format!("LangBot at {shown}")).await?;
             // LangBot's API does not name the sent message: a quote of a question is matched by
             // the quoted text instead.
             Ok(None)

@@ -108,3 +108,25 @@ pub fn now() -> prost_types::Timestamp {
         nanos: now.nanosecond() as i32,
     }
 }
+
+/// Sends `request` to a platform's HTTP API (a webhook, LangBot's, a Satori server's) and returns
+/// the JSON it answered (`null` when it answered none). `what` names the API in the error, e.g.
+/// `LangBot at http://…` (its address redacted); every failure is worth retrying.
+pub async fn call_api(
+    request: reqwest::RequestBuilder,
+    what: &str,
+) -> Result<serde_json::Value, SendError> {
+    let response = request
+        .send()
+        .await
+        .map_err(|e| SendError::Retry(format!("{what}: {}", e.without_url())))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(SendError::Retry(format!(
+            "{what} answered {status}: {}",
+            body.chars().take(200).collect::<String>()
+        )));
+    }
+    Ok(response.json().await.unwrap_or(serde_json::Value::Null))
+}

@@ -129,19 +129,7 @@ impl Satori {
         if !self.token.is_empty() {
             request = request.bearer_auth(self.token.expose());
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| SendError::Retry(format!("Satori at {shown}: {}", e.without_url())))?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(SendError::Retry(format!(
-                "Satori at {shown} answered {status}: {}",
-                body.chars().take(200).collect::<String>()
-            )));
-        }
-        Ok(response.json().await.unwrap_or(Value::Null))
+        crate::platform::call_api(request, &format!("Satori at {shown}")).await
     }
 
     /// The channel a stream is sent to.

@@ -730,6 +730,9 @@ pub struct AckJson {
     pub message_id: Option<Value>,
 }
 
+/// The most acknowledgements one request carries.
+pub const MAX_ACKS: usize = 100;
+
 /// How long an acknowledgement waits for JetStream to confirm it.
 const ACK_CONFIRM: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -753,6 +756,15 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
     if let Err(response) = pulled_bot(hub, &acks.platform, &acks.bot_id) {
         return *response;
     }
+    if acks.acks.len() > MAX_ACKS {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "acks: {} acknowledgements in one request; send at most {MAX_ACKS}",
+                acks.acks.len()
+            ),
+        );
+    }
     let consumer = match hub.names.gateway_consumer(&acks.platform, &acks.bot_id) {
         Ok(c) => c,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
@@ -773,24 +785,27 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
             }
         }
     }
-    let mut confirmed = Vec::with_capacity(tokens.len());
-    for (token, entry) in tokens {
-        // A double acknowledgement: JetStream answers once it recorded it.
-        let acked = tokio::time::timeout(
-            ACK_CONFIRM,
-            hub.nats.request(token.reply.clone(), "+ACK".into()),
-        )
-        .await;
-        let ok = matches!(acked, Ok(Ok(_)));
-        if ok {
-            hub.metrics.outbound.of(&acks.platform).inc();
-            if let Some(platform_id) = crate::platform::message_id(entry.message_id.as_ref()) {
-                outbound::report_receipt(hub, &token.id, &token.question_id, platform_id).await;
+    // Each is confirmed apart, all at once: one JetStream does not answer holds up no other.
+    let platform = acks.platform.as_str();
+    let confirmed =
+        futures_util::future::join_all(tokens.into_iter().map(|(token, entry)| async move {
+            // A double acknowledgement: JetStream answers once it recorded it.
+            let acked = tokio::time::timeout(
+                ACK_CONFIRM,
+                hub.nats.request(token.reply.clone(), "+ACK".into()),
+            )
+            .await;
+            let ok = matches!(acked, Ok(Ok(_)));
+            if ok {
+                hub.metrics.outbound.of(platform).inc();
+                if let Some(platform_id) = crate::platform::message_id(entry.message_id.as_ref()) {
+                    outbound::report_receipt(hub, &token.id, &token.question_id, platform_id).await;
+                }
+            } else {
+                tracing::debug!(id = token.id, "an acknowledgement was not confirmed");
             }
-        } else {
-            tracing::debug!(id = token.id, "an acknowledgement was not confirmed");
-        }
-        confirmed.push(json!({"id": token.id, "acked": ok}));
-    }
+            json!({"id": token.id, "acked": ok})
+        }))
+        .await;
     Json(json!({"acks": confirmed})).into_response()
 }

@@ -621,6 +621,9 @@ async fn pulled_messages_come_again_until_acknowledged_and_never_after() {
     assert_eq!(status, 400);
     let (status, _) = pull(&gw, "nobody", 10).await;
     assert_eq!(status, 404);
+    let too_many: Vec<Value> = (0..101).map(|_| json!({"ack": third})).collect();
+    let (status, body) = ack(&gw, "main", json!(too_many)).await;
+    assert_eq!(status, 400, "{body}");
     let (_, body) = ack(&gw, "main", json!([{"ack": third}])).await;
     assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
     gw.stop().await;

@@ -85,10 +85,22 @@ impl Satori {
     }
 
     /// Notes a login: its hark platform, and its bot.
+    /// `None` for a login hark cannot name: its platform makes no owner id (`satori-` and at
+    /// most 25 more characters), or its user id is no bot id.
     fn login(&self, login: &Value) -> Option<(String, String)> {
         let platform = login["platform"].as_str()?;
         let self_id = id_of(&login["user"]["id"]).or_else(|| id_of(&login["self_id"]))?;
         let hark = hark_platform(platform);
+        let nameable = hark_core::domain::Owner::new(&hark, "x").is_ok()
+            && ids::bot_id("satori", &self_id).is_ok();
+        if !nameable {
+            tracing::warn!(
+                platform = ids::shown(platform),
+                self_id = ids::shown(&self_id),
+                "a Satori login hark cannot name; its messages are left alone"
+            );
+            return None;
+        }
         self.platforms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -224,6 +236,9 @@ impl Platform for Satori {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert((bot.clone(), user.clone()), channel);
         }
+        stream
+            .parse::<hark_core::domain::StreamId>()
+            .map_err(|e| format!("the chat: {e}"))?;
         let message_id = id_of(&event["message"]["id"]).ok_or("the message has no id")?;
         for (name, value) in [("user id", &user), ("message id", &message_id)] {
             ids::chat_id("satori", value).map_err(|e| format!("{name}: {e}"))?;
@@ -751,5 +766,15 @@ mod tests {
                 .normalise(&json!({"type": "message-created"}))
                 .is_err()
         );
+        // A login or a chat hark cannot name is refused, not passed on to fail later.
+        let odd_bot = json!({"type": "message-created", "login": {"platform": "qq", "user": {"id": "a.b"}},
+            "channel": {"id": "777", "type": 0}, "user": {"id": "1"}, "message": {"id": "m", "content": "x"}});
+        assert!(satori.normalise(&odd_bot).is_err());
+        let long = json!({"type": "message-created", "login": {"platform": "p".repeat(40), "user": {"id": "42"}},
+            "channel": {"id": "777", "type": 0}, "user": {"id": "1"}, "message": {"id": "m", "content": "x"}});
+        assert!(satori.normalise(&long).is_err());
+        let odd_chat = json!({"type": "message-created", "login": {"platform": "qq", "user": {"id": "42"}},
+            "channel": {"id": "7 7", "type": 0}, "user": {"id": "1"}, "message": {"id": "m", "content": "x"}});
+        assert!(satori.normalise(&odd_chat).is_err());
     }
 }

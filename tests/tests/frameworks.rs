@@ -304,7 +304,9 @@ async fn hark_in_front_of(framework: Framework) {
         .task
         .expect("task");
     let mut client = env.client().await;
-    for _ in 0..600 {
+    // The question is asked (and waits for the framework) before the framework is back.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
         let state = client
             .get_task(pb::GetTaskRequest {
                 task_id: task.id.clone(),
@@ -318,6 +320,10 @@ async fn hark_in_front_of(framework: Framework) {
         if state == pb::TaskState::WaitingInput {
             break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the gate's task did not ask within {WAIT:?}: it is {state:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Back: the question is delivered once, and nothing delivered before comes again.

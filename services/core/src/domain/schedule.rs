@@ -40,8 +40,8 @@ pub struct Cron {
     months: u16,
     /// Bit 0 for Sunday.
     weekdays: u8,
-    /// Whether the day of month / day of week field was `*`: cron runs on a day that matches
-    /// either restricted field, and only the other when one is `*`.
+    /// Whether the day of month / day of week field begins with `*` (`*`, `*/2`). As in Vixie
+    /// cron, a day must then match both fields; when neither does, it must match either one.
     any_day: bool,
     any_weekday: bool,
 }
@@ -72,12 +72,6 @@ fn field(
         let n: u32 = s
             .parse()
             .map_err(|_| bad(format!("`{}` is not a number", super::ids::shown(s))))?;
-        // Sunday is 0 or 7.
-        let n = if name == "day-of-week" && n == 7 {
-            0
-        } else {
-            n
-        };
         if n < min || n > max {
             return Err(bad(format!("{n} is outside {min}-{max}")));
         }
@@ -118,6 +112,13 @@ fn field(
     Ok(set)
 }
 
+/// The day-of-week field as a bit set with bit 0 for Sunday, which may be written 0 or 7
+/// (`5-7` is Friday to Sunday).
+fn weekdays(text: &str) -> Result<u8, ScheduleError> {
+    let set = field("day-of-week", text, 0, 7, &WEEKDAYS)?;
+    Ok(((set | set >> 7) & 0x7f) as u8)
+}
+
 impl FromStr for Cron {
     type Err = ScheduleError;
 
@@ -132,9 +133,9 @@ impl FromStr for Cron {
             hours: field("hour", hour, 0, 23, &[])? as u32,
             days: (field("day-of-month", day, 1, 31, &[])? >> 1) as u32,
             months: (field("month", month, 1, 12, &MONTHS)? >> 1) as u16,
-            weekdays: field("day-of-week", weekday, 0, 7, &WEEKDAYS)? as u8,
-            any_day: day == "*",
-            any_weekday: weekday == "*",
+            weekdays: weekdays(weekday)?,
+            any_day: day.starts_with('*'),
+            any_weekday: weekday.starts_with('*'),
         };
         // 31 February and the like: a day that never comes.
         if cron
@@ -157,11 +158,10 @@ impl Cron {
     fn day_matches(&self, date: civil::Date) -> bool {
         let dom = self.days & (1 << (date.day() as u32 - 1)) != 0;
         let dow = self.weekdays & (1 << date.weekday().to_sunday_zero_offset()) != 0;
-        match (self.any_day, self.any_weekday) {
-            (true, true) => true,
-            (false, true) => dom,
-            (true, false) => dow,
-            (false, false) => dom || dow,
+        if self.any_day || self.any_weekday {
+            dom && dow
+        } else {
+            dom || dow
         }
     }
 
@@ -419,6 +419,59 @@ mod tests {
         assert_eq!(
             next("0 0 1 * 1", "2026-12-29T00:00", "UTC"),
             "2027-01-01 00:00"
+        );
+    }
+
+    #[test]
+    fn sunday_is_seven_at_the_end_of_a_range() {
+        // crontab(5): 0 or 7 is Sunday. Friday to Sunday, from Saturday 2026-12-05.
+        assert_eq!(
+            next("0 9 * * 5-7", "2026-12-05T10:00", "UTC"),
+            "2026-12-06 09:00"
+        );
+        assert_eq!(
+            next("0 9 * * 5-7", "2026-12-06T10:00", "UTC"),
+            "2026-12-11 09:00"
+        );
+        assert_eq!(
+            next("0 9 * * 6-7/1", "2026-12-06T10:00", "UTC"),
+            "2026-12-12 09:00"
+        );
+        assert_eq!(
+            next("0 9 * * sat,7", "2026-12-06T10:00", "UTC"),
+            "2026-12-12 09:00"
+        );
+        let err = "0 9 * * 7-5".parse::<Cron>().unwrap_err().to_string();
+        assert!(err.contains("backwards"), "{err}");
+    }
+
+    #[test]
+    fn a_day_field_that_begins_with_a_star_must_match_too() {
+        // crontab(5): the two day fields are ORed only when neither begins with `*`. `*/2` in
+        // the day of month with Monday: odd days that are Mondays (December 2026's Mondays are
+        // the 7th, 14th, 21st and 28th).
+        assert_eq!(
+            next("0 0 */2 * 1", "2026-12-01T00:00", "UTC"),
+            "2026-12-07 00:00"
+        );
+        assert_eq!(
+            next("0 0 */2 * 1", "2026-12-08T00:00", "UTC"),
+            "2026-12-21 00:00"
+        );
+        // And the same the other way round: the 1st when it is a Sunday, Tuesday, Thursday or
+        // Saturday (2026-12-01 is a Tuesday; January's is a Friday, 2027-04-01 a Thursday).
+        assert_eq!(
+            next("0 0 1 * */2", "2026-11-30T00:00", "UTC"),
+            "2026-12-01 00:00"
+        );
+        assert_eq!(
+            next("0 0 1 * */2", "2026-12-02T00:00", "UTC"),
+            "2027-04-01 00:00"
+        );
+        // `*/2` alone: odd days.
+        assert_eq!(
+            next("0 0 */2 * *", "2026-12-01T00:00", "UTC"),
+            "2026-12-03 00:00"
         );
     }
 

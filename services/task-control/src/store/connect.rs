@@ -132,8 +132,26 @@ fn process_clock() -> Duration {
     START.get_or_init(Instant::now).elapsed()
 }
 
-/// Remembers that `error` lost a connection, if it did.
+/// Remembers that `error` lost a connection, if it did, and says so when it met a read-only
+/// standby instead of the primary.
 pub(super) fn note(error: &sqlx::Error) {
+    if read_only(error) {
+        // At most one warning in ten seconds: every write fails alike meanwhile.
+        static WARNED: AtomicU64 = AtomicU64::new(0);
+        let now = process_clock().as_millis() as u64 + 1;
+        let last = WARNED.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= 10_000)
+            && WARNED
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                "database.url leads to a read-only Postgres standby, not the primary: writes wait \
+                 and are retried until it is promoted or database.url (HARK_DATABASE__URL) points \
+                 at the primary (with CloudNativePG, the cluster's -rw Service)"
+            );
+        }
+    }
     if matches!(
         error,
         sqlx::Error::Io(_)
@@ -146,6 +164,12 @@ pub(super) fn note(error: &sqlx::Error) {
         let now = process_clock().as_millis() as u64 + 1;
         LAST_LOSS.fetch_max(now, Ordering::Relaxed);
     }
+}
+
+/// Whether `error` is Postgres refusing a write because it is a standby in recovery
+/// (`read_only_sql_transaction`).
+pub fn read_only(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some("25006"))
 }
 
 /// Whether a connection of this age was made before the last loss, and that loss is recent.

@@ -592,6 +592,14 @@ impl From<sqlx::Error> for Error {
 
 /// The kind of a database error: the server refusing the data is the caller's fault; the server
 /// or the connection to it being away is worth retrying; anything else is hark's.
+///
+/// A write whose connection died with its commit in flight (a primary killed, a failover) may or
+/// may not have committed, and [`Kind::Unavailable`] sends it round again: the chat message is
+/// redelivered, the worker or client repeats its request. That is safe for every write hark
+/// makes, and must stay so: a state change is a compare-and-set on the task's generation, an
+/// inbound message is applied once by its key (`applied_inbound`), a created task by its request
+/// id, and an outbox row is published under its message id, so a second run finds the first one
+/// done and answers as it would have.
 pub fn kind_of_sqlx(error: &sqlx::Error) -> Kind {
     match error {
         sqlx::Error::Database(e) => match e.code().as_deref().map(|c| c.get(..2).unwrap_or(c)) {
@@ -601,6 +609,9 @@ pub fn kind_of_sqlx(error: &sqlx::Error) -> Kind {
             // resources, and the server shutting down or starting.
             Some("40" | "08" | "53" | "57") => Kind::Unavailable,
             Some("42") if e.code().as_deref() == Some("42501") => Kind::Forbidden,
+            // A standby met instead of the primary: a failover under way, or a URL that leads
+            // to the wrong server; either way no fault of the caller's, and worth retrying.
+            Some("25") if e.code().as_deref() == Some("25006") => Kind::Unavailable,
             _ => Kind::Internal,
         },
         sqlx::Error::Io(_)

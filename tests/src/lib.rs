@@ -6,6 +6,7 @@
 
 pub mod bot;
 pub mod chat;
+pub mod group;
 pub mod servers;
 
 use std::{
@@ -187,7 +188,7 @@ impl Env {
         let nats = async_nats::ConnectOptions::new()
             .retry_on_initial_connect()
             .max_reconnects(None)
-            .connect(&nats_url)
+            .connect(nats_url.split(',').collect::<Vec<_>>())
             .await
             .expect(
                 "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",

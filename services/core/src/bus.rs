@@ -56,6 +56,26 @@ pub enum Error {
         stream: String,
         source: async_nats::Error,
     },
+    #[error(
+        "nats.replicas (HARK_NATS__REPLICAS) = {replicas}, but the NATS server keeps JetStream \
+         alone, not in a cluster, so stream {stream} can have one copy only: set nats.replicas = 1, \
+         or point nats.url at a JetStream cluster of at least {replicas} servers ({source})"
+    )]
+    NotClustered {
+        stream: String,
+        replicas: usize,
+        source: async_nats::Error,
+    },
+    #[error(
+        "JetStream stream {stream} exists with settings NATS will not change in place: {source}. \
+         Its copies or placement (nats.replicas, nats.placement) differ from the configuration; \
+         move it with `nats stream edit {stream}` on nats-server 2.10 or later, or set them back \
+         to what `nats stream info {stream}` shows"
+    )]
+    Unchangeable {
+        stream: String,
+        source: async_nats::Error,
+    },
     #[error("cannot create or update JetStream consumer {consumer} on {stream}: {source}")]
     Consumer {
         stream: String,
@@ -73,7 +93,11 @@ impl crate::startup::Permanent for Error {
     /// JetStream off, credentials refused, or a name NATS cannot take: waiting does not help.
     fn permanent(&self) -> bool {
         match self {
-            Error::Namespace(_) | Error::Token(_) | Error::NoJetStream => true,
+            Error::Namespace(_)
+            | Error::Token(_)
+            | Error::NoJetStream
+            | Error::NotClustered { .. }
+            | Error::Unchangeable { .. } => true,
             Error::Connect { source, .. } => matches!(
                 source.kind(),
                 async_nats::ConnectErrorKind::AuthorizationViolation
@@ -209,12 +233,65 @@ pub struct Names {
     ns: Namespace,
     /// Upper-cased namespace, the prefix of stream names.
     stream_prefix: String,
+    /// How many copies of each stream, and where.
+    replication: Replication,
+}
+
+/// How many copies of each stream JetStream keeps, and on which servers (`nats.replicas`,
+/// `nats.placement`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replication {
+    pub replicas: usize,
+    pub cluster: Option<String>,
+    pub tags: Vec<String>,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            cluster: None,
+            tags: Vec::new(),
+        }
+    }
+}
+
+impl Replication {
+    pub fn of(config: &crate::config::NatsConfig) -> Self {
+        Self {
+            replicas: config.replicas.max(1),
+            cluster: Some(config.placement.cluster.trim().to_owned()).filter(|c| !c.is_empty()),
+            tags: config.placement.tags.clone(),
+        }
+    }
+
+    fn placement(&self) -> Option<stream::Placement> {
+        (self.cluster.is_some() || !self.tags.is_empty()).then(|| stream::Placement {
+            cluster: self.cluster.clone(),
+            tags: self.tags.clone(),
+        })
+    }
 }
 
 impl Names {
+    /// The names of the configured namespace, with the configured replication.
+    pub fn of(config: &crate::config::NatsConfig) -> Result<Self, Error> {
+        let mut names = Self::new(config.namespace.parse()?);
+        names.replication = Replication::of(config);
+        Ok(names)
+    }
+
+    pub fn replication(&self) -> &Replication {
+        &self.replication
+    }
+
     pub fn new(ns: Namespace) -> Self {
         let stream_prefix = ns.0.to_ascii_uppercase();
-        Self { ns, stream_prefix }
+        Self {
+            ns,
+            stream_prefix,
+            replication: Replication::default(),
+        }
     }
 
     pub fn namespace(&self) -> &Namespace {
@@ -394,6 +471,8 @@ impl Names {
             max_age,
             storage: StorageType::File,
             duplicate_window: Duration::from_secs(120),
+            num_replicas: self.replication.replicas,
+            placement: self.replication.placement(),
             ..Default::default()
         };
         vec![
@@ -493,8 +572,19 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
             }
             Err(e) => {
                 let source: async_nats::Error = e.into();
-                if jetstream_off(&source.to_string()) {
+                let said = source.to_string().to_ascii_lowercase();
+                if jetstream_off(&said) {
                     return Err(Error::NoJetStream);
+                }
+                if said.contains("non-clustered") {
+                    return Err(Error::NotClustered {
+                        stream,
+                        replicas: names.replication.replicas,
+                        source,
+                    });
+                }
+                if said.contains("can not change") || said.contains("cannot change") {
+                    return Err(Error::Unchangeable { stream, source });
                 }
                 return Err(Error::Stream { stream, source });
             }
@@ -527,6 +617,30 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
     Ok(())
 }
 
+/// The streams of `names` that have no leader now, or that JetStream cannot tell about within
+/// `within`: on a cluster, a stream without a leader takes no message until its replicas elect
+/// one. Empty when every stream has a leader (a single server always leads its own).
+pub async fn leaderless(js: &jetstream::Context, names: &Names, within: Duration) -> Vec<String> {
+    let asks = names.stream_configs().into_iter().map(|config| async move {
+        let led = tokio::time::timeout(within, async {
+            let mut stream = js.get_stream(&config.name).await.ok()?;
+            let info = stream.info().await.ok()?;
+            Some(match &info.cluster {
+                Some(cluster) => cluster.leader.as_deref().is_some_and(|l| !l.is_empty()),
+                None => true,
+            })
+        })
+        .await;
+        (config.name, matches!(led, Ok(Some(true))))
+    });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .filter(|(_, led)| !led)
+        .map(|(name, _)| name)
+        .collect()
+}
+
 /// A service's link to the bus: its NATS connection, JetStream context and names.
 #[derive(Debug, Clone)]
 pub struct Connection {
@@ -541,7 +655,7 @@ pub async fn connect(
     config: &crate::config::NatsConfig,
     client_name: &str,
 ) -> Result<Connection, Error> {
-    let names = Names::new(config.namespace.parse()?);
+    let names = Names::of(config)?;
     let client = connect_client(config, client_name).await?;
     let js = jetstream::new(client.clone());
     ensure(&js, &names).await?;
@@ -569,21 +683,28 @@ pub async fn connect_client(
     connect_with(config, async_nats::ConnectOptions::new().name(client_name)).await
 }
 
-/// Connects to the configured NATS with `options`. Credentials in the URL are handed over
-/// separately, so that the client library, which logs the server's address, never sees them in
-/// it.
+/// Connects to the configured NATS with `options`: to one of the comma-separated servers, and on
+/// to another when it goes away (the client also learns the cluster's other servers from the one
+/// it reaches). Credentials in the URL are handed over separately, so that the client library,
+/// which logs the server's address, never sees them in it.
 async fn connect_with(
     config: &crate::config::NatsConfig,
     mut options: async_nats::ConnectOptions,
 ) -> Result<async_nats::Client, Error> {
-    let (url, credentials) = split_credentials(config.url.expose());
+    let mut servers = Vec::new();
+    let mut credentials = None;
+    for url in config.url.expose().split(',').map(str::trim) {
+        let (url, given) = split_credentials(url);
+        servers.push(url);
+        credentials = credentials.or(given);
+    }
     options = match credentials {
         Some((user, Some(password))) => options.user_and_password(user, password),
         Some((token, None)) => options.token(token),
         None => options,
     };
     options
-        .connect(url.as_str())
+        .connect(servers)
         .await
         .map_err(|source| Error::Connect {
             url: crate::secret::redact_url(config.url.expose()),

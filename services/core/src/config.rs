@@ -135,11 +135,17 @@ pub struct MetricsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
-    /// A secret: it may carry a user and password (`nats://user:pass@host:4222`).
+    /// One server or several, comma-separated (`nats://a:4222,nats://b:4222`): a client that
+    /// loses its server connects to another. A secret: it may carry a user and password
+    /// (`nats://user:pass@host:4222`).
     pub url: Secret,
     /// Prefix of every subject, stream and consumer name, so that several hark installations
     /// can share one nats-server without seeing each other's messages.
     pub namespace: String,
+    /// Copies of every stream hark keeps, each on a server of its own: 1 on a single
+    /// nats-server, 3 on a three-node JetStream cluster (at most 5).
+    pub replicas: usize,
+    pub placement: PlacementConfig,
 }
 
 impl Default for NatsConfig {
@@ -147,8 +153,21 @@ impl Default for NatsConfig {
         Self {
             url: Secret::new("nats://127.0.0.1:4222"),
             namespace: "hark".into(),
+            replicas: 1,
+            placement: PlacementConfig::default(),
         }
     }
+}
+
+/// Where in a NATS super-cluster hark's streams are placed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// The cluster that holds the streams; empty: the one hark is connected to.
+    pub cluster: String,
+    /// Server tags (`server_tags` in nats-server's configuration) every replica's server must
+    /// have, e.g. `["ssd"]`.
+    pub tags: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -916,6 +935,15 @@ impl Config {
                 format!(
                     "`{}` is not a NATS URL: expected e.g. nats://127.0.0.1:4222",
                     redact_url(nats_url)
+                ),
+            );
+        }
+        if !(1..=5).contains(&self.nats.replicas) {
+            return bad(
+                "nats.replicas",
+                format!(
+                    "{} copies of a stream: JetStream keeps 1 to 5; use 1 on a single nats-server, 3 on a three-node cluster",
+                    self.nats.replicas
                 ),
             );
         }
@@ -2046,6 +2074,36 @@ mod tests {
         let err =
             Config::from_parts(None, "f", &env(&[("HARK_NOPE__X", "1")])).expect_err("must fail");
         assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn stream_copies_and_placement_are_read_and_checked() {
+        let config = Config::from_parts(
+            Some("[nats]\nurl = \"nats://a:4222,nats://b:4222\"\nreplicas = 3\n[nats.placement]\ncluster = \"east\"\ntags = [\"ssd\"]"),
+            "f",
+            &BTreeMap::new(),
+        )
+        .expect("valid");
+        assert_eq!(config.nats.replicas, 3);
+        assert_eq!(config.nats.placement.cluster, "east");
+        assert_eq!(config.nats.placement.tags, ["ssd"]);
+        let config = Config::from_parts(
+            None,
+            "f",
+            &env(&[
+                ("HARK_NATS__REPLICAS", "3"),
+                ("HARK_NATS__PLACEMENT__TAGS", "ssd,eu"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(config.nats.replicas, 3);
+        assert_eq!(config.nats.placement.tags, ["ssd", "eu"]);
+        for replicas in ["0", "6"] {
+            let err = Config::from_parts(None, "f", &env(&[("HARK_NATS__REPLICAS", replicas)]))
+                .expect_err("outside 1-5");
+            assert!(err.to_string().contains("nats.replicas"), "{err}");
+        }
+        assert_eq!(Config::default().nats.replicas, 1);
     }
 
     #[test]

@@ -196,3 +196,46 @@ async fn an_acked_job_leaves_the_work_queue_and_an_unacked_one_comes_back() {
     assert_eq!(stream.info().await.expect("info").state.messages, 0);
     bus.stop().await;
 }
+
+#[tokio::test]
+async fn three_copies_on_a_single_server_are_refused_naming_the_key() {
+    let client = async_nats::connect(common::nats_url()).await.expect("nats");
+    let js = async_nats::jetstream::new(client);
+    let namespace = hark_testkit::Namespace::new();
+    let config = hark_core::config::NatsConfig {
+        namespace: namespace.name.clone(),
+        replicas: 3,
+        ..Default::default()
+    };
+    let names = bus::Names::of(&config).expect("names");
+    for stream in names.stream_configs() {
+        assert_eq!(stream.num_replicas, 3, "{}", stream.name);
+    }
+    let err = bus::ensure(&js, &names)
+        .await
+        .expect_err("a single nats-server keeps one copy");
+    assert!(
+        matches!(err, bus::Error::NotClustered { replicas: 3, .. }),
+        "{err:?}"
+    );
+    let said = err.to_string();
+    assert!(said.contains("nats.replicas"), "{said}");
+    assert!(said.contains("set nats.replicas = 1"), "{said}");
+    assert!(
+        hark_core::startup::Permanent::permanent(&err),
+        "waiting does not help"
+    );
+    namespace.remove().await;
+}
+
+#[tokio::test]
+async fn a_stream_of_one_server_has_its_leader() {
+    let bus = TestBus::start().await;
+    let leaderless = bus::leaderless(&bus.js, &bus.names, Duration::from_secs(5)).await;
+    assert!(leaderless.is_empty(), "{leaderless:?}");
+    // A stream that does not exist takes nothing either, and is named.
+    let other = bus::Names::new("nosuchns".parse().expect("namespace"));
+    let missing = bus::leaderless(&bus.js, &other, Duration::from_secs(5)).await;
+    assert_eq!(missing.len(), other.stream_configs().len(), "{missing:?}");
+    bus.stop().await;
+}

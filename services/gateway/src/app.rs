@@ -54,7 +54,7 @@ impl App {
     pub async fn build(config: &Config) -> Result<Self, Error> {
         hark_core::install_crypto();
         config.check_gateway_exposure()?;
-        let names = bus::Names::new(config.nats.namespace.parse()?);
+        let names = bus::Names::of(&config.nats)?;
         let addr = config.gateway.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -259,8 +259,9 @@ async fn metrics_refused() -> (axum::http::StatusCode, &'static str) {
     )
 }
 
-/// `GET /readyz`: 200 once NATS answers and the streams exist, 503 before and while NATS is away
-/// (bots are still served then: their messages wait in the spool).
+/// `GET /readyz`: 200 once NATS answers and the streams exist, 503 before, while NATS is away, and
+/// while a stream has no leader, naming it (bots are still served then: their messages wait in
+/// the spool).
 async fn ready(State(hub): State<Arc<Hub>>) -> axum::response::Response {
     use axum::response::IntoResponse as _;
     let connected = hub.nats.connection_state() == async_nats::connection::State::Connected;
@@ -276,7 +277,18 @@ async fn ready(State(hub): State<Arc<Hub>>) -> axum::response::Response {
         )
             .into_response()
     } else if hub.ready.is_cancelled() && connected {
-        Json(json!({"status": "ready"})).into_response()
+        // On a cluster, a stream whose replicas are electing a leader takes nothing meanwhile.
+        let leaderless =
+            bus::leaderless(&hub.js, &hub.names, std::time::Duration::from_secs(2)).await;
+        if leaderless.is_empty() {
+            Json(json!({"status": "ready"})).into_response()
+        } else {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "streams without a leader", "streams": leaderless, "spooled": hub.spool.pending()})),
+            )
+                .into_response()
+        }
     } else {
         (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,

@@ -224,7 +224,7 @@ async fn serve(
     let workers_done = CancellationToken::new();
     for (stop_when, role) in [
         (workers_done.clone(), Role::Control(Box::new(control))),
-        (workers_done.clone(), Role::Gateway(gateway)),
+        (workers_done.clone(), Role::Gateway(Box::new(gateway))),
     ] {
         let (stop, failed) = (shutdown.clone(), failed.clone());
         tracker.spawn(async move {
@@ -279,7 +279,7 @@ async fn serve(
 /// A role `hark dev` runs beside its workers.
 enum Role {
     Control(Box<hark_control::app::App>),
-    Gateway(hark_gateway::app::App),
+    Gateway(Box<hark_gateway::app::App>),
 }
 
 #[cfg(test)]

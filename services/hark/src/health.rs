@@ -68,6 +68,33 @@ fn roles_in(args: &[String]) -> Option<Vec<Role>> {
 
 pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
     let within = Duration::from_secs(5);
+    check_role(config, role, within).await?;
+    streams_led(config, within).await
+}
+
+/// Every stream has a leader: on a NATS cluster, one whose replicas are electing a leader takes
+/// no message meanwhile.
+async fn streams_led(config: &Config, within: Duration) -> anyhow::Result<()> {
+    let client = tokio::time::timeout(
+        within,
+        hark_core::bus::connect_client(&config.nats, "hark health"),
+    )
+    .await
+    .with_context(|| said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"))??;
+    let names = Names::of(&config.nats)?;
+    let js = async_nats::jetstream::new(client);
+    let leaderless = hark_core::bus::leaderless(&js, &names, within).await;
+    if !leaderless.is_empty() {
+        bail!(said!(
+            zh: "JetStream 流 {} 没有 leader（或还不存在），暂时不能收消息：看 `nats stream report`",
+            en: "JetStream stream {} has no leader (or does not exist yet) and takes no message now: see `nats stream report`",
+            leaderless.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+async fn check_role(config: &Config, role: Role, within: Duration) -> anyhow::Result<()> {
     match role {
         Role::Control => {
             let url = format!(
@@ -122,7 +149,7 @@ pub async fn check(config: &Config, role: Role) -> anyhow::Result<()> {
                 .with_context(
                     || said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"),
                 )??;
-                let names = Names::new(config.nats.namespace.parse()?);
+                let names = Names::of(&config.nats)?;
                 async_nats::jetstream::new(client)
                     .get_stream(names.task_run_stream())
                     .await
@@ -186,7 +213,7 @@ pub async fn dead_letters(config: &Config, limit: u64) -> anyhow::Result<String>
     )
     .await
     .with_context(|| said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"))??;
-    let names = Names::new(config.nats.namespace.parse()?);
+    let names = Names::of(&config.nats)?;
     let js = async_nats::jetstream::new(client);
     let name = names.dead_letter_stream();
     let Ok(mut stream) = js.get_stream(&name).await else {

@@ -164,7 +164,7 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
             config.gateway.onebot.access_token.expose().to_owned(),
         );
     }
-    let names = Names::new(config.nats.namespace.parse()?);
+    let names = Names::of(&config.nats)?;
     let nats = hark_core::bus::connect_client(&config.nats, "hark bench").await?;
     let api = procs::connect_api(&config).await?;
     let events = hub::EventHub::start(&nats, &names).await?;

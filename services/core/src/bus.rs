@@ -623,9 +623,9 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
 pub async fn leaderless(js: &jetstream::Context, names: &Names, within: Duration) -> Vec<String> {
     let asks = names.stream_configs().into_iter().map(|config| async move {
         let led = tokio::time::timeout(within, async {
-            let mut stream = js.get_stream(&config.name).await.ok()?;
-            let info = stream.info().await.ok()?;
-            Some(match &info.cluster {
+            // Getting the stream reads its info, leader included: one request per stream.
+            let stream = js.get_stream(&config.name).await.ok()?;
+            Some(match &stream.cached_info().cluster {
                 Some(cluster) => cluster.leader.as_deref().is_some_and(|l| !l.is_empty()),
                 None => true,
             })

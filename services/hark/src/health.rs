@@ -135,33 +135,14 @@ async fn check_role(config: &Config, role: Role, within: Duration) -> anyhow::Re
             )
             .await?
         }
-        Role::Worker => match config.metrics_listen()? {
-            Some(addr) => {
+        // Without `metrics.listen`, that NATS answers and every stream exists with a leader is
+        // what tells: `streams_led` checks it for every role.
+        Role::Worker => {
+            if let Some(addr) = config.metrics_listen()? {
                 let what = said!(zh: "worker", en: "the worker");
                 get_ok(hark_core::config::dial(addr), &what, within).await?
             }
-            None => {
-                let client = tokio::time::timeout(
-                    within,
-                    hark_core::bus::connect_client(&config.nats, "hark health"),
-                )
-                .await
-                .with_context(
-                    || said!(zh: "NATS 没有及时应答", en: "NATS did not answer in time"),
-                )??;
-                let names = Names::of(&config.nats)?;
-                async_nats::jetstream::new(client)
-                    .get_stream(names.task_run_stream())
-                    .await
-                    .with_context(|| {
-                        said!(
-                            zh: "流 {} 还不存在",
-                            en: "the stream {} does not exist yet",
-                            names.task_run_stream()
-                        )
-                    })?;
-            }
-        },
+        }
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! messages not taken, and the metrics. It knows no platform: each keeps its own connections.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -35,6 +35,9 @@ pub struct Hub {
     publisher: mpsc::UnboundedSender<Spooled>,
     /// Chats told lately that a message was not taken.
     pub(crate) notices: Notices,
+    /// Outbound messages this gateway sent lately, so that one JetStream delivers again (its ack
+    /// lost in a leader election) is not posted twice.
+    pub sent: Sent,
     /// Cancelled once NATS answered and the streams exist.
     pub ready: CancellationToken,
     /// Stops everything at shutdown.
@@ -79,6 +82,7 @@ impl Hub {
             spool_dir: parts.spool_dir,
             publisher,
             notices: Default::default(),
+            sent: Default::default(),
             ready: CancellationToken::new(),
             shutdown: parts.shutdown,
         });
@@ -111,5 +115,84 @@ impl Notices {
                 true
             }
         }
+    }
+}
+
+/// How long a sent outbound message is remembered: longer than JetStream takes to deliver one
+/// whose ack was lost again (`gateway.send_timeout` + 5 s, and a leader election).
+const SENT_FOR: Duration = Duration::from_secs(15 * 60);
+
+/// At most this many sent messages are remembered; the oldest are forgotten first.
+const SENT_AT_MOST: usize = 200_000;
+
+/// The ids of the outbound messages sent lately, oldest first.
+#[derive(Debug, Default)]
+pub struct Sent(Mutex<SentIds>);
+
+#[derive(Debug, Default)]
+struct SentIds {
+    ids: HashSet<String>,
+    order: VecDeque<(Instant, String)>,
+}
+
+impl Sent {
+    /// Remembers that the outbound message `id` was sent.
+    pub fn remember(&self, id: &str) {
+        if id.is_empty() {
+            return;
+        }
+        let mut sent = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        while let Some((at, _)) = sent.order.front() {
+            if now.duration_since(*at) < SENT_FOR && sent.order.len() < SENT_AT_MOST {
+                break;
+            }
+            if let Some((_, old)) = sent.order.pop_front() {
+                sent.ids.remove(&old);
+            }
+        }
+        if sent.ids.insert(id.to_owned()) {
+            sent.order.push_back((now, id.to_owned()));
+        }
+    }
+
+    /// Whether the outbound message `id` was sent lately.
+    pub fn was_sent(&self, id: &str) -> bool {
+        !id.is_empty()
+            && self
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .ids
+                .contains(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sent_message_is_remembered_and_the_oldest_are_forgotten_past_the_bound() {
+        let sent = Sent::default();
+        assert!(!sent.was_sent("a"));
+        sent.remember("a");
+        sent.remember("a");
+        assert!(sent.was_sent("a"));
+        assert!(
+            !sent.was_sent(""),
+            "a message without an id is never taken as sent"
+        );
+        for i in 0..SENT_AT_MOST {
+            sent.remember(&i.to_string());
+        }
+        assert!(
+            !sent.was_sent("a"),
+            "the oldest is forgotten past the bound"
+        );
+        assert!(sent.was_sent(&(SENT_AT_MOST - 1).to_string()));
+        let held = sent.0.lock().unwrap();
+        assert_eq!(held.ids.len(), held.order.len());
+        assert!(held.ids.len() <= SENT_AT_MOST);
     }
 }

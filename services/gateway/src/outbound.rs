@@ -170,6 +170,21 @@ async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
         .await;
 }
 
+/// Acknowledges a sent message, again while the server does not confirm it (during a leader
+/// election), until it would be delivered again anyway.
+async fn confirm(message: &Message) {
+    for wait in [100, 250, 500, 1_000, 2_000, 4_000] {
+        match message.double_ack().await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "a sent message's ack was not confirmed; acknowledging again");
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+            }
+        }
+    }
+    consume::settle(message, SOURCE, Settle::Confirmed).await;
+}
+
 /// Delivers one message; returns false when the bot went offline.
 async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
     let outbound: pb::OutboundMessage = match codec::decode(&message.payload) {
@@ -186,10 +201,21 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
         .map(|r| r.platform.as_str())
         .unwrap_or_default();
     let metrics = &hub.metrics;
+    if hub.sent.was_sent(&outbound.id) {
+        // Sent, but its ack was lost (as in a JetStream leader election): not posted again.
+        tracing::info!(
+            id = outbound.id,
+            attempt,
+            "an outbound message already sent came again; acknowledging it"
+        );
+        confirm(message).await;
+        return true;
+    }
     match sender.send(outbound.clone()).await {
         Ok(platform_id) => {
             metrics.outbound.of(platform).inc();
-            consume::settle(message, SOURCE, Settle::Confirmed).await;
+            hub.sent.remember(&outbound.id);
+            confirm(message).await;
             if let Some(platform_id) = platform_id {
                 report_receipt(hub, &outbound.id, &outbound.question_id, platform_id).await;
             }

@@ -244,10 +244,10 @@ fn people(named: &[String]) -> Result<Vec<String>, String> {
 /// The choice an answer picks: its number (from 1), or its text ignoring case and the space
 /// around it. `None` when it picks none.
 pub fn pick<'a>(choices: &'a [String], answer: &str) -> Option<&'a str> {
-    let answer = answer.trim();
-    let answer = answer
+    let whole = answer.trim();
+    let answer = whole
         .strip_suffix(['.', '。', ')', '）'])
-        .unwrap_or(answer)
+        .unwrap_or(whole)
         .trim();
     if let Ok(n) = answer.parse::<usize>() {
         return n
@@ -255,7 +255,14 @@ pub fn pick<'a>(choices: &'a [String], answer: &str) -> Option<&'a str> {
             .and_then(|i| choices.get(i))
             .map(String::as_str);
     }
-    let lower = answer.to_lowercase();
+    // A choice that itself ends in a full stop is named with it.
+    named(choices, whole).or_else(|| named(choices, answer))
+}
+
+/// The choice whose text is `text`, ignoring case: how a value given over the API names one,
+/// even a choice that reads as a number.
+pub fn named<'a>(choices: &'a [String], text: &str) -> Option<&'a str> {
+    let lower = text.trim().to_lowercase();
     choices
         .iter()
         .find(|c| c.to_lowercase() == lower)

@@ -432,17 +432,41 @@ impl Shape {
         match (self, value) {
             (Self::Text, Value::String(_)) => Ok(value.clone()),
             (Self::Confirm, Value::Bool(_)) => Ok(value.clone()),
-            (Self::Choice { multiple: true, .. }, Value::Array(items)) => {
-                let parts: Vec<String> = items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned).ok_or(Misfit::NotAChoice))
-                    .collect::<Result<_, _>>()?;
-                self.read(&parts.join(","))
+            (
+                Self::Choice {
+                    choices,
+                    multiple: true,
+                },
+                Value::Array(items),
+            ) => {
+                // Each item is one choice, which may itself hold a comma.
+                let mut picked: Vec<&str> = Vec::new();
+                for item in items {
+                    let item = item.as_str().ok_or(Misfit::NotAChoice)?;
+                    let choice = match form::named(choices, item) {
+                        Some(choice) => choice,
+                        None => pick(choices, item)?,
+                    };
+                    if !picked.contains(&choice) {
+                        picked.push(choice);
+                    }
+                }
+                if picked.is_empty() {
+                    return Err(Misfit::NotAChoice);
+                }
+                Ok(json!(picked))
             }
             (Self::Form { .. }, Value::Object(_)) => self.read(&value.to_string()),
             (Self::Approval { arguments, .. }, Value::Object(_)) => {
                 check_approval(arguments, value)
             }
+            (
+                Self::Choice {
+                    choices,
+                    multiple: false,
+                },
+                Value::String(text),
+            ) if form::named(choices, text).is_some() => Ok(json!(form::named(choices, text))),
             (_, Value::String(text)) => self.read(text),
             (Self::Confirm, _) => Err(Misfit::NotYesOrNo),
             (Self::Approval { .. }, _) => Err(Misfit::NotAnApproval),

@@ -38,21 +38,15 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A small seeded random number generator (xorshift64*), so that a run can be repeated.
-struct Rng(u64);
+use hark_testkit::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
+/// What the faults draw at random.
+trait Draw {
+    fn chance(&mut self, percent: u64) -> bool;
+    fn millis(&mut self, from: u64, to: u64) -> Duration;
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
+impl Draw for Rng {
     fn chance(&mut self, percent: u64) -> bool {
         self.below(100) < percent
     }

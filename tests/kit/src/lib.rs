@@ -23,6 +23,24 @@ use futures_util::StreamExt as _;
 
 pub mod private;
 
+/// A small seeded random number generator (xorshift64*), so that a run can be repeated.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
 /// The Postgres server the tests use, as a URL without a database: `HARK_TEST_DATABASE_URL`, by
 /// default the machine's on 5432. When nothing on this host serves there, a private one the test
 /// processes share ([`private`]).

@@ -41,6 +41,33 @@ pub fn escape(s: &str) -> String {
         .replace(']', "&#93;")
 }
 
+/// Escapes a CQ code's parameter value: as text, and its commas too.
+pub fn escape_value(s: &str) -> String {
+    escape(s).replace(',', "&#44;")
+}
+
+/// Writes segments as a CQ-code string, which [`parse_cq`] reads back as the same segments
+/// (adjacent texts as one).
+pub fn to_cq(segments: &[Segment]) -> String {
+    let mut out = String::new();
+    for segment in segments {
+        if segment.kind == "text" {
+            out.push_str(&escape(segment.get("text").unwrap_or_default()));
+            continue;
+        }
+        out.push_str("[CQ:");
+        out.push_str(&segment.kind);
+        for (key, value) in &segment.data {
+            out.push(',');
+            out.push_str(key);
+            out.push('=');
+            out.push_str(&escape_value(value));
+        }
+        out.push(']');
+    }
+    out
+}
+
 /// Parses a CQ-code string into segments. Malformed codes are kept as text.
 pub fn parse_cq(input: &str) -> Vec<Segment> {
     let mut segments = Vec::new();
@@ -146,5 +173,25 @@ mod tests {
         assert_eq!(parse_cq("[CQ:oops"), vec![Segment::text("[CQ:oops")]);
         assert_eq!(escape("a & [b]"), "a &amp; &#91;b&#93;");
         assert_eq!(unescape(&escape("x & [y], z")), "x & [y], z");
+    }
+
+    #[test]
+    fn segments_written_as_cq_codes_read_back_as_themselves() {
+        let segments = vec![
+            Segment {
+                kind: "share".into(),
+                data: vec![
+                    ("url".into(), "https://a.b/?x=1,2&y=[3]".into()),
+                    ("title".into(), "a, b".into()),
+                ],
+            },
+            Segment::text(" [CQ:at,qq=1] & more"),
+        ];
+        let written = to_cq(&segments);
+        assert_eq!(
+            written,
+            "[CQ:share,url=https://a.b/?x=1&#44;2&amp;y=&#91;3&#93;,title=a&#44; b] &#91;CQ:at,qq=1&#93; &amp; more"
+        );
+        assert_eq!(parse_cq(&written), segments);
     }
 }

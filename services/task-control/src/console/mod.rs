@@ -329,22 +329,37 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
                     format!("cannot read the body: {e}"),
                 )
             })?;
-        let mut reader = serde_json::Deserializer::from_slice(&bytes);
-        serde_path_to_error::deserialize(&mut reader)
+        read_body(&bytes)
             .map(Body)
-            .map_err(|e| {
-                let field = e.path().to_string();
-                let why = e.into_inner();
-                error(
-                    StatusCode::BAD_REQUEST,
-                    if field == "." {
-                        format!("the body: {why}")
-                    } else {
-                        format!("{field}: {why}")
-                    },
-                )
-            })
+            .map_err(|why| error(StatusCode::BAD_REQUEST, why))
     }
+}
+
+/// Reads a JSON body; the error names the field that is wrong.
+pub fn read_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let field = e.path().to_string();
+        let why = e.into_inner();
+        if field == "." {
+            format!("the body: {why}")
+        } else {
+            format!("{field}: {why}")
+        }
+    })
+}
+
+/// Reads `bytes` as every JSON body the console takes, as its handlers read them; what each
+/// one says is wrong with it. For the fuzz target of the console's bodies.
+pub fn read_every_body(bytes: &[u8]) -> Vec<Result<(), String>> {
+    vec![
+        read_body::<NewTask>(bytes).map(drop),
+        read_body::<Act>(bytes).map(drop),
+        read_body::<AnswerBody>(bytes).map(drop),
+        read_body::<DelegateBody>(bytes).map(drop),
+        read_body::<RemindBody>(bytes).map(drop),
+        read_body::<playground::Say>(bytes).map(drop),
+    ]
 }
 
 /// `GET /api/session`: whether a token is needed and whether the one sent is good, the

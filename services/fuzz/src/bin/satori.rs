@@ -1,0 +1,5 @@
+//! The AFL++ target `satori`: see [`hark_fuzz::satori`].
+
+fn main() {
+    afl::fuzz!(|data: &[u8]| hark_fuzz::satori(data));
+}

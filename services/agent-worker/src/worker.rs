@@ -214,11 +214,16 @@ impl Worker {
                 MCP_START_WAIT.as_secs()
             );
         }
-        let consumer: PullConsumer = self
-            .js
-            .get_consumer_from_stream(Names::WORKER_CONSUMER, self.names.task_run_stream())
-            .await
-            .map_err(|e| Error::Consumer(e.to_string()))?;
+        // One consumer per partition of TASK_RUN, each pulled on its own, all sharing the slots.
+        let mut consumers: Vec<PullConsumer> = Vec::new();
+        for (stream, _) in self.names.task_run_partitions() {
+            consumers.push(
+                self.js
+                    .get_consumer_from_stream(Names::WORKER_CONSUMER, stream)
+                    .await
+                    .map_err(|e| Error::Consumer(e.to_string()))?,
+            );
+        }
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
         let this = Arc::new(self);
@@ -262,16 +267,57 @@ impl Worker {
             slots = this.concurrency,
             "worker started"
         );
+        // A partition's pull holds at most its share of the slots while it waits for jobs, so
+        // that an idle partition does not keep them from the others.
+        let share = this.concurrency.div_ceil(consumers.len()).max(1);
+        let pulls: Vec<_> = consumers
+            .into_iter()
+            .map(|consumer| {
+                tokio::spawn(this.clone().pull(
+                    consumer,
+                    slots.clone(),
+                    tracker.clone(),
+                    shutdown.clone(),
+                    runs_stop.clone(),
+                    share,
+                ))
+            })
+            .collect();
+        for pull in pulls {
+            if let Err(e) = pull.await {
+                tracing::error!(error = %e, "pulling run jobs ended abnormally");
+            }
+        }
+        tracker.close();
+        tracker.wait().await;
+        tracing::info!(worker = this.runner.worker_id, "worker stopped");
+        Ok(())
+    }
+
+    /// Pulls run jobs from one partition of `TASK_RUN` while slots are free, at most `share` at
+    /// a time, until `shutdown`.
+    async fn pull(
+        self: Arc<Self>,
+        consumer: PullConsumer,
+        slots: Arc<Semaphore>,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+        runs_stop: CancellationToken,
+        share: usize,
+    ) {
+        let this = self;
         loop {
             let first = tokio::select! {
-                _ = shutdown.cancelled() => break,
+                _ = shutdown.cancelled() => return,
                 permit = slots.clone().acquire_owned() => match permit {
                     Ok(p) => p,
-                    Err(_) => break,
+                    Err(_) => return,
                 },
             };
             let mut permits = vec![first];
-            while let Ok(p) = slots.clone().try_acquire_owned() {
+            while permits.len() < share
+                && let Ok(p) = slots.clone().try_acquire_owned()
+            {
                 permits.push(p);
             }
             this.runner.llm.metrics().pulling();
@@ -286,7 +332,7 @@ impl Worker {
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot pull run jobs; retrying");
                     tokio::select! {
-                        _ = shutdown.cancelled() => break,
+                        _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                     }
                 }
@@ -320,13 +366,9 @@ impl Worker {
                 }));
             }
             if shutdown.is_cancelled() {
-                break;
+                return;
             }
         }
-        tracker.close();
-        tracker.wait().await;
-        tracing::info!(worker = this.runner.worker_id, "worker stopped");
-        Ok(())
     }
 
     /// Keeps one idle slot waiting at task-control for a job handed over directly (see

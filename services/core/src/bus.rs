@@ -235,6 +235,8 @@ pub struct Names {
     stream_prefix: String,
     /// How many copies of each stream, and where.
     replication: Replication,
+    /// How many streams `TASK_RUN` is split into (`nats.partitions`).
+    partitions: u16,
 }
 
 /// How many copies of each stream JetStream keeps, and on which servers (`nats.replicas`,
@@ -278,7 +280,14 @@ impl Names {
     pub fn of(config: &crate::config::NatsConfig) -> Result<Self, Error> {
         let mut names = Self::new(config.namespace.parse()?);
         names.replication = Replication::of(config);
+        names.partitions = config.partitions.max(1);
         Ok(names)
+    }
+
+    /// These names with `TASK_RUN` split into `partitions` streams.
+    pub fn with_partitions(mut self, partitions: u16) -> Self {
+        self.partitions = partitions.max(1);
+        self
     }
 
     pub fn replication(&self) -> &Replication {
@@ -291,6 +300,7 @@ impl Names {
             ns,
             stream_prefix,
             replication: Replication::default(),
+            partitions: 1,
         }
     }
 
@@ -331,8 +341,64 @@ impl Names {
         format!("{}.chat.verdict.{}", self.ns, verdict_token(key))
     }
 
+    /// The subject of the first `TASK_RUN` partition, the only one unless `nats.partitions` > 1.
     pub fn task_run(&self) -> String {
         format!("{}.task.run", self.ns)
+    }
+
+    /// The partition of `TASK_RUN` the jobs of `task` go to: a stable hash of its id (FNV-1a),
+    /// the same in every process and every release.
+    pub fn task_run_partition(&self, task: TaskId) -> u16 {
+        if self.partitions <= 1 {
+            return 0;
+        }
+        let hash = task
+            .to_string()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        (hash % u64::from(self.partitions)) as u16
+    }
+
+    /// The subject the run jobs of `task` are published on.
+    pub fn task_run_of(&self, task: TaskId) -> String {
+        self.task_run_partition_subject(self.task_run_partition(task))
+    }
+
+    /// The subject of `TASK_RUN` partition `p`: the first keeps the unpartitioned subject, so
+    /// that raising `nats.partitions` leaves its jobs where they are.
+    pub fn task_run_partition_subject(&self, p: u16) -> String {
+        if p == 0 {
+            self.task_run()
+        } else {
+            format!("{}.task.run.{p}", self.ns)
+        }
+    }
+
+    /// Whether `subject` is one of `TASK_RUN`'s.
+    pub fn is_task_run(&self, subject: &str) -> bool {
+        let first = self.task_run();
+        subject == first
+            || subject
+                .strip_prefix(first.as_str())
+                .and_then(|rest| rest.strip_prefix('.'))
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| p > 0 && p < self.partitions)
+    }
+
+    /// The streams `TASK_RUN` is split into, with their subjects, partition 0 first.
+    pub fn task_run_partitions(&self) -> Vec<(String, String)> {
+        (0..self.partitions)
+            .map(|p| {
+                let stream = if p == 0 {
+                    self.task_run_stream()
+                } else {
+                    format!("{}_TASK_RUN_{p}", self.stream_prefix)
+                };
+                (stream, self.task_run_partition_subject(p))
+            })
+            .collect()
     }
 
     pub fn task_event(&self, task: TaskId) -> String {
@@ -475,7 +541,13 @@ impl Names {
             placement: self.replication.placement(),
             ..Default::default()
         };
-        vec![
+        let task_run = self
+            .task_run_partitions()
+            .into_iter()
+            .map(|(stream, subject)| {
+                base(stream, vec![subject], RetentionPolicy::WorkQueue, 30 * day)
+            });
+        let mut configs = vec![
             base(
                 self.chat_in_stream(),
                 vec![self.chat_in_all()],
@@ -493,12 +565,6 @@ impl Names {
                 vec![self.chat_receipt()],
                 RetentionPolicy::WorkQueue,
                 7 * day,
-            ),
-            base(
-                self.task_run_stream(),
-                vec![self.task_run()],
-                RetentionPolicy::WorkQueue,
-                30 * day,
             ),
             // Task events are published best effort (the task row is the truth), so they live in
             // memory, for an hour.
@@ -525,7 +591,9 @@ impl Names {
                     30 * day,
                 )
             },
-        ]
+        ];
+        configs.splice(3..3, task_run);
+        configs
     }
 }
 
@@ -608,12 +676,14 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
         durable(Names::CONTROL_CONSUMER, names.chat_receipt(), ack_wait, -1),
     )
     .await?;
-    ensure_consumer(
-        js,
-        &names.task_run_stream(),
-        durable(Names::WORKER_CONSUMER, names.task_run(), ack_wait, -1),
-    )
-    .await?;
+    for (stream, subject) in names.task_run_partitions() {
+        ensure_consumer(
+            js,
+            &stream,
+            durable(Names::WORKER_CONSUMER, subject, ack_wait, -1),
+        )
+        .await?;
+    }
     Ok(())
 }
 

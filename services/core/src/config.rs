@@ -146,6 +146,10 @@ pub struct NatsConfig {
     /// nats-server, 3 on a three-node JetStream cluster (at most 5).
     pub replicas: usize,
     pub placement: PlacementConfig,
+    /// Streams `TASK_RUN` is split into, by a stable hash of the task id (1 to 64): each has its
+    /// own consumer and its own leader, so that on a cluster the leaders spread over the servers.
+    /// A task's jobs always go to the same one. Lower it only once `TASK_RUN` is drained.
+    pub partitions: u16,
 }
 
 impl Default for NatsConfig {
@@ -155,6 +159,7 @@ impl Default for NatsConfig {
             namespace: "hark".into(),
             replicas: 1,
             placement: PlacementConfig::default(),
+            partitions: 1,
         }
     }
 }
@@ -944,6 +949,15 @@ impl Config {
                 format!(
                     "{} copies of a stream: JetStream keeps 1 to 5; use 1 on a single nats-server, 3 on a three-node cluster",
                     self.nats.replicas
+                ),
+            );
+        }
+        if !(1..=64).contains(&self.nats.partitions) {
+            return bad(
+                "nats.partitions",
+                format!(
+                    "{} streams for run jobs: use 1 to 64; 1 unless a cluster's leaders should spread over its servers",
+                    self.nats.partitions
                 ),
             );
         }
@@ -2104,6 +2118,15 @@ mod tests {
             assert!(err.to_string().contains("nats.replicas"), "{err}");
         }
         assert_eq!(Config::default().nats.replicas, 1);
+        assert_eq!(Config::default().nats.partitions, 1);
+        let config =
+            Config::from_parts(None, "f", &env(&[("HARK_NATS__PARTITIONS", "4")])).expect("valid");
+        assert_eq!(config.nats.partitions, 4);
+        for partitions in ["0", "65"] {
+            let err = Config::from_parts(None, "f", &env(&[("HARK_NATS__PARTITIONS", partitions)]))
+                .expect_err("outside 1-64");
+            assert!(err.to_string().contains("nats.partitions"), "{err}");
+        }
     }
 
     #[test]

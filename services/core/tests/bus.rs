@@ -239,3 +239,81 @@ async fn a_stream_of_one_server_has_its_leader() {
     assert_eq!(missing.len(), other.stream_configs().len(), "{missing:?}");
     bus.stop().await;
 }
+
+#[tokio::test]
+async fn run_jobs_split_over_partitions_keep_each_task_in_one_and_every_partition_has_its_consumer()
+{
+    let bus = TestBus::start_with(4).await;
+    let partitions = bus.names.task_run_partitions();
+    assert_eq!(partitions.len(), 4);
+    assert_eq!(
+        partitions[0].0,
+        bus.names.task_run_stream(),
+        "the first keeps the name"
+    );
+    assert_eq!(partitions[0].1, bus.names.task_run());
+    let tasks: Vec<TaskId> = (0..40).map(|_| TaskId::new()).collect();
+    for task in &tasks {
+        // Two generations of a task: both in its partition, in order.
+        for generation in 1..=2 {
+            let job = pb::RunJob {
+                task_id: task.to_string(),
+                generation,
+                ..Default::default()
+            };
+            let msg_id = Names::run_job_msg_id(*task, generation);
+            let subject = bus.names.task_run_of(*task);
+            assert!(bus.names.is_task_run(&subject), "{subject}");
+            publish::publish(
+                &bus.js,
+                publish::Outgoing {
+                    subject,
+                    msg_id: &msg_id,
+                    payload: codec::encode(job),
+                    trace: None,
+                },
+            )
+            .await
+            .expect("published");
+        }
+    }
+    let mut seen: Vec<(u16, String, u64)> = Vec::new();
+    for (p, (stream, _)) in partitions.iter().enumerate() {
+        let consumer: PullConsumer = bus
+            .js
+            .get_consumer_from_stream(Names::WORKER_CONSUMER, stream.as_str())
+            .await
+            .expect("each partition has the workers' consumer");
+        for message in fetch_all(&consumer).await {
+            let job: pb::RunJob = codec::decode(&message.payload).expect("a job");
+            message.ack().await.expect("acked");
+            seen.push((p as u16, job.task_id, job.generation));
+        }
+    }
+    assert_eq!(seen.len(), 80, "every job once");
+    let used: std::collections::BTreeSet<u16> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        used.len(),
+        4,
+        "40 tasks spread over all 4 partitions: {used:?}"
+    );
+    for task in &tasks {
+        let id = task.to_string();
+        let mine: Vec<&(u16, String, u64)> = seen.iter().filter(|s| s.1 == id).collect();
+        assert_eq!(mine.len(), 2);
+        assert_eq!(mine[0].0, mine[1].0, "a task's jobs share a partition");
+        assert_eq!(mine[0].0, bus.names.task_run_partition(*task));
+        assert_eq!((mine[0].2, mine[1].2), (1, 2), "in order");
+    }
+    assert!(
+        !bus.names
+            .is_task_run(&format!("{}.4", bus.names.task_run()))
+    );
+    assert!(
+        !bus.names
+            .is_task_run(&format!("{}.x", bus.names.task_run()))
+    );
+    let unsplit = Names::new("x".parse().expect("namespace"));
+    assert_eq!(unsplit.task_run_of(tasks[0]), unsplit.task_run());
+    bus.stop().await;
+}

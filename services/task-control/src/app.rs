@@ -385,7 +385,6 @@ async fn relay(
         .task_events_all()
         .trim_end_matches('>')
         .to_owned();
-    let run_subject = shared.names.task_run();
     loop {
         let batch = tokio::select! {
             batch = committed.recv() => batch,
@@ -428,7 +427,7 @@ async fn relay(
                 continue;
             }
             // A worker waits here: it gets the run job at once, claimed for it.
-            if message.subject == run_subject
+            if shared.names.is_task_run(&message.subject)
                 && let Some(waiter) = shared.parked.take()
             {
                 // The run continues from the hand-over, as it would from the job's send.
@@ -460,7 +459,7 @@ async fn relay(
         for (message, sent) in pending {
             match sent.acked().await {
                 Ok(_) => {
-                    if message.subject == run_subject {
+                    if shared.names.is_task_run(&message.subject) {
                         shared.store.metrics().run_job(crate::metrics::QUEUED);
                     }
                     published.push((message.subject, message.msg_id))

@@ -126,7 +126,7 @@ impl Effects {
             ..Default::default()
         };
         OutboxMessage {
-            subject: self.names.task_run(),
+            subject: self.names.task_run_of(task),
             msg_id: Names::run_job_msg_id(task, generation as u64),
             payload: codec::encode(job),
             durable: true,

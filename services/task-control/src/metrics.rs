@@ -240,11 +240,15 @@ impl Scraped {
 
     async fn consumers(&self) -> Vec<(String, String, f64, f64)> {
         let mut out = Vec::new();
-        for (stream, consumer) in [
-            (self.names.task_run_stream(), Names::WORKER_CONSUMER),
+        let run = self
+            .names
+            .task_run_partitions()
+            .into_iter()
+            .map(|(stream, _)| (stream, Names::WORKER_CONSUMER));
+        for (stream, consumer) in run.chain([
             (self.names.chat_in_stream(), Names::CONTROL_CONSUMER),
             (self.names.chat_receipt_stream(), Names::CONTROL_CONSUMER),
-        ] {
+        ]) {
             let info = async {
                 let mut c: async_nats::jetstream::consumer::PullConsumer = self
                     .js

@@ -17,12 +17,18 @@ pub struct TestBus {
 
 impl TestBus {
     pub async fn start() -> Self {
+        Self::start_with(1).await
+    }
+
+    /// With `TASK_RUN` split into `partitions` streams.
+    pub async fn start_with(partitions: u16) -> Self {
         let client = async_nats::connect(nats_url()).await.expect(
             "nats-server with JetStream must answer on HARK_TEST_NATS_URL or 127.0.0.1:4222",
         );
         let js = jetstream::new(client);
         let namespace = hark_testkit::Namespace::new();
-        let names = Names::new(namespace.name.parse().expect("namespace"));
+        let names =
+            Names::new(namespace.name.parse().expect("namespace")).with_partitions(partitions);
         bus::ensure(&js, &names).await.expect("streams are created");
         Self {
             js,

@@ -12,6 +12,7 @@ mod hub;
 mod limits;
 mod observe;
 mod procs;
+mod storage;
 mod w1;
 mod w2;
 mod watchers;

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Context as _;
 use hark_proto::v1 as pb;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::{sync::Semaphore, task::JoinSet};
 
 use super::{Bench, Report, limits::Limits, mib, procs};
@@ -149,6 +149,7 @@ pub async fn run(
 ) -> anyhow::Result<Report> {
     bench.events.count_only(true);
     let idle = memory(bench);
+    let stored_before = super::storage::relations(bench).await?;
     let base_waiting = bench.events.count(pb::TaskState::WaitingInput);
     let base_completed = bench.events.count(pb::TaskState::Completed);
     let base_answered = bench.arrivals.answered();
@@ -190,6 +191,9 @@ pub async fn run(
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let waiting = memory(bench);
+    let stored = super::storage::relations(bench).await?;
+    let (storage_json, storage_rows) =
+        super::storage::report(&super::storage::growth(&stored_before, &stored, n), n);
     let xact_before = xact_commit(bench).await?;
 
     // Resume: answer all N.
@@ -293,6 +297,10 @@ pub async fn run(
         cpu_row(&cpu_resume),
     ));
     rows.extend(memory_rows("w2", &idle, &waiting, n));
+    rows.extend(storage_rows);
+    if let (Some(obj), Value::Object(storage)) = (json.as_object_mut(), storage_json) {
+        obj.extend(storage);
+    }
     if let Some(limits) = limits {
         let pg_share = resumes_per_s * tx_per_task / limits.commits_per_s;
         let nats_share = resumes_per_s * NATS_PER_RESUME / limits.publish_per_s;

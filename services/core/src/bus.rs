@@ -376,13 +376,18 @@ impl Names {
         }
     }
 
-    /// Whether `subject` is one of `TASK_RUN`'s.
+    /// Whether `subject` is one of `TASK_RUN`'s. Allocates nothing: the relay asks it of every
+    /// message it publishes.
     pub fn is_task_run(&self, subject: &str) -> bool {
-        let first = self.task_run();
-        subject == first
-            || subject
-                .strip_prefix(first.as_str())
-                .and_then(|rest| rest.strip_prefix('.'))
+        let Some(rest) = subject
+            .strip_prefix(self.ns.0.as_str())
+            .and_then(|rest| rest.strip_prefix(".task.run"))
+        else {
+            return false;
+        };
+        rest.is_empty()
+            || rest
+                .strip_prefix('.')
                 .and_then(|p| p.parse::<u16>().ok())
                 .is_some_and(|p| p > 0 && p < self.partitions)
     }

@@ -313,6 +313,9 @@ async fn run_jobs_split_over_partitions_keep_each_task_in_one_and_every_partitio
         !bus.names
             .is_task_run(&format!("{}.x", bus.names.task_run()))
     );
+    let ns = bus.names.namespace();
+    assert!(!bus.names.is_task_run(&format!("{ns}x.task.run")));
+    assert!(!bus.names.is_task_run(&format!("{ns}.task.running")));
     let unsplit = Names::new("x".parse().expect("namespace"));
     assert_eq!(unsplit.task_run_of(tasks[0]), unsplit.task_run());
     bus.stop().await;

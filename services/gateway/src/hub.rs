@@ -2,7 +2,7 @@
 //! messages not taken, and the metrics. It knows no platform: each keeps its own connections.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -125,19 +125,21 @@ const SENT_FOR: Duration = Duration::from_secs(15 * 60);
 /// At most this many sent messages are remembered; the oldest are forgotten first.
 const SENT_AT_MOST: usize = 200_000;
 
-/// The ids of the outbound messages sent lately, oldest first.
+/// The outbound messages sent lately, by id, with the platform's id of each where it gave one;
+/// oldest first.
 #[derive(Debug, Default)]
 pub struct Sent(Mutex<SentIds>);
 
 #[derive(Debug, Default)]
 struct SentIds {
-    ids: HashSet<String>,
+    ids: HashMap<String, Option<String>>,
     order: VecDeque<(Instant, String)>,
 }
 
 impl Sent {
-    /// Remembers that the outbound message `id` was sent.
-    pub fn remember(&self, id: &str) {
+    /// Remembers that the outbound message `id` was sent, as the platform's message
+    /// `platform_id`.
+    pub fn remember(&self, id: &str, platform_id: Option<String>) {
         if id.is_empty() {
             return;
         }
@@ -151,20 +153,22 @@ impl Sent {
                 sent.ids.remove(&old);
             }
         }
-        if sent.ids.insert(id.to_owned()) {
+        if sent.ids.insert(id.to_owned(), platform_id).is_none() {
             sent.order.push_back((now, id.to_owned()));
         }
     }
 
-    /// Whether the outbound message `id` was sent lately.
-    pub fn was_sent(&self, id: &str) -> bool {
-        !id.is_empty()
-            && self
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .ids
-                .contains(id)
+    /// When the outbound message `id` was sent lately: the platform's id of it, if it gave one.
+    pub fn sent(&self, id: &str) -> Option<Option<String>> {
+        if id.is_empty() {
+            return None;
+        }
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ids
+            .get(id)
+            .cloned()
     }
 }
 
@@ -175,22 +179,23 @@ mod tests {
     #[test]
     fn a_sent_message_is_remembered_and_the_oldest_are_forgotten_past_the_bound() {
         let sent = Sent::default();
-        assert!(!sent.was_sent("a"));
-        sent.remember("a");
-        sent.remember("a");
-        assert!(sent.was_sent("a"));
+        assert_eq!(sent.sent("a"), None);
+        sent.remember("a", Some("p-1".into()));
+        sent.remember("a", Some("p-1".into()));
+        assert_eq!(sent.sent("a"), Some(Some("p-1".into())));
+        sent.remember("", None);
         assert!(
-            !sent.was_sent(""),
+            sent.sent("").is_none(),
             "a message without an id is never taken as sent"
         );
         for i in 0..SENT_AT_MOST {
-            sent.remember(&i.to_string());
+            sent.remember(&i.to_string(), None);
         }
         assert!(
-            !sent.was_sent("a"),
+            sent.sent("a").is_none(),
             "the oldest is forgotten past the bound"
         );
-        assert!(sent.was_sent(&(SENT_AT_MOST - 1).to_string()));
+        assert_eq!(sent.sent(&(SENT_AT_MOST - 1).to_string()), Some(None));
         let held = sent.0.lock().unwrap();
         assert_eq!(held.ids.len(), held.order.len());
         assert!(held.ids.len() <= SENT_AT_MOST);

@@ -201,20 +201,25 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
         .map(|r| r.platform.as_str())
         .unwrap_or_default();
     let metrics = &hub.metrics;
-    if hub.sent.was_sent(&outbound.id) {
-        // Sent, but its ack was lost (as in a JetStream leader election): not posted again.
+    if let Some(platform_id) = hub.sent.sent(&outbound.id) {
+        // Sent, but its ack was lost (as in a JetStream leader election): not posted again. Its
+        // receipt is reported again, as it may have been lost the same way (JetStream drops the
+        // copy by its id).
         tracing::info!(
             id = outbound.id,
             attempt,
             "an outbound message already sent came again; acknowledging it"
         );
         confirm(message).await;
+        if let Some(platform_id) = platform_id {
+            report_receipt(hub, &outbound.id, &outbound.question_id, platform_id).await;
+        }
         return true;
     }
     match sender.send(outbound.clone()).await {
         Ok(platform_id) => {
             metrics.outbound.of(platform).inc();
-            hub.sent.remember(&outbound.id);
+            hub.sent.remember(&outbound.id, platform_id.clone());
             confirm(message).await;
             if let Some(platform_id) = platform_id {
                 report_receipt(hub, &outbound.id, &outbound.question_id, platform_id).await;

@@ -443,10 +443,8 @@ impl Shape {
                 let mut picked: Vec<&str> = Vec::new();
                 for item in items {
                     let item = item.as_str().ok_or(Misfit::NotAChoice)?;
-                    let choice = match form::named(choices, item) {
-                        Some(choice) => choice,
-                        None => pick(choices, item)?,
-                    };
+                    let choice =
+                        form::named(choices, item).map_or_else(|| pick(choices, item), Ok)?;
                     if !picked.contains(&choice) {
                         picked.push(choice);
                     }
@@ -460,13 +458,14 @@ impl Shape {
             (Self::Approval { arguments, .. }, Value::Object(_)) => {
                 check_approval(arguments, value)
             }
+            // A value names its choice by its text first, even one that reads as a number.
             (
                 Self::Choice {
                     choices,
                     multiple: false,
                 },
                 Value::String(text),
-            ) if form::named(choices, text).is_some() => Ok(json!(form::named(choices, text))),
+            ) => form::named(choices, text).map_or_else(|| self.read(text), |c| Ok(json!(c))),
             (_, Value::String(text)) => self.read(text),
             (Self::Confirm, _) => Err(Misfit::NotYesOrNo),
             (Self::Approval { .. }, _) => Err(Misfit::NotAnApproval),

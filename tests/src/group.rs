@@ -39,6 +39,9 @@ pub struct Group {
     pub asked: BTreeMap<usize, i64>,
     /// When each task's result reached the group, every time it did.
     pub results: BTreeMap<usize, Vec<Instant>>,
+    /// Whether owners start and answer tasks in private chats with the bot, each its own
+    /// stream, rather than in the group.
+    pub private: bool,
 }
 
 impl Group {
@@ -49,6 +52,16 @@ impl Group {
             shorts: BTreeMap::new(),
             asked: BTreeMap::new(),
             results: BTreeMap::new(),
+            private: false,
+        }
+    }
+
+    /// Owner `i` says `text`, in the group or in a private chat.
+    async fn say(&mut self, i: usize, text: &str) {
+        if self.private {
+            self.bot.private_message(owner(i), text).await;
+        } else {
+            self.bot.group_message(GROUP, owner(i), text).await;
         }
     }
 
@@ -56,9 +69,7 @@ impl Group {
     /// arrive.
     pub async fn start_tasks(&mut self, range: std::ops::Range<usize>) {
         for i in range.clone() {
-            self.bot
-                .group_message(GROUP, owner(i), &format!("/task new job-{i}"))
-                .await;
+            self.say(i, &format!("/task new job-{i}")).await;
         }
         self.until("every task's question", |group| {
             range.clone().all(|i| group.asked.contains_key(&i))
@@ -105,9 +116,7 @@ impl Group {
     /// The owners of tasks `range` answer (`reply-<i>`), without waiting for anything.
     pub async fn reply(&mut self, range: std::ops::Range<usize>) {
         for i in range {
-            self.bot
-                .group_message(GROUP, owner(i), &format!("reply-{i}"))
-                .await;
+            self.say(i, &format!("reply-{i}")).await;
         }
     }
 

@@ -1,6 +1,7 @@
-//! hark with `TASK_RUN` split into four partitions (`nats.partitions = 4`), from outside: owners
-//! in a group start tasks, each asks, each owner answers, and every result reaches the group once,
-//! with the run jobs spread over the partitions' streams.
+//! hark with `TASK_RUN` and `CHAT_IN` split into four partitions (`nats.partitions = 4`), from
+//! outside: owners in a group and in private chats start tasks, each asks, each owner answers,
+//! and every result arrives once, with the run jobs and the chats' messages spread over the
+//! partitions' streams.
 
 use std::time::{Duration, Instant};
 
@@ -15,8 +16,13 @@ async fn tasks_run_through_four_partitions_exactly_once() {
     let mut hark = GroupHark::start(&mut env, &[("HARK_NATS__PARTITIONS", "4")], WAIT).await;
     let group = &mut hark.group;
     let start = Instant::now();
-    group.start_tasks(0..TASKS).await;
-    group.reply(0..TASKS).await;
+    // Half in the group, one chat; half in private chats, each a chat of its own.
+    let half = TASKS / 2;
+    group.start_tasks(0..half).await;
+    group.reply(0..half).await;
+    group.private = true;
+    group.start_tasks(half..TASKS).await;
+    group.reply(half..TASKS).await;
     group.results_of(0..TASKS, start).await;
     group
         .check_exactly_once(&env, TASKS, Duration::from_secs(3))
@@ -51,6 +57,35 @@ async fn tasks_run_through_four_partitions_exactly_once() {
     assert!(
         used >= 2,
         "the run jobs of {TASKS} tasks used {used} of 4 partitions"
+    );
+    // The chats' messages went through CHAT_IN's partitions, and task-control took every one.
+    let mut used = 0;
+    for (stream, _) in names.chat_in_partitions() {
+        let mut stream = env
+            .js
+            .get_stream(&stream)
+            .await
+            .expect("the partition's stream");
+        let info = stream.info().await.expect("its info").clone();
+        if info.state.messages > 0 {
+            used += 1;
+        }
+        let mut consumer: async_nats::jetstream::consumer::PullConsumer = stream
+            .get_consumer(hark_core::bus::Names::CONTROL_CONSUMER)
+            .await
+            .expect("task-control's consumer of the partition");
+        let consumer = consumer.info().await.expect("its info");
+        assert_eq!(
+            (consumer.num_pending, consumer.num_ack_pending),
+            (0, 0),
+            "{} has no message left",
+            info.config.name
+        );
+    }
+    assert!(
+        used >= 2,
+        "the messages of {} chats used {used} of 4 partitions",
+        half + 1
     );
     hark.stop().await;
     env.cleanup().await;

@@ -111,6 +111,11 @@ pub struct Worker {
 /// A run's stop token and its "the task is no longer ours" token.
 type RunTokens = (CancellationToken, CancellationToken);
 
+/// How long a pull waits for run jobs.
+const PULL_WAIT: Duration = Duration::from_secs(5);
+/// How long it waits when slots are scarce (see `Worker::pull`).
+const SCARCE_PULL_WAIT: Duration = Duration::from_millis(250);
+
 impl Worker {
     /// Connects to NATS and makes sure the streams exist. `worker_id` names this worker in
     /// leases and logs.
@@ -267,9 +272,7 @@ impl Worker {
             slots = this.concurrency,
             "worker started"
         );
-        // A partition's pull holds at most its share of the slots while it waits for jobs, so
-        // that an idle partition does not keep them from the others.
-        let share = this.concurrency.div_ceil(consumers.len()).max(1);
+        let partitions = consumers.len();
         let pulls: Vec<_> = consumers
             .into_iter()
             .map(|consumer| {
@@ -279,7 +282,7 @@ impl Worker {
                     tracker.clone(),
                     shutdown.clone(),
                     runs_stop.clone(),
-                    share,
+                    partitions,
                 ))
             })
             .collect();
@@ -294,8 +297,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Pulls run jobs from one partition of `TASK_RUN` while slots are free, at most `share` at
-    /// a time, until `shutdown`.
+    /// Pulls run jobs from one of the `partitions` of `TASK_RUN` while slots are free, until
+    /// `shutdown`.
     async fn pull(
         self: Arc<Self>,
         consumer: PullConsumer,
@@ -303,9 +306,12 @@ impl Worker {
         tracker: TaskTracker,
         shutdown: CancellationToken,
         runs_stop: CancellationToken,
-        share: usize,
+        partitions: usize,
     ) {
         let this = self;
+        // A partition's pull holds at most its share of the slots while it waits for jobs, so
+        // that an idle partition does not keep them from the others.
+        let share = this.concurrency.div_ceil(partitions.max(1)).max(1);
         loop {
             let first = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -321,10 +327,18 @@ impl Worker {
                 permits.push(p);
             }
             this.runner.llm.metrics().pulling();
+            // A pull waits for jobs holding its slots. When fewer slots are left free than there
+            // are partitions, another partition may have none to pull with: the wait is then
+            // short, so that a job there waits for a slot at most that long.
+            let expires = if partitions > 1 && slots.available_permits() < partitions {
+                SCARCE_PULL_WAIT
+            } else {
+                PULL_WAIT
+            };
             let batch = consumer
                 .fetch()
                 .max_messages(permits.len())
-                .expires(Duration::from_secs(5))
+                .expires(expires)
                 .messages()
                 .await;
             let mut batch = match batch {

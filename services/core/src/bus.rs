@@ -235,7 +235,7 @@ pub struct Names {
     stream_prefix: String,
     /// How many copies of each stream, and where.
     replication: Replication,
-    /// How many streams `TASK_RUN` is split into (`nats.partitions`).
+    /// How many streams `TASK_RUN` and `CHAT_IN` are each split into (`nats.partitions`).
     partitions: u16,
 }
 
@@ -284,7 +284,7 @@ impl Names {
         Ok(names)
     }
 
-    /// These names with `TASK_RUN` split into `partitions` streams.
+    /// These names with `TASK_RUN` and `CHAT_IN` each split into `partitions` streams.
     pub fn with_partitions(mut self, partitions: u16) -> Self {
         self.partitions = partitions.max(1);
         self
@@ -310,12 +310,68 @@ impl Names {
 
     // Subjects.
 
+    /// The subject of the first `CHAT_IN` partition for `platform`: the only one unless
+    /// `nats.partitions` > 1.
     pub fn chat_in(&self, platform: &str) -> Result<String, Error> {
         Ok(format!("{}.chat.in.{}", self.ns, token(platform)?))
     }
 
+    /// The subjects of the first `CHAT_IN` partition.
     pub fn chat_in_all(&self) -> String {
         format!("{}.chat.in.>", self.ns)
+    }
+
+    /// The partition of `CHAT_IN` the messages of one chat go to: a stable hash (FNV-1a) of its
+    /// platform and stream, so that one chat's messages stay in one partition, in order.
+    pub fn chat_in_partition(&self, platform: &str, stream: &str) -> u16 {
+        self.partition_of(&[platform.as_bytes(), b":", stream.as_bytes()])
+    }
+
+    /// The subject a message of `platform`'s chat `stream` is published on. Partitions after
+    /// the first are `<ns>.chat.in<p>.<platform>`, outside the first's `<ns>.chat.in.>`, since
+    /// the subjects of two streams may not overlap.
+    pub fn chat_in_of(&self, platform: &str, stream: &str) -> Result<String, Error> {
+        match self.chat_in_partition(platform, stream) {
+            0 => self.chat_in(platform),
+            p => Ok(format!("{}.chat.in{p}.{}", self.ns, token(platform)?)),
+        }
+    }
+
+    /// The streams `CHAT_IN` is split into, with the subjects each holds, partition 0 first.
+    pub fn chat_in_partitions(&self) -> Vec<(String, String)> {
+        (0..self.partitions)
+            .map(|p| match p {
+                0 => (self.chat_in_stream(), self.chat_in_all()),
+                p => (
+                    format!("{}_CHAT_IN_{p}", self.stream_prefix),
+                    format!("{}.chat.in{p}.>", self.ns),
+                ),
+            })
+            .collect()
+    }
+
+    /// The name task-control's consumer of `CHAT_IN` partition `stream` reports its liveness
+    /// by: `chat_in`, then `chat_in_1` … (its dead letters are all of source `chat_in`).
+    pub fn chat_in_consumer_name(&self, stream: &str) -> String {
+        match stream.rsplit_once("_CHAT_IN_") {
+            Some((_, p)) => format!("chat_in_{p}"),
+            None => "chat_in".to_owned(),
+        }
+    }
+
+    /// FNV-1a of the concatenated `parts`, modulo the partitions: the same in every process
+    /// and every release.
+    fn partition_of(&self, parts: &[&[u8]]) -> u16 {
+        if self.partitions <= 1 {
+            return 0;
+        }
+        let hash = parts
+            .iter()
+            .flat_map(|part| part.iter())
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        (hash % u64::from(self.partitions)) as u16
     }
 
     pub fn chat_out(&self, platform: &str, bot_id: &str) -> Result<String, Error> {
@@ -352,13 +408,7 @@ impl Names {
         if self.partitions <= 1 {
             return 0;
         }
-        let hash = task
-            .to_string()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        (hash % u64::from(self.partitions)) as u16
+        self.partition_of(&[task.to_string().as_bytes()])
     }
 
     /// The subject the run jobs of `task` are published on.
@@ -552,13 +602,11 @@ impl Names {
             .map(|(stream, subject)| {
                 base(stream, vec![subject], RetentionPolicy::WorkQueue, 30 * day)
             });
+        let chat_in = self
+            .chat_in_partitions()
+            .into_iter()
+            .map(|(stream, subject)| base(stream, vec![subject], RetentionPolicy::Limits, 7 * day));
         let mut configs = vec![
-            base(
-                self.chat_in_stream(),
-                vec![self.chat_in_all()],
-                RetentionPolicy::Limits,
-                7 * day,
-            ),
             base(
                 self.chat_out_stream(),
                 vec![self.chat_out_all()],
@@ -597,7 +645,8 @@ impl Names {
                 )
             },
         ];
-        configs.splice(3..3, task_run);
+        configs.splice(2..2, task_run);
+        configs.splice(0..0, chat_in);
         configs
     }
 }
@@ -667,14 +716,16 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
     // enough for a handler that waits for a database, short enough that a person whose answer
     // it was hardly notices.
     let ack_wait = Duration::from_secs(15);
-    ensure_consumer(
-        js,
-        &names.chat_in_stream(),
-        // No delivery limit: a message that cannot be decoded is terminated explicitly, and one
-        // that failed because the database was down must wait for it, however long.
-        durable(Names::CONTROL_CONSUMER, names.chat_in_all(), ack_wait, -1),
-    )
-    .await?;
+    for (stream, subject) in names.chat_in_partitions() {
+        ensure_consumer(
+            js,
+            &stream,
+            // No delivery limit: a message that cannot be decoded is terminated explicitly, and
+            // one that failed because the database was down must wait for it, however long.
+            durable(Names::CONTROL_CONSUMER, subject, ack_wait, -1),
+        )
+        .await?;
+    }
     ensure_consumer(
         js,
         &names.chat_receipt_stream(),
@@ -689,7 +740,44 @@ pub async fn ensure(js: &jetstream::Context, names: &Names) -> Result<(), Error>
         )
         .await?;
     }
+    for (stream, held) in left_behind(js, names).await {
+        tracing::error!(
+            stream,
+            messages = held,
+            partitions = names.partitions,
+            "a partition beyond nats.partitions still holds messages nobody takes now; set \
+             nats.partitions back until it is empty, then lower it"
+        );
+    }
     Ok(())
+}
+
+/// The partition streams beyond `nats.partitions` whose consumer has messages not yet handled,
+/// left from a run with more partitions, with how many.
+pub async fn left_behind(js: &jetstream::Context, names: &Names) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for (kind, consumer) in [
+        ("TASK_RUN", Names::WORKER_CONSUMER),
+        ("CHAT_IN", Names::CONTROL_CONSUMER),
+    ] {
+        // Partitions are made from 1 up, so the first one missing ends them.
+        for p in names.partitions.max(1)..64 {
+            let name = format!("{}_{kind}_{p}", names.stream_prefix);
+            let Ok(stream) = js.get_stream(&name).await else {
+                break;
+            };
+            let Ok(mut consumer) = stream.get_consumer::<pull::Config>(consumer).await else {
+                continue;
+            };
+            if let Ok(info) = consumer.info().await {
+                let held = info.num_pending + info.num_ack_pending as u64;
+                if held > 0 {
+                    out.push((name, held));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The streams of `names` that have no leader now, or that JetStream cannot tell about within

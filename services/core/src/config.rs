@@ -146,9 +146,10 @@ pub struct NatsConfig {
     /// nats-server, 3 on a three-node JetStream cluster (at most 5).
     pub replicas: usize,
     pub placement: PlacementConfig,
-    /// Streams `TASK_RUN` is split into, by a stable hash of the task id (1 to 64): each has its
-    /// own consumer and its own leader, so that on a cluster the leaders spread over the servers.
-    /// A task's jobs always go to the same one. Lower it only once `TASK_RUN` is drained.
+    /// Streams `TASK_RUN` is split into by a stable hash of the task id, and `CHAT_IN` by one of
+    /// the chat (1 to 64): each has its own consumer and its own leader, so that on a cluster the
+    /// leaders spread over the servers. A task's jobs, and one chat's messages, always go to the
+    /// same one. Lower it only once both are drained.
     pub partitions: u16,
 }
 

@@ -343,6 +343,7 @@ pub async fn run<H, Fut>(
         stream,
         durable,
         source,
+        name,
     } = consumer;
     loop {
         let messages = async {
@@ -352,11 +353,11 @@ pub async fn run<H, Fut>(
         };
         let mut messages = match messages.await {
             Ok(m) => {
-                liveness.consuming(source);
+                liveness.consuming(name);
                 m
             }
             Err(e) => {
-                liveness.stalled(source, &format!("cannot pull {durable} on {stream}: {e}"));
+                liveness.stalled(name, &format!("cannot pull {durable} on {stream}: {e}"));
                 tracing::warn!(stream, error = %e, "cannot open consumer; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -372,27 +373,27 @@ pub async fn run<H, Fut>(
             let message = match next {
                 Some(Ok(m)) => m,
                 Some(Err(e)) => {
-                    liveness.stalled(
-                        source,
-                        &format!("pull of {durable} on {stream} failed: {e}"),
-                    );
+                    liveness.stalled(name, &format!("pull of {durable} on {stream} failed: {e}"));
                     tracing::warn!(stream, error = %e, "pull failed");
                     break;
                 }
                 None => break,
             };
-            liveness.consuming(source);
+            liveness.consuming(name);
             handle(&message, source, dead, handler(message.clone())).await;
         }
     }
 }
 
-/// A durable consumer of a stream, and the source its dead letters and liveness are named by.
+/// A durable consumer of a stream, the source its dead letters are named by, and the name its
+/// liveness is reported by: the source itself, or one per partition of a split stream
+/// (`chat_in_1`), so that one partition's flow does not hide another's stall.
 #[derive(Debug, Clone, Copy)]
 pub struct Consumer<'a> {
     pub stream: &'a str,
     pub durable: &'a str,
     pub source: &'static str,
+    pub name: &'a str,
 }
 
 /// Whether each consumer of a process is consuming.

@@ -320,3 +320,88 @@ async fn run_jobs_split_over_partitions_keep_each_task_in_one_and_every_partitio
     assert_eq!(unsplit.task_run_of(tasks[0]), unsplit.task_run());
     bus.stop().await;
 }
+
+#[tokio::test]
+async fn chat_messages_split_over_partitions_keep_each_chat_in_one_and_in_order() {
+    let bus = TestBus::start_with(4).await;
+    let partitions = bus.names.chat_in_partitions();
+    assert_eq!(partitions.len(), 4);
+    assert_eq!(
+        partitions[0],
+        (bus.names.chat_in_stream(), bus.names.chat_in_all()),
+        "the first keeps the name and subjects"
+    );
+    assert_eq!(
+        partitions
+            .iter()
+            .map(|(stream, _)| bus.names.chat_in_consumer_name(stream))
+            .collect::<Vec<_>>(),
+        ["chat_in", "chat_in_1", "chat_in_2", "chat_in_3"]
+    );
+    // 30 chats of two platforms, three messages each.
+    let chats: Vec<(&str, String)> = (0..30)
+        .map(|i| (["qq", "satori:discord"][i % 2], format!("group:{i}")))
+        .collect();
+    for n in 0..3 {
+        for (platform, stream) in &chats {
+            let message = pb::ChatMessage {
+                platform: (*platform).to_owned(),
+                bot_id: "42".into(),
+                stream: stream.clone(),
+                message_id: n.to_string(),
+                text: format!("{n}"),
+                ..Default::default()
+            };
+            let msg_id = Names::chat_in_msg_id(platform, "42", stream, &n.to_string());
+            publish::publish(
+                &bus.js,
+                publish::Outgoing {
+                    subject: bus
+                        .names
+                        .chat_in_of(platform, stream)
+                        .expect("a chat subject"),
+                    msg_id: &msg_id,
+                    payload: codec::encode(message),
+                    trace: None,
+                },
+            )
+            .await
+            .expect("published into a stream of CHAT_IN");
+        }
+    }
+    let mut seen: Vec<(u16, String, String, String)> = Vec::new();
+    for (p, (stream, _)) in partitions.iter().enumerate() {
+        let consumer: PullConsumer = bus
+            .js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, stream.as_str())
+            .await
+            .expect("each partition has task-control's consumer");
+        for message in fetch_all(&consumer).await {
+            let chat: pb::ChatMessage = codec::decode(&message.payload).expect("a message");
+            message.ack().await.expect("acked");
+            seen.push((p as u16, chat.platform, chat.stream, chat.text));
+        }
+    }
+    assert_eq!(seen.len(), 90, "every message once");
+    let used: std::collections::BTreeSet<u16> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(used.len(), 4, "30 chats spread over all 4: {used:?}");
+    for (platform, stream) in &chats {
+        let mine: Vec<_> = seen
+            .iter()
+            .filter(|s| s.1 == *platform && s.2 == *stream)
+            .collect();
+        let partition = bus.names.chat_in_partition(platform, stream);
+        assert!(
+            mine.iter().all(|s| s.0 == partition),
+            "one chat, one partition"
+        );
+        let texts: Vec<&str> = mine.iter().map(|s| s.3.as_str()).collect();
+        assert_eq!(texts, ["0", "1", "2"], "in order");
+    }
+    let unsplit = Names::new("x".parse().expect("namespace"));
+    assert_eq!(
+        unsplit.chat_in_of("qq", "group:1").expect("subject"),
+        unsplit.chat_in("qq").expect("subject")
+    );
+    bus.stop().await;
+}

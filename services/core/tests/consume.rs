@@ -83,6 +83,7 @@ fn serve(
                 stream: &names.chat_in_stream(),
                 durable,
                 source: "chat_in",
+                name: "chat_in",
             },
             &dead,
             &liveness,

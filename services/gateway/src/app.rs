@@ -82,7 +82,7 @@ impl App {
             shutdown: shutdown.clone(),
         });
         for message in left {
-            hub.to_publish(message);
+            hub.to_publish(crate::inbound::resubject(&hub.names, message));
         }
         Ok(Self {
             hub,

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{hub::Hub, platform::Platform, spool::Spooled};
 /// The spooled message for `message`, in the current trace.
 pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, bus::Error> {
-    let subject = names.chat_in(&message.platform)?;
+    let subject = names.chat_in_of(&message.platform, &message.stream)?;
     let msg_id = bus::Names::chat_in_msg_id(
         &message.platform,
         &message.bot_id,
@@ -36,6 +36,16 @@ pub fn spooled(names: &bus::Names, message: pb::ChatMessage) -> Result<Spooled, 
         trace: trace::outgoing(),
         payload: codec::encode(message),
     })
+}
+
+/// A message a previous run spooled, with the subject of its chat's `CHAT_IN` partition now:
+/// `nats.partitions` may have changed since, and a partition that is gone takes nothing.
+pub fn resubject(names: &bus::Names, mut message: Spooled) -> Spooled {
+    let chat = codec::decode::<pb::ChatMessage>(&message.payload).ok();
+    if let Some(subject) = chat.and_then(|c| names.chat_in_of(&c.platform, &c.stream).ok()) {
+        message.subject = subject;
+    }
+    message
 }
 
 /// Receives one connection's messages in order, completes each through its platform and spools

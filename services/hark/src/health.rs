@@ -91,6 +91,18 @@ async fn streams_led(config: &Config, within: Duration) -> anyhow::Result<()> {
             leaderless.join(", ")
         ));
     }
+    let left = hark_core::bus::left_behind(&js, &names).await;
+    if !left.is_empty() {
+        let left: Vec<String> = left
+            .iter()
+            .map(|(stream, held)| format!("{stream} ({held})"))
+            .collect();
+        bail!(said!(
+            zh: "分区流 {} 超出 nats.partitions，里面还有没人处理的消息：先把 nats.partitions 调回去，等它清空再调小",
+            en: "partition stream {} lies beyond nats.partitions and still holds messages nobody takes: set nats.partitions back until it is empty, then lower it",
+            left.join(", ")
+        ));
+    }
     Ok(())
 }
 

@@ -521,21 +521,40 @@ const SWEEP_AGE: Duration = Duration::from_secs(3);
 
 /// Pulls inbound chat messages in order and handles them one by one, through
 /// [`hark_core::consume`]: a message that cannot be handled is set aside, and one whose handling
-/// hit an unavailable store is delivered again later.
+/// hit an unavailable store is delivered again later. Each partition of `CHAT_IN` has a loop of
+/// its own, so one chat's messages stay in order and a stalled partition holds up no other.
 async fn consume_chat(shared: Shared, shutdown: CancellationToken) {
-    run_consumer(shared, shutdown, true).await;
+    let loops = shared
+        .names
+        .chat_in_partitions()
+        .into_iter()
+        .map(|(stream, _)| {
+            let name = shared.names.chat_in_consumer_name(&stream);
+            run_consumer(shared.clone(), shutdown.clone(), stream, name, "chat_in")
+        });
+    futures_util::future::join_all(loops).await;
 }
 
 async fn consume_receipts(shared: Shared, shutdown: CancellationToken) {
-    run_consumer(shared, shutdown, false).await;
+    let stream = shared.names.chat_receipt_stream();
+    run_consumer(
+        shared,
+        shutdown,
+        stream,
+        "chat_receipt".into(),
+        "chat_receipt",
+    )
+    .await;
 }
 
-async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool) {
-    let (stream, source) = if chat_in {
-        (shared.names.chat_in_stream(), "chat_in")
-    } else {
-        (shared.names.chat_receipt_stream(), "chat_receipt")
-    };
+async fn run_consumer(
+    shared: Shared,
+    shutdown: CancellationToken,
+    stream: String,
+    name: String,
+    source: &'static str,
+) {
+    let chat_in = source == "chat_in";
     let handler = |message: async_nats::jetstream::Message| {
         let shared = shared.clone();
         async move {
@@ -557,6 +576,7 @@ async fn run_consumer(shared: Shared, shutdown: CancellationToken, chat_in: bool
             stream: &stream,
             durable: Names::CONTROL_CONSUMER,
             source,
+            name: &name,
         },
         &shared.dead,
         &shared.liveness,

@@ -245,10 +245,15 @@ impl Scraped {
             .task_run_partitions()
             .into_iter()
             .map(|(stream, _)| (stream, Names::WORKER_CONSUMER));
-        for (stream, consumer) in run.chain([
-            (self.names.chat_in_stream(), Names::CONTROL_CONSUMER),
-            (self.names.chat_receipt_stream(), Names::CONTROL_CONSUMER),
-        ]) {
+        let chat_in = self
+            .names
+            .chat_in_partitions()
+            .into_iter()
+            .map(|(stream, _)| (stream, Names::CONTROL_CONSUMER));
+        for (stream, consumer) in run
+            .chain(chat_in)
+            .chain([(self.names.chat_receipt_stream(), Names::CONTROL_CONSUMER)])
+        {
             let info = async {
                 let mut c: async_nats::jetstream::consumer::PullConsumer = self
                     .js

@@ -78,21 +78,79 @@ async fn client_mode_measures_both_task_kinds_over_the_api() {
         assert!(w1["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{w1}");
     }
     for w2 in &lines[3..5] {
-        assert_eq!(w2["tasks"], 30);
-        for key in [
-            "suspends_per_s",
-            "resumes_per_s",
-            "hark_rss_total_mib_waiting",
-        ] {
-            assert!(w2[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {w2}");
-        }
-        assert!(
-            w2["cpu_ms_per_task_resume_to_completion"]["postgres"].is_number(),
-            "{w2}"
-        );
+        client_w2_measured(w2);
     }
     assert!(
         stdout.contains("| w1-client-questionnaire | questionnaire task, answer sent"),
+        "{stdout}"
+    );
+}
+
+/// A client W2 of the small bench's 30 tasks measured both phases, the memory and the CPU.
+fn client_w2_measured(w2: &Value) {
+    assert_eq!(w2["tasks"], 30);
+    for key in [
+        "suspends_per_s",
+        "resumes_per_s",
+        "hark_rss_total_mib_waiting",
+    ] {
+        assert!(w2[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {w2}");
+    }
+    for phase in ["suspend", "resume_to_completion"] {
+        assert!(
+            w2[format!("cpu_ms_per_task_{phase}")]["postgres"].is_number(),
+            "{w2}"
+        );
+    }
+}
+
+/// The interpreter of a venv with `bench/python/requirements.txt` (official grpcio).
+fn bench_python() -> std::path::PathBuf {
+    let path = std::env::var_os("HARK_TEST_BENCH_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/opt/hark-ci/bench-python/bin/python".into());
+    assert!(
+        path.exists(),
+        "{} is missing: make a venv with `pip install -r bench/python/requirements.txt` \
+         (as .ci/run does) and point HARK_TEST_BENCH_PYTHON at its python",
+        path.display()
+    );
+    path
+}
+
+#[tokio::test]
+async fn the_python_grpcio_client_drives_the_same_workloads_beside_the_rust_one() {
+    let python = bench_python();
+    let python = python.to_str().expect("a UTF-8 path");
+    let (stdout, _, lines) = small_bench(&[
+        "--client",
+        "--python",
+        python,
+        "--think-ms",
+        "20",
+        "--workloads",
+        "w1-client,w2-client",
+    ])
+    .await;
+    let by_name = |name: &str| {
+        lines
+            .iter()
+            .find(|l| l["workload"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {lines:?}"))
+    };
+    for kind in ["questionnaire", "agent"] {
+        for driver in ["client", "python"] {
+            let w1 = by_name(&format!("w1-{driver}-{kind}"));
+            assert_eq!(
+                (w1["rounds"].clone(), w1["think_ms"].clone()),
+                (3.into(), 20.into())
+            );
+            assert!(w1["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{w1}");
+            client_w2_measured(by_name(&format!("w2-{driver}-{kind}")));
+        }
+    }
+    assert!(
+        stdout.contains("| w1-python-agent | agent task, answer sent → reply with the output received, over gRPC from Python grpcio after 20 ms"),
         "{stdout}"
     );
 }

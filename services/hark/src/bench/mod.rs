@@ -58,6 +58,14 @@ pub struct BenchArgs {
     /// questionnaire and an agent task side by side (workloads limits,w1-client,w2-client).
     #[arg(long)]
     client: bool,
+    /// How long the client thinks between seeing a question and answering it, in milliseconds
+    /// (--client workloads).
+    #[arg(long, default_value_t = 100)]
+    think_ms: u64,
+    /// Also drive the --client workloads through Python's official grpcio, with this
+    /// interpreter (a venv with bench/python/requirements.txt), side by side with the Rust client.
+    #[arg(long)]
+    python: Option<std::path::PathBuf>,
     /// Everything observable on, to measure what it costs: every span exported (sampler 1.0) to
     /// an OTLP sink the bench runs, and every role's `/metrics` scraped once a second.
     #[arg(long)]
@@ -252,14 +260,21 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
     let mut limits = None;
     for workload in &args.workloads() {
         if workload == "w1-client" || workload == "w2-client" {
-            for kind in client::Kind::BOTH {
-                let report = if workload == "w1-client" {
-                    client::w1(bench, kind, args.warmup, args.rounds).await?
-                } else {
-                    client::w2(bench, kind, args.tasks, args.in_flight, limits.as_ref()).await?
-                };
-                crate::out!("{}", report.json);
-                reports.push(report);
+            let think = Duration::from_millis(args.think_ms);
+            let drives = std::iter::once(client::Driver::Rust)
+                .chain(args.python.clone().map(client::Driver::Python))
+                .map(|driver| client::Drive { driver, think });
+            for drive in drives {
+                for kind in client::Kind::BOTH {
+                    let report = if workload == "w1-client" {
+                        client::w1(bench, kind, &drive, args.warmup, args.rounds).await?
+                    } else {
+                        let (n, in_flight) = (args.tasks, args.in_flight);
+                        client::w2(bench, kind, &drive, n, in_flight, limits.as_ref()).await?
+                    };
+                    crate::out!("{}", report.json);
+                    reports.push(report);
+                }
             }
             continue;
         }

@@ -1,7 +1,8 @@
 //! task-control killed at the worst instant: after an answer committed, before its run job was
-//! published (started again, it publishes the job exactly once); after a questionnaire's
-//! answer and next step committed together (nothing is lost or taken twice); and after a
-//! schedule's run created its task, before the schedule moved on (the run starts one task).
+//! published (started again, it publishes the job exactly once); after a questionnaire was
+//! created waiting on its first question, and after a questionnaire's answer and next step
+//! committed together (nothing is lost or taken twice); and after a schedule's run created its
+//! task, before the schedule moved on (the run starts one task).
 
 use std::time::Duration;
 
@@ -77,6 +78,87 @@ async fn killing_task_control_between_an_answers_commit_and_its_publish_loses_no
         .into_inner();
     assert_eq!(got.task.expect("task").state, pb::TaskState::Running as i32);
 
+    control.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_questionnaire_is_created_asking_in_one_commit_so_a_crash_right_after_loses_and_repeats_nothing()
+ {
+    let env = Env::new().await;
+    let mut control = env.spawn(
+        &["control"],
+        &[("HARK_FAILPOINT", "form_create.after_commit")],
+    );
+    let mut api = env.client().await;
+    let request = pb::CreateTaskRequest {
+        owner: "api:carol".into(),
+        request_id: "form-1".into(),
+        questionnaire: vec![pb::FormQuestion {
+            key: "day".into(),
+            text: "Which day?".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    // The task, its first question and its audit commit together, and task-control dies before
+    // it replies or publishes anything.
+    let created = api.create_task(request.clone()).await;
+    assert!(created.is_err(), "the process must die before it replies");
+    assert!(
+        !control
+            .exited_within(Duration::from_secs(10))
+            .await
+            .expect("control died")
+            .success()
+    );
+
+    // Started again: the client's retry with its request id finds the task, waiting on its
+    // first question, asked once; no run job was ever queued, and no worker is needed.
+    let mut control = env.spawn(&["control"], &[]);
+    let mut api = env.client().await;
+    let task = api
+        .create_task(request)
+        .await
+        .expect("the retry gets the task created")
+        .into_inner()
+        .task
+        .expect("task");
+    assert_eq!(task.state, pb::TaskState::WaitingInput as i32);
+    let question = hark_e2e::open_question_besides(&api, &task.id, None).await;
+    assert_eq!(question.text, "Which day?");
+    let jobs = env.jobs().await;
+    let queued: Vec<pb::RunJob> = fetch(&jobs, 10, Duration::from_millis(500)).await;
+    assert!(queued.is_empty(), "no run job: {queued:?}");
+    let counts = env
+        .sql(&format!(
+            "SELECT (SELECT count(*) FROM tasks WHERE owner = 'api:carol') || ',' ||
+                    (SELECT count(*) FROM questions WHERE task_id = '{0}') || ',' ||
+                    (SELECT string_agg(event || ':' || actor, ',' ORDER BY id) FROM transitions
+                      WHERE task_id = '{0}')",
+            task.id
+        ))
+        .await;
+    assert_eq!(
+        counts,
+        "1,1,create:api:carol,claim:task-control,ask:task-control"
+    );
+
+    // The answer completes it, with no worker running.
+    let replied = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: task.id.clone(),
+            answer: "Friday".into(),
+            wait: pb::AnswerWait::NextQuestionOrEnd as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(
+        replied.event.expect("the end").result,
+        r#"{"day":"Friday"}"#
+    );
     control.stop().await;
     env.cleanup().await;
 }
@@ -160,8 +242,8 @@ async fn a_questionnaire_answer_commits_with_its_next_step_so_a_crash_right_afte
         ))
         .await;
     assert_eq!(
-        claimers, "w1,task-control,task-control",
-        "after each answer, its own statement took the step"
+        claimers, "task-control,task-control,task-control",
+        "the creation, and after each answer its own statement, took the step"
     );
     assert!(llm.requests().is_empty(), "no model was called");
     worker.stop().await;

@@ -141,7 +141,8 @@ async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with
     let done = bed.task(&id).await;
     let answers: Vec<&str> = done.questions.iter().map(|q| q.answer.as_str()).collect();
     assert_eq!(answers, ["小明", "M", "no"]);
-    // The first step was a worker's; after each answer task-control took the step itself.
+    // No worker took any step: the creation asked the first question, and after each answer
+    // task-control took the step itself.
     let claimers: Vec<String> = bed
         .store
         .transitions_of(id.parse().expect("id"))
@@ -153,7 +154,12 @@ async fn a_questionnaire_asks_in_turn_takes_choices_by_number_and_completes_with
         .collect();
     assert_eq!(
         claimers,
-        ["w1", "task-control", "task-control", "task-control"]
+        [
+            "task-control",
+            "task-control",
+            "task-control",
+            "task-control"
+        ]
     );
     assert!(bed.llm.requests().is_empty(), "no model was called");
     // Each answer started from the question task-control had just asked, without reading it

@@ -853,6 +853,34 @@ pub fn answer_then(
     }))
 }
 
+/// The moves of a task whose first step task-control takes in its creation statement (a
+/// questionnaire, whose first question is known): claimed by task-control, holding it for no
+/// time, then asking that question, which waits as `wait` says. The creation itself brings the
+/// task into `pending`; the statement leaves it where the ask does.
+pub fn create_then_ask(
+    wait: Wait,
+    now: OffsetDateTime,
+    policy: Policy,
+) -> Result<(Decision, Decision), Refusal> {
+    let claim = decide_on_state(
+        State::Pending,
+        &Command::Claim {
+            lease: Duration::ZERO,
+        },
+        now,
+        policy,
+    )?;
+    let ask = decide_on_state(
+        State::Running {
+            pause_requested: claim.pause_requested,
+        },
+        &Command::Ask { wait },
+        now,
+        policy,
+    )?;
+    Ok((claim, ask))
+}
+
 /// What an answer does to its question: it closes as answered, applied once per inbound
 /// message; the answer that `ends` the ask closes the ask's questions put to others.
 fn answered(ends: bool) -> Vec<Effect> {
@@ -892,6 +920,26 @@ mod tests {
         platform: Some("qq"),
         at_once: false,
     };
+
+    #[test]
+    fn a_task_created_asking_is_claimed_then_waits_on_its_question_as_its_wait_says() {
+        let (claim, ask) = create_then_ask(WAIT, at(0), POLICY).expect("decided");
+        assert_eq!(
+            (claim.from, claim.to, claim.event),
+            (TaskState::Pending, TaskState::Running, Event::Claim)
+        );
+        assert_eq!(
+            (ask.from, ask.to, ask.event),
+            (TaskState::Running, TaskState::WaitingInput, Event::Ask)
+        );
+        assert_eq!(ask.question_expires_after(), Some(Duration::from_secs(600)));
+        let never = Wait {
+            on_timeout: TimeoutPolicy::Never,
+            ..WAIT
+        };
+        let (_, ask) = create_then_ask(never, at(0), POLICY).expect("decided");
+        assert_eq!(ask.question_expires_after(), None);
+    }
 
     fn at(seconds: i64) -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000 + seconds).unwrap()

@@ -424,6 +424,52 @@ struct OrderedTarget {
     ord: i64,
 }
 
+/// Binds the tasks `batch` creates as the first eighteen arguments of `query`, in the order
+/// `new_tasks!` reads them.
+pub(super) fn bind_new_tasks<'q, T, R>(
+    query: BatchQuery<'q, R>,
+    batch: &'q [T],
+    of: fn(&T) -> (TaskId, &NewTask),
+) -> BatchQuery<'q, R> {
+    let new = |r: &'q T| of(r).1;
+    query
+        .bind(column(batch, |r| of(r).0.as_uuid()))
+        .bind(column(batch, |r| new(r).owner.as_str()))
+        .bind(column(batch, |r| {
+            new(r).chat.as_ref().map(|c| c.platform.as_str())
+        }))
+        .bind(column(batch, |r| {
+            new(r).chat.as_ref().map(|c| c.bot_id.as_str())
+        }))
+        .bind(column(batch, |r| {
+            new(r).chat.as_ref().map(|c| c.stream.as_str())
+        }))
+        .bind(column(batch, |r| {
+            new(r)
+                .chat
+                .as_ref()
+                .and_then(|c| c.origin_message_id.as_deref())
+        }))
+        .bind(column(batch, |r| new(r).goal.as_str()))
+        .bind(column(batch, |r| new(r).on_timeout.as_str()))
+        .bind(column(batch, |r| {
+            i32::try_from(new(r).ask_timeout.as_secs()).unwrap_or(i32::MAX)
+        }))
+        .bind(column(batch, |r| new(r).request_id.as_deref()))
+        .bind(column(batch, |r| i64::from(new(r).active_limit)))
+        .bind(column(batch, |r| new(r).questionnaire.as_ref().map(Json)))
+        .bind(column(batch, |r| new(r).schedule))
+        .bind(column(batch, |r| new(r).priority))
+        .bind(column(batch, |r| {
+            new(r)
+                .deadline
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        }))
+        .bind(column(batch, |r| new(r).on_deadline.as_str()))
+        .bind(column(batch, |r| new(r).asked_by.as_deref()))
+        .bind(column(batch, |r| new(r).key_id))
+}
+
 /// One column of a batch's requests, as an array to bind for `unnest`.
 pub(super) fn column<'a, T, U>(batch: &'a [T], value: impl FnMut(&'a T) -> U) -> Vec<U> {
     batch.iter().map(value).collect()
@@ -686,91 +732,35 @@ impl Store {
     /// order). A request without a row is then told which of the two it was.
     async fn create_batch(&self, batch: &[CreateRequest]) -> Result<Vec<Created>, Error> {
         let sql = concat!(
-            "WITH n AS (
-                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                                     $7::text[], $8::text[], $9::int[], $10::text[], $16::bigint[],
-                                     $17::jsonb[], $18::uuid[], $19::smallint[], $20::bigint[],
-                                     $21::text[], $22::text[], $23::uuid[])
-                    WITH ORDINALITY
-                    AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
-                         request_id, active_limit, questionnaire, schedule_id, priority, deadline_ms,
-                         on_deadline, asked_by, key_id, ord)
-            ), counted AS (
-                SELECT n.*,
-                    CASE WHEN n.active_limit = 0 THEN 0 ELSE
-                        (SELECT count(*) FROM tasks a WHERE a.owner = n.owner AND a.state IN (",
-            active_states!(),
-            "))
-                        + row_number() OVER (PARTITION BY n.owner ORDER BY n.ord)
-                    END AS would_have
-                FROM n
-            ), t AS (
-                INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
-                                   on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id,
-                                   priority, deadline_at, on_deadline, asked_by, key_id)
-                SELECT id, owner, platform, bot_id, stream, origin, goal, ", sql_state!(pending), ",
-                       on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority,
-                       now() + deadline_ms * interval '1 millisecond', on_deadline, asked_by, key_id
-                FROM counted
-                WHERE active_limit = 0 OR would_have <= active_limit
-                ORDER BY ord
-                ON CONFLICT (request_id) DO NOTHING
-                RETURNING ",
-            task_columns!(),
+            "WITH ",
+            new_tasks!(),
+            ", t AS (",
+            insert_new_tasks!(sql_state!(pending), 1, 0),
             "
             ), audit AS (
-                ", audit_into!(), "
-                SELECT id, NULL, ", sql_state!(pending), ", ", sql_event!(create), ", generation, owner, '' FROM t
+                ",
+            audit_into!(),
+            "
+                SELECT id, NULL, ",
+            sql_state!(pending),
+            ", ",
+            sql_event!(create),
+            ", generation, owner, '' FROM t
             ), out AS (
                 INSERT INTO outbox (subject, msg_id, payload, traceparent)
                 SELECT o.s, o.m, o.p, o.tp FROM t
-                JOIN unnest($11::uuid[], $12::text[], $13::text[], $14::bytea[], $15::text[])
+                JOIN unnest($19::uuid[], $20::text[], $21::text[], $22::bytea[], $23::text[])
                     AS o(task, s, m, p, tp)
                   ON o.task = t.id
             )
             SELECT * FROM t"
         );
-        let rows: Vec<TaskRow> = sqlx::query_as(sql)
-            .bind(column(batch, |r| r.id.as_uuid()))
-            .bind(column(batch, |r| r.new.owner.as_str()))
-            .bind(column(batch, |r| {
-                r.new.chat.as_ref().map(|c| c.platform.as_str())
-            }))
-            .bind(column(batch, |r| {
-                r.new.chat.as_ref().map(|c| c.bot_id.as_str())
-            }))
-            .bind(column(batch, |r| {
-                r.new.chat.as_ref().map(|c| c.stream.as_str())
-            }))
-            .bind(column(batch, |r| {
-                r.new
-                    .chat
-                    .as_ref()
-                    .and_then(|c| c.origin_message_id.as_deref())
-            }))
-            .bind(column(batch, |r| r.new.goal.as_str()))
-            .bind(column(batch, |r| r.new.on_timeout.as_str()))
-            .bind(column(batch, |r| {
-                i32::try_from(r.new.ask_timeout.as_secs()).unwrap_or(i32::MAX)
-            }))
-            .bind(column(batch, |r| r.new.request_id.as_deref()))
+        let rows: Vec<TaskRow> = bind_new_tasks(sqlx::query_as(sql), batch, |r| (r.id, &r.new))
             .bind(column(batch, |r| r.id.as_uuid()))
             .bind(column(batch, |r| r.job.subject.as_str()))
             .bind(column(batch, |r| r.job.msg_id.as_str()))
             .bind(column(batch, |r| r.job.payload.to_vec()))
             .bind(column(batch, |r| r.job.trace.as_deref()))
-            .bind(column(batch, |r| i64::from(r.new.active_limit)))
-            .bind(column(batch, |r| r.new.questionnaire.as_ref().map(Json)))
-            .bind(column(batch, |r| r.new.schedule))
-            .bind(column(batch, |r| r.new.priority))
-            .bind(column(batch, |r| {
-                r.new
-                    .deadline
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            }))
-            .bind(column(batch, |r| r.new.on_deadline.as_str()))
-            .bind(column(batch, |r| r.new.asked_by.as_deref()))
-            .bind(column(batch, |r| r.new.key_id))
             .fetch_all(&self.pool)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();

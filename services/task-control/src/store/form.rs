@@ -303,23 +303,7 @@ impl Store {
             }
             Step::Ask(next) => {
                 let id = QuestionId::new();
-                let need = next
-                    .need
-                    .parse()
-                    .map_err(|e| Error::Internal(format!("questionnaire {task}: {e}")))?;
-                let (audience, escalation) =
-                    match super::worker::Audience::of(chat, &next.ask_to, need)? {
-                        Some((audience, others)) => (Some(audience), others),
-                        None => (
-                            None,
-                            super::Escalation {
-                                to: next.escalate_to.clone(),
-                                after: (next.escalate_after_s > 0).then(|| {
-                                    std::time::Duration::from_secs(next.escalate_after_s.into())
-                                }),
-                            },
-                        ),
-                    };
+                let (audience, escalation) = asked_of(task, chat, next)?;
                 let shape = next.shape();
                 let mut won = None;
                 // A handle is unique among the owner's open questions in the stream; one taken
@@ -367,18 +351,13 @@ impl Store {
                                 deadline,
                             };
                             let call_id = progress::call_id(&next.key);
-                            let mut question =
-                                QuestionRow::asked(&row, asked, &call_id, number, None);
-                            if let Some(audience) = &audience {
-                                audience.asked(&mut question);
-                                // The others are asked now, not at the next tick.
-                                self.wake_timers();
-                            }
-                            self.remember_asked(super::answers::AnswerTarget::asked(
-                                &question,
+                            let question = self.form_asked(
                                 &row,
+                                asked,
+                                &call_id,
+                                audience.as_ref(),
                                 (number, &messages),
-                            ));
+                            );
                             let asked = crate::convert::question(&question);
                             won = Some(Some((*row, Some(asked))));
                             break;
@@ -523,5 +502,281 @@ impl Store {
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
         self.publish_won(batch, &won, |r| &r.outbox);
         Ok(won)
+    }
+}
+
+/// Whom a questionnaire's question `q` of `task` is put to at once, and whom it escalates to.
+fn asked_of(
+    task: hark_core::domain::TaskId,
+    chat: Option<&super::ChatRoute>,
+    q: &FormQuestion,
+) -> Result<(Option<super::worker::Audience>, super::Escalation), Error> {
+    let need = q
+        .need
+        .parse()
+        .map_err(|e| Error::Internal(format!("questionnaire {task}: {e}")))?;
+    Ok(match super::worker::Audience::of(chat, &q.ask_to, need)? {
+        Some((audience, others)) => (Some(audience), others),
+        None => (
+            None,
+            super::Escalation {
+                to: q.escalate_to.clone(),
+                after: (q.escalate_after_s > 0)
+                    .then(|| std::time::Duration::from_secs(q.escalate_after_s.into())),
+            },
+        ),
+    })
+}
+
+impl Store {
+    /// The question a questionnaire's statement asked of `row` (as it left the task), which
+    /// the next answer finds without reading it again; the others it is put to are asked now.
+    fn form_asked(
+        &self,
+        row: &TaskRow,
+        asked: crate::rows::Asked<'_>,
+        call_id: &str,
+        audience: Option<&super::worker::Audience>,
+        round: (i32, &serde_json::Value),
+    ) -> QuestionRow {
+        let mut question = QuestionRow::asked(row, asked, call_id, round.0, None);
+        if let Some(audience) = audience {
+            audience.asked(&mut question);
+            // The others are asked now, not at the next tick.
+            self.wake_timers();
+        }
+        self.remember_asked(super::answers::AnswerTarget::asked(&question, row, round));
+        question
+    }
+}
+
+/// A questionnaire created waiting on its first question, in one statement: the task, the
+/// question, the first round of its checkpoint, the audit of its three moves (the creation,
+/// the claim by `task-control`, the ask) and the question's chat messages. No run job and no
+/// worker: its first step is known when it is created.
+#[derive(Debug)]
+pub(super) struct FormCreate {
+    id: hark_core::domain::TaskId,
+    new: super::NewTask,
+    question: QuestionId,
+    text: String,
+    context: String,
+    handle: String,
+    call_id: String,
+    shape: Shape,
+    messages: serde_json::Value,
+    escalation: super::Escalation,
+    audience: Option<super::worker::Audience>,
+    outbox: Vec<OutboxMessage>,
+    trace: Option<String>,
+    claim: Move,
+    ask: Move,
+    expires_ms: Option<i64>,
+}
+
+/// How a questionnaire's creation was decided.
+#[derive(Debug)]
+pub(super) enum FormCreated {
+    /// It waits on its first question, whose deadline this is.
+    New(Box<TaskRow>, Option<time::OffsetDateTime>),
+    /// Its request id was used before, or its owner is at the limit of active tasks.
+    NotInserted,
+    /// Another open question of the owner in the stream has this handle; draw another.
+    HandleTaken,
+}
+
+impl Batched for FormCreate {
+    type Decision = FormCreated;
+
+    fn decide<'a>(
+        store: &'a Store,
+        batch: &'a [Self],
+    ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
+        Box::pin(async move {
+            match store.form_create_statement(batch).await {
+                Err(e) if batch.len() == 1 && super::batch::handle_taken(&e) => {
+                    Ok(vec![FormCreated::HandleTaken])
+                }
+                decided => decided,
+            }
+        })
+    }
+
+    fn queue(store: &Store) -> &Batches<Self> {
+        &store.form_creates
+    }
+}
+
+impl Store {
+    /// Creates the questionnaire `new`, whose first question is `first`, waiting on that
+    /// question. `None` when its request id was used before or its owner is at the limit, as
+    /// for any task.
+    pub(super) async fn create_form(
+        &self,
+        id: hark_core::domain::TaskId,
+        new: &super::NewTask,
+        first: &FormQuestion,
+    ) -> Result<Option<TaskRow>, Error> {
+        let wait = decide::Wait {
+            on_timeout: new.on_timeout,
+            ask_timeout: new.ask_timeout,
+            own: None,
+        };
+        let (claim, ask) =
+            decide::create_then_ask(wait, time::OffsetDateTime::now_utc(), self.policy())
+                .map_err(|e| Error::Internal(format!("a questionnaire's first step: {e:?}")))?;
+        let chat = new.chat.as_ref();
+        let (audience, escalation) = asked_of(id, chat, first)?;
+        let shape = first.shape();
+        let call_id = progress::call_id(&first.key);
+        let messages =
+            serde_json::Value::Array(progress::step(&serde_json::Map::new(), Some(&first.key)));
+        let question = QuestionId::new();
+        // A handle is unique among the owner's open questions in the stream; one taken fails
+        // the statement, and another is drawn.
+        for _ in 0..8 {
+            let handle = Handle::random().to_string();
+            let outbox = self.asking(
+                chat,
+                audience.as_ref(),
+                id,
+                question,
+                &handle,
+                (&first.text, &first.context, &shape),
+            );
+            let created = self
+                .decide(FormCreate {
+                    id,
+                    new: new.clone(),
+                    question,
+                    text: first.text.clone(),
+                    context: first.context.clone(),
+                    handle: handle.clone(),
+                    call_id: call_id.clone(),
+                    shape: shape.clone(),
+                    messages: messages.clone(),
+                    escalation: escalation.clone(),
+                    audience: audience.clone(),
+                    outbox,
+                    trace: hark_core::trace::outgoing(),
+                    claim: Move::of(&claim),
+                    ask: Move::of(&ask),
+                    expires_ms: ask.question_expires_after().map(super::worker::millis),
+                })
+                .await?;
+            let (row, deadline) = match created {
+                FormCreated::HandleTaken => continue,
+                FormCreated::NotInserted => return Ok(None),
+                FormCreated::New(row, deadline) => (row, deadline),
+            };
+            let asked = crate::rows::Asked {
+                id: question,
+                handle: &handle,
+                text: &first.text,
+                context: &first.context,
+                shape: &shape,
+                deadline,
+            };
+            let asked = self.form_asked(&row, asked, &call_id, audience.as_ref(), (1, &messages));
+            self.published(vec![self.effects.event(
+                &row,
+                ask.event.as_str(),
+                Some(crate::convert::question(&asked)),
+            )]);
+            return Ok(Some(*row));
+        }
+        Err(Error::Busy("no free question handle after 8 tries".into()))
+    }
+
+    /// One statement for all of `batch`.
+    async fn form_create_statement(&self, batch: &[FormCreate]) -> Result<Vec<FormCreated>, Error> {
+        let sql = concat!(
+            "WITH ",
+            new_tasks!(),
+            ", q AS (
+                SELECT * FROM unnest($19::uuid[], $20::text[], $21::text[], $22::text[], $23::text[],
+                                     $24::jsonb[], $25::jsonb[], $26::bigint[], $27::text[],
+                                     $28::jsonb[], $29::bigint[], $30::bigint[], $31::text[], $32::text[],
+                                     $33::smallint[], $34::smallint[], $35::uuid[])
+                    WITH ORDINALITY AS q(c_question, c_text, c_context, c_handle, c_call, c_choices,
+                                         c_messages, c_expires_ms, c_traceparent, c_escalate_to,
+                                         c_escalate_ms, c_remind_ms, c_owner, c_stream, c_need,
+                                         c_askees, c_group, c_ord)
+            ), inserted AS (",
+            insert_new_tasks!("$41", 3, 1),
+            "
+            ), t AS (
+                SELECT inserted.*, q.* FROM inserted
+                JOIN n ON n.id = inserted.id JOIN q ON q.c_ord = n.ord
+            ), audit AS (
+                ", audit_into!(), "
+                SELECT id, NULL, ", sql_state!(pending), ", ", sql_event!(create), ", 1, owner, '' FROM t
+                UNION ALL SELECT id, $42, $43, $44, 2, 'task-control', '' FROM t
+                UNION ALL SELECT id, $45, $41, $46, 3, 'task-control', c_text FROM t
+            ), checkpoint AS (
+                INSERT INTO checkpoints (task_id, round, messages) SELECT id, 1, c_messages FROM t
+            ), asked AS (
+                INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
+                                       platform, bot_id, stream, choices, traceparent, deadline,
+                                       escalate_to, escalate_every_ms, escalate_at, need, askees,
+                                       ask_group)
+                SELECT c_question, id, c_handle, c_text, c_context, c_call, 1, coalesce(c_owner, owner),
+                       platform, bot_id, coalesce(c_stream, stream), c_choices, c_traceparent,
+                       d.deadline, ", asked_values!(), "
+                FROM t
+                CROSS JOIN LATERAL (SELECT ", expires_in!("t.c_expires_ms"), " AS deadline) d
+                ", asked_escalation!(), "
+                RETURNING task_id, deadline
+            ), out AS (
+                ", outbox_of_batch!("$36", "$37", "$38", "$39", "$40"), "
+            )
+            SELECT t.*, t.c_ord AS ord,
+                (SELECT deadline FROM asked WHERE asked.task_id = t.id) AS asked_deadline
+            FROM t"
+        );
+        let Some(first) = batch.first() else {
+            return Ok(Vec::new());
+        };
+        let query = super::batch::bind_new_tasks(sqlx::query_as(sql), batch, |r| (r.id, &r.new))
+            .bind(column(batch, |r| r.question.as_uuid()))
+            .bind(column(batch, |r| r.text.as_str()))
+            .bind(column(batch, |r| r.context.as_str()))
+            .bind(column(batch, |r| r.handle.as_str()))
+            .bind(column(batch, |r| r.call_id.as_str()))
+            .bind(column(batch, |r| crate::rows::StoredShape::of(&r.shape)))
+            .bind(column(batch, |r| Json(&r.messages)))
+            .bind(column(batch, |r| r.expires_ms))
+            .bind(column(batch, |r| r.trace.as_deref()));
+        let query = AskedColumns::bind(query, batch, self.remind_before_ms(), |r| AskedColumns {
+            escalation: &r.escalation,
+            audience: r.audience.as_ref(),
+            question: r.question,
+        });
+        let out = OutboxColumns::of(batch.iter().map(|r| r.outbox.as_slice()));
+        // Every creation of a batch is decided alike: its moves are the first one's.
+        let rows: Vec<FormRow> = out
+            .bind_to(query)
+            .bind(first.ask.to)
+            .bind(first.claim.from)
+            .bind(first.claim.to)
+            .bind(first.claim.event)
+            .bind(first.ask.from)
+            .bind(first.ask.event)
+            .fetch_all(&self.pool)
+            .await?;
+        hark_core::failpoint::hit("form_create.after_commit");
+        let won = in_order(
+            batch.len(),
+            rows.into_iter()
+                .map(|r| (r.ord, (r.task, r.asked_deadline))),
+        );
+        self.publish_won(batch, &won, |r| &r.outbox);
+        Ok(won
+            .into_iter()
+            .map(|row| match row {
+                Some((task, deadline)) => FormCreated::New(Box::new(task), deadline),
+                None => FormCreated::NotInserted,
+            })
+            .collect())
     }
 }

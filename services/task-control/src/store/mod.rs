@@ -349,6 +349,62 @@ macro_rules! asked_escalation {
     };
 }
 
+/// The tasks a batch creates, bound as its first eighteen arguments (see
+/// `batch::bind_new_tasks`): `n`, each with its request's place `ord` (from 1), and `counted`,
+/// each with how many tasks that have not ended its owner would have with it (`would_have`; 0
+/// without a limit), counting the batch's own requests in order.
+macro_rules! new_tasks {
+    () => {
+        concat!(
+            "n AS (
+                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                     $7::text[], $8::text[], $9::int[], $10::text[], $11::bigint[],
+                                     $12::jsonb[], $13::uuid[], $14::smallint[], $15::bigint[],
+                                     $16::text[], $17::text[], $18::uuid[])
+                    WITH ORDINALITY
+                    AS n(id, owner, platform, bot_id, stream, origin, goal, on_timeout, ask_timeout_s,
+                         request_id, active_limit, questionnaire, schedule_id, priority, deadline_ms,
+                         on_deadline, asked_by, key_id, ord)
+            ), counted AS (
+                SELECT n.*,
+                    CASE WHEN n.active_limit = 0 THEN 0 ELSE
+                        (SELECT count(*) FROM tasks a WHERE a.owner = n.owner AND a.state IN (",
+            active_states!(),
+            "))
+                        + row_number() OVER (PARTITION BY n.owner ORDER BY n.ord)
+                    END AS would_have
+                FROM n
+            )"
+        )
+    };
+}
+
+/// Inserts the tasks of [`new_tasks`] in `$state` at `$generation` with `$rounds` rounds, unless
+/// its request id was used before or its owner is at its limit; returns the rows inserted.
+macro_rules! insert_new_tasks {
+    ($state:expr, $generation:literal, $rounds:literal) => {
+        concat!(
+            "INSERT INTO tasks (id, owner, platform, bot_id, stream, origin_message_id, goal, state,
+                               generation, rounds, on_timeout, ask_timeout_s, request_id, questionnaire,
+                               schedule_id, priority, deadline_at, on_deadline, asked_by, key_id)
+            SELECT id, owner, platform, bot_id, stream, origin, goal, ",
+            $state,
+            ", ",
+            $generation,
+            ", ",
+            $rounds,
+            ", on_timeout, ask_timeout_s, request_id, questionnaire, schedule_id, priority,
+                   now() + deadline_ms * interval '1 millisecond', on_deadline, asked_by, key_id
+            FROM counted
+            WHERE active_limit = 0 OR would_have <= active_limit
+            ORDER BY ord
+            ON CONFLICT (request_id) DO NOTHING
+            RETURNING ",
+            task_columns!()
+        )
+    };
+}
+
 /// The columns of `questions`, in the order of [`QuestionRow`].
 macro_rules! question_columns {
     () => {
@@ -868,6 +924,7 @@ pub struct Store {
     asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
     form_asks: std::sync::Arc<batch::Batches<form::FormAsk>>,
     form_finishes: std::sync::Arc<batch::Batches<form::FormFinish>>,
+    form_creates: std::sync::Arc<batch::Batches<form::FormCreate>>,
     lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
@@ -973,6 +1030,7 @@ impl Store {
             asks: Default::default(),
             form_asks: Default::default(),
             form_finishes: Default::default(),
+            form_creates: Default::default(),
             form_steps: false,
             remind_before: std::time::Duration::from_secs(600),
         }

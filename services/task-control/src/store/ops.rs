@@ -41,19 +41,34 @@ pub struct NewTask {
 impl Store {
     /// Creates a task in `pending` and queues its first run, in one statement. A request id used
     /// before returns the task it created; an owner at `new.active_limit` is refused.
+    ///
+    /// A questionnaire is created waiting on its first question, in the same statement: no run
+    /// job and no worker, since its first step is known.
     pub async fn create_task(&self, new: &NewTask) -> Result<TaskRow, Error> {
         let id = TaskId::new();
-        let created = self
-            .decide(super::batch::CreateRequest {
-                id,
-                new: new.clone(),
-                job: self.effects.run(id, 1, pb::RunReason::Start),
-            })
-            .await?;
-        if let super::batch::Created::New(task) = created {
+        let first = new
+            .questionnaire
+            .as_ref()
+            .and_then(|q| q.first())
+            .filter(|_| self.takes_form_steps());
+        let created = match first {
+            Some(first) => self.create_form(id, new, first).await?,
+            None => match self
+                .decide(super::batch::CreateRequest {
+                    id,
+                    new: new.clone(),
+                    job: self.effects.run(id, 1, pb::RunReason::Start),
+                })
+                .await?
+            {
+                super::batch::Created::New(task) => Some(*task),
+                super::batch::Created::NotInserted => None,
+            },
+        };
+        if let Some(task) = created {
             self.routes.remember(task.id, task.fixed());
             tracing::info!(task = %task.id, owner = %task.owner, "task created");
-            return Ok(*task);
+            return Ok(task);
         }
         // The request id was used before: that task is the answer.
         if let Some(request_id) = &new.request_id

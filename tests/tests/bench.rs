@@ -79,6 +79,22 @@ async fn client_mode_measures_both_task_kinds_over_the_api() {
     }
     for w2 in &lines[3..5] {
         client_w2_measured(w2);
+        let pages = w2["first_page_p50_ms"]
+            .as_object()
+            .expect("the first pages");
+        for page in [
+            "ListQuestions, first page of 50",
+            "WatchTasks opened",
+            "console inbox, first page",
+        ] {
+            assert!(
+                pages
+                    .get(page)
+                    .and_then(Value::as_f64)
+                    .is_some_and(|ms| ms > 0.0),
+                "{page}: {w2}"
+            );
+        }
     }
     assert!(
         stdout.contains("| w1-client-questionnaire | questionnaire task, answer sent"),

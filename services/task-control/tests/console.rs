@@ -598,3 +598,66 @@ fn operator<T>(message: T) -> tonic::Request<T> {
     );
     request
 }
+
+#[tokio::test]
+async fn the_inbox_comes_in_pages_oldest_first_each_a_range_of_the_open_questions() {
+    let tc = TestControl::start().await;
+    let base = tc.console.clone().expect("the console listens");
+    let mut api = tc.client().await;
+    let mut asked = Vec::new();
+    for i in 0..5 {
+        // A questionnaire waits on its first question from its creation on.
+        let task = api
+            .create_task(pb::CreateTaskRequest {
+                owner: "api:pat".into(),
+                questionnaire: vec![pb::FormQuestion {
+                    key: "q".into(),
+                    text: format!("Question {i}?"),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+            .into_inner()
+            .task
+            .expect("task");
+        assert_eq!(task.state, pb::TaskState::WaitingInput as i32);
+        asked.push(format!("Question {i}?"));
+    }
+    let client = http();
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page: Value = client
+            .get(format!(
+                "{base}/api/questions?owner=api:pat&page_size=2&page_token={token}"
+            ))
+            .send()
+            .await
+            .expect("a page")
+            .json()
+            .await
+            .expect("json");
+        let questions = page["questions"].as_array().expect("questions");
+        assert!(questions.len() <= 2, "{page}");
+        seen.extend(
+            questions
+                .iter()
+                .map(|q| q["text"].as_str().unwrap_or_default().to_owned()),
+        );
+        pages += 1;
+        token = page["next_page_token"]
+            .as_str()
+            .expect("a token")
+            .to_owned();
+        if token.is_empty() {
+            break;
+        }
+        assert!(pages < 5, "the pages end");
+    }
+    assert_eq!(seen, asked, "every question once, oldest first");
+    assert_eq!(pages, 3);
+    tc.stop().await;
+}

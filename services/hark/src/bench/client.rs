@@ -252,6 +252,8 @@ struct Marks {
     resumed: Vec<(String, f64)>,
     suspend_s: f64,
     resume_s: f64,
+    /// The first page of each way to see the waiting tasks, p50 in milliseconds.
+    pages: Vec<(&'static str, f64)>,
 }
 
 impl Marks {
@@ -264,6 +266,7 @@ impl Marks {
             resumed: Vec::new(),
             suspend_s: 0.0,
             resume_s: 0.0,
+            pages: Vec::new(),
         }
     }
 
@@ -376,6 +379,23 @@ pub async fn w2(
         ),
     ];
     rows.extend(w2::memory_rows(&name, &idle, &waiting, n));
+    for (what, p50) in &marks.pages {
+        rows.push((
+            name.clone(),
+            format!("{what}, with {n} waiting (p50)"),
+            format!("{p50:.2} ms"),
+        ));
+    }
+    if let Some(obj) = json.as_object_mut()
+        && !marks.pages.is_empty()
+    {
+        let pages: serde_json::Map<String, Value> = marks
+            .pages
+            .iter()
+            .map(|(what, p50)| ((*what).to_owned(), json!(p50)))
+            .collect();
+        obj.insert("first_page_p50_ms".into(), Value::Object(pages));
+    }
     if let Some(limits) = limits
         && let Some(obj) = json.as_object_mut()
     {
@@ -453,6 +473,7 @@ async fn w2_rust(
     drop(watch);
     let ids = creator.await??;
     marks.waiting(bench).await;
+    marks.pages = first_pages(bench, owner).await?;
 
     // Resume: answer all N, each no sooner than the think time after it was seen, each answer
     // waiting for its task's end.
@@ -475,6 +496,74 @@ async fn w2_rust(
     marks.resume_s = t1.elapsed().as_secs_f64();
     marks.resumed(bench);
     Ok(marks)
+}
+
+/// How long the first page of the waiting tasks takes, the p50 of 20 tries each, while `owner`
+/// has every task of the run waiting: `ListQuestions` (50 a page), opening a `WatchTasks` stream
+/// of them (its headers back), and the console's inbox (`GET /api/questions`).
+async fn first_pages(bench: &Bench, owner: &str) -> anyhow::Result<Vec<(&'static str, f64)>> {
+    const TRIES: usize = 20;
+    let mut api = bench.api.clone();
+    let mut list = Vec::with_capacity(TRIES);
+    let mut watch = Vec::with_capacity(TRIES);
+    for _ in 0..TRIES {
+        let t = Instant::now();
+        let page = api
+            .list_questions(pb::ListQuestionsRequest {
+                owner: owner.to_owned(),
+                page_size: 50,
+                ..Default::default()
+            })
+            .await
+            .context("ListQuestions failed")?
+            .into_inner();
+        list.push(t.elapsed());
+        anyhow::ensure!(
+            !page.questions.is_empty(),
+            "ListQuestions found no question of {owner}"
+        );
+        let t = Instant::now();
+        let stream = api
+            .watch_tasks(pb::WatchTasksRequest {
+                owner: owner.to_owned(),
+                states: vec![pb::TaskState::WaitingInput as i32],
+                ..Default::default()
+            })
+            .await
+            .context("WatchTasks failed")?;
+        watch.push(t.elapsed());
+        drop(stream);
+    }
+    let p50 = |samples: &mut Vec<Duration>| super::ms(summary_p50(samples));
+    let mut pages = vec![
+        ("ListQuestions, first page of 50", p50(&mut list)),
+        ("WatchTasks opened", p50(&mut watch)),
+    ];
+    let console = &bench.config.control.http_listen;
+    if !console.is_empty() {
+        hark_core::install_crypto();
+        let http = reqwest::Client::new();
+        let url = format!("http://{console}/api/questions?owner={owner}");
+        let mut inbox = Vec::with_capacity(TRIES);
+        for _ in 0..TRIES {
+            let t = Instant::now();
+            let got = http.get(&url).send().await.context("the console's inbox")?;
+            anyhow::ensure!(
+                got.status().is_success(),
+                "the console's inbox answered {}",
+                got.status()
+            );
+            got.bytes().await?;
+            inbox.push(t.elapsed());
+        }
+        pages.push(("console inbox, first page", p50(&mut inbox)));
+    }
+    Ok(pages)
+}
+
+fn summary_p50(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    super::percentile(samples, 50.0)
 }
 
 /// `bench/python/client.py`, running one workload against this bench's task-control: the JSON

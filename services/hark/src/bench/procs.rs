@@ -47,8 +47,8 @@ impl Processes {
                 config.control.grpc_listen.to_string(),
             ),
             ("HARK_GATEWAY__LISTEN", config.gateway.listen.to_string()),
-            // No web console: nothing watches it, and its port may be taken.
-            ("HARK_CONTROL__HTTP_LISTEN", String::new()),
+            // The web console on a port of its own choosing: the bench times its inbox.
+            ("HARK_CONTROL__HTTP_LISTEN", "127.0.0.1:0".to_owned()),
             (
                 "HARK_GATEWAY__ONEBOT__ACCESS_TOKEN",
                 config.gateway.onebot.access_token.expose().to_owned(),
@@ -105,6 +105,7 @@ impl Processes {
             |role: &str, index: usize| observing.map(|o| o.env(role, index)).unwrap_or_default();
         let mut procs = vec![start(vec!["control".into()], observed("control", 0))?];
         config.control.grpc_listen = bound(&addr_file, "control.grpc_listen").await?;
+        config.control.http_listen = bound(&addr_file, "control.http_listen").await?.to_string();
         // task-control migrates and creates the streams; the others start once it answers.
         connect_api(config).await?;
         procs.push(start(vec!["gateway".into()], observed("gateway", 0))?);

@@ -73,6 +73,7 @@ const app = {
   lang: "en",
   token: sessionStorage.getItem("hark.token") || "",
   questions: new Map(),
+  questionsNext: "",
   tasks: [],
   filter: { state: "", owner: "", chat: "" },
   detail: null,
@@ -255,9 +256,18 @@ function inChat(task) {
   return want === `${task.chat.platform}:${task.chat.stream}` || want === task.chat.stream;
 }
 
+// The inbox's first page; more on demand. Questions asked later come in as events.
 async function loadQuestions() {
   const data = await api("/questions");
   app.questions = new Map(data.questions.map((q) => [q.id, q]));
+  app.questionsNext = data.next_page_token;
+}
+
+async function moreQuestions() {
+  const data = await api("/questions?" + new URLSearchParams({ page_token: app.questionsNext }));
+  for (const q of data.questions) app.questions.set(q.id, q);
+  app.questionsNext = data.next_page_token;
+  render();
 }
 
 async function loadTasks() {
@@ -307,7 +317,8 @@ function route() {
 
 function renderNav() {
   const { view } = route();
-  const count = app.questions.size;
+  // With more pages to load, the count is at least this.
+  const count = app.questions.size ? app.questions.size + (app.questionsNext ? "+" : "") : 0;
   const nav = document.getElementById("nav");
   nav.replaceChildren(
     h("a", { href: "#/inbox", class: view === "inbox" ? "on" : "" }, t("inbox"), count ? h("span", { class: "badge", "data-count": count }, count) : null),
@@ -371,6 +382,7 @@ function inboxView() {
     h("h1", {}, t("inbox")),
     questions.length ? null : h("p", { class: "muted empty" }, t("no_questions")),
     h("div", { class: "inbox" }, questions.map(questionCard)),
+    app.questionsNext ? h("button", { type: "button", class: "more", onclick: moreQuestions }, t("more")) : null,
   );
 }
 

@@ -232,7 +232,9 @@ impl Store {
             sql_outcome!(open),
             " AND reminded_at IS NULL AND deadline IS NOT NULL
                    AND stream IS NOT NULL AND deadline > now()
-                   AND deadline - $1 * interval '1 millisecond' <= now()
+                   -- A range of the open deadlines' index: the tick reads the questions due a
+                   -- reminder, not every question that waits.
+                   AND deadline <= now() + $1 * interval '1 millisecond'
                    AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = q.task_id AND t.state = $3)
                  ORDER BY deadline LIMIT $2
                  FOR UPDATE SKIP LOCKED)

@@ -212,28 +212,44 @@ impl Store {
         Ok(fixed)
     }
 
+    /// A page of questions in id order (the order they were asked in). Each combination of
+    /// filters is a statement of its own, so that every plan, generic ones included, reads a
+    /// range of the index that fits it (`questions_open_by_owner_id`, `questions_open_by_id`)
+    /// from the cursor on, however many questions wait.
     pub async fn list_questions(&self, filter: &QuestionFilter) -> Result<Vec<QuestionRow>, Error> {
-        Ok(sqlx::query_as::<_, QuestionRow>(concat!(
-            "SELECT ",
-            question_columns!(),
-            " FROM questions
-             WHERE ($1::text IS NULL OR owner = $1)
-               AND ($2::text IS NULL OR platform = $2)
-               AND ($3::text IS NULL OR stream = $3)
-               AND ($4 OR outcome = ",
-            sql_outcome!(open),
-            ")
-               AND ($5::uuid IS NULL OR id > $5)
-             ORDER BY id LIMIT $6"
-        ))
-        .bind(filter.owner.as_ref().map(Owner::as_str))
-        .bind(filter.platform.as_deref())
-        .bind(filter.stream.as_deref())
-        .bind(filter.include_closed)
-        .bind(filter.after.map(|q| q.as_uuid()))
-        .bind(filter.limit.clamp(1, 500))
-        .fetch_all(&self.pool)
-        .await?)
+        macro_rules! listed {
+            ($owner:literal, $open:expr) => {
+                concat!(
+                    "SELECT ",
+                    question_columns!(),
+                    " FROM questions
+                     WHERE ",
+                    $owner,
+                    $open,
+                    " AND ($2::text IS NULL OR platform = $2)
+                       AND ($3::text IS NULL OR stream = $3)
+                       AND id > coalesce($4::uuid, '00000000-0000-0000-0000-000000000000'::uuid)
+                     ORDER BY id LIMIT $5"
+                )
+            };
+        }
+        let sql = match (filter.owner.is_some(), filter.include_closed) {
+            (true, false) => listed!("owner = $1", concat!(" AND outcome = ", sql_outcome!(open))),
+            (true, true) => listed!("owner = $1", ""),
+            (false, false) => listed!(
+                "$1::text IS NULL",
+                concat!(" AND outcome = ", sql_outcome!(open))
+            ),
+            (false, true) => listed!("$1::text IS NULL", ""),
+        };
+        Ok(sqlx::query_as::<_, QuestionRow>(sql)
+            .bind(filter.owner.as_ref().map(Owner::as_str))
+            .bind(filter.platform.as_deref())
+            .bind(filter.stream.as_deref())
+            .bind(filter.after.map(|q| q.as_uuid()))
+            .bind(filter.limit.clamp(1, 500))
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// The open question of a task, if it waits for one.

@@ -215,10 +215,13 @@ impl Store {
     /// A page of questions in id order (the order they were asked in). Each combination of
     /// filters is a statement of its own, so that every plan, generic ones included, reads a
     /// range of the index that fits it (`questions_open_by_owner_id`, `questions_open_by_id`)
-    /// from the cursor on, however many questions wait.
+    /// from the cursor on, however many questions wait. One owner's are ordered by `owner, id`
+    /// (the same order, since the owner is fixed), which only their own index gives without a
+    /// sort: read in id order of all, they would first pass every question answered since the
+    /// last vacuum.
     pub async fn list_questions(&self, filter: &QuestionFilter) -> Result<Vec<QuestionRow>, Error> {
         macro_rules! listed {
-            ($owner:literal, $open:expr) => {
+            ($owner:literal, $open:expr, $order:literal) => {
                 concat!(
                     "SELECT ",
                     question_columns!(),
@@ -229,18 +232,25 @@ impl Store {
                     " AND ($2::text IS NULL OR platform = $2)
                        AND ($3::text IS NULL OR stream = $3)
                        AND id > coalesce($4::uuid, '00000000-0000-0000-0000-000000000000'::uuid)
-                     ORDER BY id LIMIT $5"
+                     ORDER BY ",
+                    $order,
+                    " LIMIT $5"
                 )
             };
         }
         let sql = match (filter.owner.is_some(), filter.include_closed) {
-            (true, false) => listed!("owner = $1", concat!(" AND outcome = ", sql_outcome!(open))),
-            (true, true) => listed!("owner = $1", ""),
+            (true, false) => listed!(
+                "owner = $1",
+                concat!(" AND outcome = ", sql_outcome!(open)),
+                "owner, id"
+            ),
+            (true, true) => listed!("owner = $1", "", "owner, id"),
             (false, false) => listed!(
                 "$1::text IS NULL",
-                concat!(" AND outcome = ", sql_outcome!(open))
+                concat!(" AND outcome = ", sql_outcome!(open)),
+                "id"
             ),
-            (false, true) => listed!("$1::text IS NULL", ""),
+            (false, true) => listed!("$1::text IS NULL", "", "id"),
         };
         Ok(sqlx::query_as::<_, QuestionRow>(sql)
             .bind(filter.owner.as_ref().map(Owner::as_str))

@@ -350,12 +350,13 @@ impl Names {
             .collect()
     }
 
-    /// The name task-control's consumer of `CHAT_IN` partition `stream` reports its liveness
-    /// by: `chat_in`, then `chat_in_1` … (its dead letters are all of source `chat_in`).
-    pub fn chat_in_consumer_name(&self, stream: &str) -> String {
-        match stream.rsplit_once("_CHAT_IN_") {
-            Some((_, p)) => format!("chat_in_{p}"),
-            None => "chat_in".to_owned(),
+    /// The name task-control's consumer of `CHAT_IN` partition `p` (its place in
+    /// [`Names::chat_in_partitions`]) reports its liveness by: `chat_in`, then `chat_in_1` … (its
+    /// dead letters are all of source `chat_in`).
+    pub fn chat_in_consumer_name(p: usize) -> String {
+        match p {
+            0 => "chat_in".to_owned(),
+            p => format!("chat_in_{p}"),
         }
     }
 

@@ -334,7 +334,8 @@ async fn chat_messages_split_over_partitions_keep_each_chat_in_one_and_in_order(
     assert_eq!(
         partitions
             .iter()
-            .map(|(stream, _)| bus.names.chat_in_consumer_name(stream))
+            .enumerate()
+            .map(|(p, _)| Names::chat_in_consumer_name(p))
             .collect::<Vec<_>>(),
         ["chat_in", "chat_in_1", "chat_in_2", "chat_in_3"]
     );

@@ -528,8 +528,9 @@ async fn consume_chat(shared: Shared, shutdown: CancellationToken) {
         .names
         .chat_in_partitions()
         .into_iter()
-        .map(|(stream, _)| {
-            let name = shared.names.chat_in_consumer_name(&stream);
+        .enumerate()
+        .map(|(p, (stream, _))| {
+            let name = Names::chat_in_consumer_name(p);
             run_consumer(shared.clone(), shutdown.clone(), stream, name, "chat_in")
         });
     futures_util::future::join_all(loops).await;

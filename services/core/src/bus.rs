@@ -11,7 +11,7 @@
 //! | `CHAT_OUT`   | `<ns>.chat.out.<platform>.<bot>`  | work queue | `gateway_<platform>_<bot>`          |
 //! | `CHAT_RECEIPT` | `<ns>.chat.receipt`             | work queue | `control`                           |
 //! | `TASK_RUN`   | `<ns>.task.run`                   | work queue | `workers` (all workers)             |
-//! | `TASK_EVENTS`| `<ns>.task.event.<task id>`       | limits, memory, 1 h | watchers (best effort)    |
+//! | `TASK_EVENTS`| `<ns>.task.events`                | limits, memory, 1 h | watchers (best effort)    |
 //! | `DEAD`       | `<ns>.dead.<source>`              | limits, 30 d | `hark health` reads it            |
 //!
 //! Core NATS (no stream): `<ns>.task.cancel.<task id>` and `<ns>.control.<op>` (request/reply in
@@ -457,12 +457,13 @@ impl Names {
             .collect()
     }
 
-    pub fn task_event(&self, task: TaskId) -> String {
-        format!("{}.task.event.{task}", self.ns)
-    }
-
-    pub fn task_events_all(&self) -> String {
-        format!("{}.task.event.>", self.ns)
+    /// Where every task's events go, one subject for all: the event names its task. A subject
+    /// per task would make the memory stream slow down as it fills. When it drops a subject's
+    /// oldest message, nats-server looks for that subject's next one sequence by sequence, and
+    /// a waiting task's next event is as many sequences away as there are tasks
+    /// (`BENCHMARKS.md`, "Task events at their cap").
+    pub fn task_events(&self) -> String {
+        format!("{}.task.events", self.ns)
     }
 
     pub fn task_cancel(&self, task: TaskId) -> String {
@@ -623,12 +624,11 @@ impl Names {
             // Task events are published best effort (the task row is the truth), so they live in
             // memory, for an hour.
             stream::Config {
-                max_messages_per_subject: 100,
                 max_bytes: 256 * 1024 * 1024,
                 storage: StorageType::Memory,
                 ..base(
                     self.task_events_stream(),
-                    vec![self.task_events_all()],
+                    vec![self.task_events()],
                     RetentionPolicy::Limits,
                     Duration::from_secs(3600),
                 )
@@ -957,7 +957,7 @@ mod tests {
         assert_eq!(names.control_op_of("hark.control.claim.more"), None);
         let task = TaskId::new();
         assert_eq!(names.task_of_cancel(&names.task_cancel(task)), Some(task));
-        assert_eq!(names.task_of_cancel(&names.task_event(task)), None);
+        assert_eq!(names.task_of_cancel(&names.task_events()), None);
         assert_eq!(
             names.dead_letter_source(&names.dead_letter("chat_in")),
             Some("chat_in")
@@ -978,7 +978,7 @@ mod tests {
             n.chat_out("qq", "42").expect("subject"),
             n.chat_receipt(),
             n.task_run(),
-            n.task_event(task),
+            n.task_events(),
             n.task_cancel(task),
             n.control(ControlOp::Claim),
             n.control_queue_group(),

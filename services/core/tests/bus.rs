@@ -85,6 +85,57 @@ async fn ensure_creates_every_stream_and_can_run_again() {
 }
 
 #[tokio::test]
+async fn a_task_event_stream_of_one_subject_per_task_moves_to_the_one_subject_in_place() {
+    let bus = TestBus::start().await;
+    let config = bus
+        .names
+        .stream_configs()
+        .into_iter()
+        .find(|c| c.name == bus.names.task_events_stream())
+        .expect("a task event stream is configured");
+    // As an earlier hark made it.
+    let old_subjects = format!("{}.task.event.>", bus.names.namespace());
+    let old = jetstream::stream::Config {
+        subjects: vec![old_subjects.clone()],
+        max_messages_per_subject: 100,
+        ..config.clone()
+    };
+    bus.js
+        .update_stream(old)
+        .await
+        .expect("the stream takes the old subjects");
+    let mut stream = bus.js.get_stream(&config.name).await.expect("stream");
+    let before = stream.info().await.expect("info").clone();
+    bus.js
+        .publish(
+            format!("{}.task.event.{}", bus.names.namespace(), TaskId::new()),
+            "old".into(),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("an event of the old subject is kept");
+
+    bus::ensure(&bus.js, &bus.names).await.expect("ensure");
+    let after = stream.info().await.expect("info").clone();
+    assert_eq!(after.config.subjects, vec![bus.names.task_events()]);
+    assert_eq!(after.config.max_messages_per_subject, -1);
+    assert_eq!(
+        after.created, before.created,
+        "the stream is the same, so resume tokens taken before still read"
+    );
+    let ack = bus
+        .js
+        .publish(bus.names.task_events(), "new".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("an event of the one subject is kept");
+    assert_eq!(ack.sequence, after.state.last_sequence + 1);
+    bus.stop().await;
+}
+
+#[tokio::test]
 async fn two_namespaces_on_one_server_never_see_each_others_jobs() {
     let a = TestBus::start().await;
     let b = TestBus::start().await;

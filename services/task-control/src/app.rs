@@ -212,7 +212,7 @@ impl App {
         tracker.spawn(consume_receipts(shared.clone(), shutdown.clone()));
         tracker.spawn(shared.watchers.clone().run(
             shared.nats.clone(),
-            shared.names.task_events_all(),
+            shared.names.task_events(),
             shutdown.clone(),
         ));
         tracker.spawn(shared.watchers.clone().feed(
@@ -380,11 +380,7 @@ async fn relay(
 ) {
     let acknowledged: handoff::Delivered = Default::default();
     let mut flush = tokio::time::interval(Duration::from_millis(50));
-    let events_prefix = shared
-        .names
-        .task_events_all()
-        .trim_end_matches('>')
-        .to_owned();
+    let events = shared.names.task_events();
     loop {
         let batch = tokio::select! {
             batch = committed.recv() => batch,
@@ -405,7 +401,7 @@ async fn relay(
                 // A task event reaches this process's watchers at once, without the trip
                 // through NATS; the copy that comes back is recognised by its generation.
                 if shared.watchers.count() > 0
-                    && message.subject.starts_with(&events_prefix)
+                    && message.subject == events
                     && let Ok(event) = codec::decode::<pb::TaskEvent>(&message.payload)
                 {
                     shared.watchers.dispatch(event);

@@ -97,7 +97,7 @@ impl Effects {
         self.metrics
             .moved(row.platform.as_deref(), row.state, cause);
         OutboxMessage {
-            subject: self.names.task_event(row.id),
+            subject: self.names.task_events(),
             msg_id: Names::task_event_msg_id(row.id, row.generation as u64),
             payload: codec::encode(crate::convert::event(row, cause, question)),
             durable: false,

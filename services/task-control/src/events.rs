@@ -268,7 +268,7 @@ pub async fn watch_many(
             } else {
                 let consumer = stream
                     .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                        filter_subject: shared.names.task_events_all(),
+                        filter_subject: shared.names.task_events(),
                         deliver_policy: DeliverPolicy::ByStartSequence {
                             start_sequence: next,
                         },

@@ -392,7 +392,7 @@ impl Watchers {
             };
             let messages = match stream
                 .create_consumer(OrderedConfig {
-                    filter_subject: names.task_events_all(),
+                    filter_subject: names.task_events(),
                     deliver_policy,
                     ..Default::default()
                 })

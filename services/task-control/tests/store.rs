@@ -366,13 +366,13 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
     }
     let events: Vec<i32> = handed
         .iter()
-        .filter(|m| m.subject == store.names().task_event(task.id))
+        .filter(|m| m.subject == store.names().task_events())
         .map(|m| {
             assert!(!m.durable);
-            codec::decode::<pb::TaskEvent>(&m.payload)
-                .expect("event")
-                .state
+            codec::decode::<pb::TaskEvent>(&m.payload).expect("event")
         })
+        .filter(|e| e.task_id == task.id.to_string())
+        .map(|e| e.state)
         .collect();
     assert_eq!(
         events,
@@ -386,7 +386,7 @@ async fn a_completed_task_is_audited_announced_and_its_result_queued_for_the_cha
     assert!(
         outbox
             .iter()
-            .all(|e| e.subject != store.names().task_event(task.id)),
+            .all(|e| e.subject != store.names().task_events()),
         "events are not kept in the outbox"
     );
     assert_eq!(

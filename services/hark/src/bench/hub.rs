@@ -31,7 +31,7 @@ struct EventState {
 
 impl EventHub {
     pub async fn start(nats: &async_nats::Client, names: &Names) -> anyhow::Result<Self> {
-        let mut events = nats.subscribe(names.task_events_all()).await?;
+        let mut events = nats.subscribe(names.task_events()).await?;
         let hub = Self::default();
         hub.lock().track_tasks = true;
         let h = hub.clone();

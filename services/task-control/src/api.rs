@@ -875,7 +875,6 @@ impl TaskService for Api {
     }
 
     #[tracing::instrument(skip_all)]
-    #[tracing::instrument(skip_all)]
     async fn delegate_question(
         &self,
         request: Request<pb::DelegateQuestionRequest>,

@@ -1293,3 +1293,111 @@ async fn a_task_created_with_a_deadline_ends_by_its_own_policy_and_a_bad_deadlin
     assert_eq!(questions[0].outcome, pb::QuestionOutcome::Cancelled as i32);
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn an_owner_the_statistics_have_not_seen_gets_a_page_by_reading_one_page() {
+    let tc = TestControl::start_with(|c| c.task.max_active_per_owner = 5_000).await;
+    let api = tc.client().await;
+    let questionnaire = |owner: &str, i: usize| pb::CreateTaskRequest {
+        owner: owner.into(),
+        questionnaire: vec![pb::FormQuestion {
+            key: "q".into(),
+            text: format!("Question {i}?"),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let create_all = |owners: Vec<String>, n: usize| {
+        let api = api.clone();
+        futures_util::stream::iter(
+            owners
+                .into_iter()
+                .flat_map(move |o| (0..n).map(move |i| (o.clone(), i))),
+        )
+        .map(move |(owner, i)| {
+            let mut api = api.clone();
+            let request = questionnaire(&owner, i);
+            async move { api.create_task(request).await.expect("created") }
+        })
+        .buffer_unordered(32)
+        .count()
+    };
+    // Statistics taken while 200 owners had 10 questions each waiting: an owner they have not
+    // seen is estimated at a row or two.
+    create_all((0..200).map(|i| format!("api:o{i}")).collect(), 10).await;
+    let pool = tc.store.pool();
+    // Neither Postgres nor task-control's upkeep may take them again during the test.
+    let mut upkeep = pool.acquire().await.expect("connection");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(hark_control::store::UPKEEP_LOCK)
+        .execute(&mut *upkeep)
+        .await
+        .expect("the upkeep lock");
+    for statement in [
+        "ALTER TABLE questions SET (autovacuum_enabled = false)",
+        "ANALYZE questions",
+    ] {
+        sqlx::query(statement).execute(pool).await.expect(statement);
+    }
+    // Then one owner has more waiting than everyone else together.
+    const WAITING: usize = 3_000;
+    create_all(vec!["api:late".into()], WAITING).await;
+
+    let mut conn = pool.acquire().await.expect("connection");
+    let flush = "SELECT pg_stat_force_next_flush()";
+    let read = "SELECT idx_tup_read FROM pg_stat_user_indexes
+                WHERE indexrelname = 'questions_open_by_owner_id'";
+    sqlx::query(flush).execute(&mut *conn).await.expect("flush");
+    let before: i64 = sqlx::query_scalar(read)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("index stats");
+    let page: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM open_questions_page('api:late', NULL, NULL, NULL, 50)")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("a page");
+    sqlx::query(flush).execute(&mut *conn).await.expect("flush");
+    let after: i64 = sqlx::query_scalar(read)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("index stats");
+    assert_eq!(page.len(), 50);
+    assert!(
+        page.windows(2).all(|w| w[0] < w[1]),
+        "the page is in id order"
+    );
+    assert!(
+        after - before <= 51,
+        "a page of 50 read {} index entries of the {WAITING} the owner has waiting",
+        after - before
+    );
+
+    // The same page through the API, and the next one from its token.
+    let mut api = tc.client().await;
+    let first = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "api:late".into(),
+            page_size: 50,
+            ..Default::default()
+        })
+        .await
+        .expect("first page")
+        .into_inner();
+    let ids: Vec<String> = first.questions.iter().map(|q| q.id.clone()).collect();
+    let want: Vec<String> = page.iter().map(|id| id.to_string()).collect();
+    assert_eq!(ids, want);
+    let second = api
+        .list_questions(pb::ListQuestionsRequest {
+            owner: "api:late".into(),
+            page_size: 50,
+            page_token: first.next_page_token,
+            ..Default::default()
+        })
+        .await
+        .expect("second page")
+        .into_inner();
+    assert_eq!(second.questions.len(), 50);
+    assert!(second.questions[0].id > ids[49]);
+    tc.stop().await;
+}

@@ -215,10 +215,9 @@ impl Store {
     /// A page of questions in id order (the order they were asked in). Each combination of
     /// filters is a statement of its own, so that every plan, generic ones included, reads a
     /// range of the index that fits it (`questions_open_by_owner_id`, `questions_open_by_id`)
-    /// from the cursor on, however many questions wait. One owner's are ordered by `owner, id`
-    /// (the same order, since the owner is fixed), which only their own index gives without a
-    /// sort: read in id order of all, they would first pass every question answered since the
-    /// last vacuum.
+    /// from the cursor on, however many questions wait. One owner's open ones come from the
+    /// function `open_questions_page`, which walks their index in order even when the
+    /// statistics have not seen the owner yet (see its migration).
     pub async fn list_questions(&self, filter: &QuestionFilter) -> Result<Vec<QuestionRow>, Error> {
         macro_rules! listed {
             ($owner:literal, $open:expr, $order:literal) => {
@@ -239,10 +238,11 @@ impl Store {
             };
         }
         let sql = match (filter.owner.is_some(), filter.include_closed) {
-            (true, false) => listed!(
-                "owner = $1",
-                concat!(" AND outcome = ", sql_outcome!(open)),
-                "owner, id"
+            // Planned inside the function, which allows only the walk of the owner's index.
+            (true, false) => concat!(
+                "SELECT ",
+                question_columns!(),
+                " FROM open_questions_page($1, $2, $3, $4, $5)"
             ),
             (true, true) => listed!("owner = $1", "", "owner, id"),
             (false, false) => listed!(

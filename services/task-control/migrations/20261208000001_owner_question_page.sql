@@ -5,17 +5,21 @@
 -- statistics say, so this function allows no other plan.
 CREATE FUNCTION open_questions_page(p_owner text, p_platform text, p_stream text, p_after uuid, p_limit bigint)
 RETURNS SETOF questions
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_bitmapscan = off
 SET enable_sort = off
 AS $$
+BEGIN
+    -- PL/pgSQL keeps the plan for the session, where an SQL function would plan every call.
+    RETURN QUERY
     SELECT * FROM questions
     WHERE owner = p_owner AND outcome = 'open'
       AND (p_platform IS NULL OR platform = p_platform)
       AND (p_stream IS NULL OR stream = p_stream)
       AND id > coalesce(p_after, '00000000-0000-0000-0000-000000000000'::uuid)
     ORDER BY owner, id
-    LIMIT p_limit
+    LIMIT p_limit;
+END
 $$;
 
 -- The owner's open questions by when they were asked: no statement reads them so any more (a

@@ -68,8 +68,8 @@ impl Run {
                         Ok(info) => match info.cluster.as_ref() {
                             Some(cluster) => {
                                 let led = cluster.leader.as_deref().is_some_and(|l| !l.is_empty());
-                                // Task events live in memory and are best effort: a copy of
-                                // them may stay a message behind, and only their leader counts.
+                                // Task events are best effort: a copy of them may stay a
+                                // message behind, and only their leader counts.
                                 let copies = config.name == self.env.names.task_events_stream()
                                     || (cluster.replicas.len() == 2
                                         && cluster

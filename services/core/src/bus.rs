@@ -11,7 +11,7 @@
 //! | `CHAT_OUT`   | `<ns>.chat.out.<platform>.<bot>`  | work queue | `gateway_<platform>_<bot>`          |
 //! | `CHAT_RECEIPT` | `<ns>.chat.receipt`             | work queue | `control`                           |
 //! | `TASK_RUN`   | `<ns>.task.run`                   | work queue | `workers` (all workers)             |
-//! | `TASK_EVENTS`| `<ns>.task.events`                | limits, memory, 1 h | watchers (best effort)    |
+//! | `TASK_EVENTS`| `<ns>.task.events`                | limits, 1 h, memory (file when replicated) | watchers (best effort) |
 //! | `DEAD`       | `<ns>.dead.<source>`              | limits, 30 d | `hark health` reads it            |
 //!
 //! Core NATS (no stream): `<ns>.task.cancel.<task id>` and `<ns>.control.<op>` (request/reply in
@@ -621,11 +621,18 @@ impl Names {
                 RetentionPolicy::WorkQueue,
                 7 * day,
             ),
-            // Task events are published best effort (the task row is the truth), so they live in
-            // memory, for an hour.
+            // Task events are published best effort (the task row is the truth), so they live
+            // for an hour, in memory on one server. Copies on a cluster are kept on file:
+            // nats-server 2.9 can leave a replicated memory stream without a leader for minutes
+            // after a peer restarts (nats-server#3712), and a file stream's peers keep their raft
+            // state across a restart.
             stream::Config {
                 max_bytes: 256 * 1024 * 1024,
-                storage: StorageType::Memory,
+                storage: if self.replication.replicas > 1 {
+                    StorageType::File
+                } else {
+                    StorageType::Memory
+                },
                 ..base(
                     self.task_events_stream(),
                     vec![self.task_events()],
@@ -992,6 +999,27 @@ mod tests {
                 assert!(subject.starts_with("blue."), "{subject}");
             }
         }
+    }
+
+    #[test]
+    fn task_events_live_in_memory_alone_and_on_file_when_replicated() {
+        let storage = |replicas| {
+            let mut n = names("hark");
+            n.replication.replicas = replicas;
+            let events = n.task_events_stream();
+            let configs = n.stream_configs();
+            let config = configs.iter().find(|c| c.name == events).expect("events");
+            assert_eq!(config.num_replicas, replicas);
+            assert!(
+                configs
+                    .iter()
+                    .filter(|c| c.name != events)
+                    .all(|c| c.storage == StorageType::File)
+            );
+            config.storage
+        };
+        assert_eq!(storage(1), StorageType::Memory);
+        assert_eq!(storage(3), StorageType::File);
     }
 
     #[test]

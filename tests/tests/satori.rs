@@ -101,6 +101,18 @@ impl Server {
         .await;
     }
 
+    /// A press of the button `id` in `channel`, as the platform posts it.
+    async fn press(&mut self, user: &str, channel: (&str, u8), id: &str) {
+        self.command(json!({"event": {
+            "type": "interaction/button",
+            "login": {"platform": "qq", "user": {"id": "42"}, "status": 1, "sn": 0},
+            "channel": {"id": channel.0, "type": channel.1},
+            "user": {"id": user, "name": format!("member {user}")},
+            "button": {"id": id},
+        }}))
+        .await;
+    }
+
     /// Waits for a message hark sends whose content matches; returns (channel, content, id).
     async fn expect(
         &mut self,
@@ -277,6 +289,113 @@ async fn hark_speaks_through_a_satori_server_and_gets_what_it_missed_while_away(
             server.sent
         );
     }
+
+    worker.stop().await;
+    gateway.stop().await;
+    control.stop().await;
+    server.stop().await;
+    drop(llm);
+    env.cleanup().await;
+}
+
+/// The ids of the buttons in a message's content, in order.
+fn button_ids(content: &str) -> Vec<String> {
+    content
+        .split("<button ")
+        .skip(1)
+        .filter_map(|rest| rest.split("id=\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(|id| id.replace("&quot;", "\"").replace("&amp;", "&"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn choices_go_out_as_buttons_where_the_login_shows_them_and_the_owners_press_answers() {
+    let mut server = Server::start().await;
+    server
+        .command(
+            json!({"logins": [{"platform": "qq", "self_id": "42", "name": "hark bot",
+            "features": ["message.button"]}]}),
+        )
+        .await;
+    let llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
+        ),
+        Step::say("Booked {answer}."),
+    ]))
+    .await
+    .expect("scripted LLM");
+    let mut env = Env::new().await;
+    env.set("HARK_LLM__BASE_URL", &llm.base_url());
+    env.set(
+        "HARK_GATEWAY__SATORI__URL",
+        &format!("http://127.0.0.1:{}", server.port),
+    );
+    env.set("HARK_GATEWAY__SATORI__TOKEN", TOKEN);
+    let mut control = env.spawn(&["control"], &[]);
+    env.client().await;
+    let mut gateway = env.spawn(&["gateway"], &[]);
+    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+    connected(&gateway, 1).await;
+
+    server
+        .message("100", ("777", 0), "m-1", "/task new book a room")
+        .await;
+    let (channel, question, _) = server
+        .expect("the question", |c| c.contains("Which room?"))
+        .await;
+    assert_eq!(channel, "777");
+    // The text still numbers the choices, for whoever cannot press.
+    assert!(
+        question.contains("1) Blue") && question.contains("2) Green"),
+        "{question}"
+    );
+    let ids = button_ids(&question);
+    assert_eq!(ids.len(), 2, "two buttons: {question}");
+    assert!(
+        question.contains(">Blue</button>") && question.contains(">Green</button>"),
+        "{question}"
+    );
+    let handle = question
+        .split('#')
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .expect("the question names its handle");
+    assert_eq!(ids[1], format!("hark:#{handle} 2"));
+
+    // A stranger's press of Blue is inert, and so is a press of a button that is not hark's.
+    server.press("200", ("777", 0), &ids[0]).await;
+    server.press("100", ("777", 0), "vote:1").await;
+    // The owner's press of Green answers, like the reply `#handle 2`.
+    server.press("100", ("777", 0), &ids[1]).await;
+    let (_, booked, _) = server
+        .expect("the room booked", |c| c.contains("Booked"))
+        .await;
+    assert!(
+        booked.contains("Green") && !booked.contains("Blue"),
+        "{booked}"
+    );
+    // No reply of hark's quotes a press, which is no message of the platform.
+    assert!(
+        server
+            .sent
+            .iter()
+            .all(|(_, c, _)| !c.contains("<quote id=\"press-")),
+        "{:?}",
+        server.sent
+    );
+    assert_eq!(
+        server
+            .sent
+            .iter()
+            .filter(|(_, c, _)| c.contains("Booked"))
+            .count(),
+        1,
+        "{:?}",
+        server.sent
+    );
 
     worker.stop().await;
     gateway.stop().await;

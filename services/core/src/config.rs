@@ -294,6 +294,11 @@ pub struct SatoriConfig {
     /// The server's token, sent in IDENTIFY and as `Authorization: Bearer`. Required for a
     /// server beyond loopback.
     pub token: Secret,
+    /// Satori platforms whose logins show a question's choices as buttons, e.g.
+    /// `["discord", "telegram"]`, besides every login whose `features` list `message.button`.
+    /// Servers differ in whether their logins announce buttons, so a platform may be named here.
+    /// A press answers like the reply of the choice's number.
+    pub buttons: Vec<String>,
 }
 
 /// LangBot in front of the chat: its webhook posts every message to

@@ -5,7 +5,11 @@
 //!   the last event hark spooled, so that the server replays what hark missed while it was away;
 //!   READY names the server's logins, each a bot; PING every 10 s;
 //! - its API over HTTP: `message.create` (hark's messages, a quoted question as `<quote>`), and
-//!   `user.channel.create` (the direct channel of a private chat).
+//!   `user.channel.create` (the direct channel of a private chat);
+//! - buttons: where a login offers them (its `features` list `message.button`, or its platform
+//!   is in `gateway.satori.buttons`), a question's choices go out as `<button type="action">`s
+//!   too, each with the reply it stands for (`#a3f9 2`) in its id; the `interaction/button`
+//!   event of a press is read as that reply, typed by whoever pressed.
 //!
 //! A login of the Satori platform `p` is the hark platform `satori-p`, its bot the login's user
 //! id; a channel of type DIRECT is the stream `private:<user>`, any other `group:<channel>`.
@@ -35,6 +39,13 @@ const EVENT: u64 = 0;
 const PING: u64 = 1;
 const IDENTIFY: u64 = 3;
 const READY: u64 = 4;
+
+/// The feature of a login that shows buttons.
+const BUTTON_FEATURE: &str = "message.button";
+/// What starts the id of a button hark sent; a press of any other button is not hark's.
+const BUTTON_ID: &str = "hark:";
+/// What starts the message id hark gives a press, which is no message to quote.
+const PRESS_ID: &str = "press-";
 
 /// How often hark pings the server.
 const PING_EVERY: Duration = Duration::from_secs(10);
@@ -66,6 +77,10 @@ pub struct Satori {
     platforms: Mutex<HashMap<String, String>>,
     /// Direct channels by `(bot, user)`, as `user.channel.create` gave them.
     direct: Mutex<HashMap<(String, String), String>>,
+    /// The Satori platforms (lowercase) whose logins get buttons, from the configuration.
+    button_platforms: HashSet<String>,
+    /// The logins, as `(hark platform, bot)`, that get buttons.
+    buttons: Mutex<HashSet<(String, String)>>,
 }
 
 impl Satori {
@@ -81,6 +96,12 @@ impl Satori {
                 .ok(),
             platforms: Mutex::default(),
             direct: Mutex::default(),
+            button_platforms: config
+                .buttons
+                .iter()
+                .map(|p| p.trim().to_lowercase())
+                .collect(),
+            buttons: Mutex::default(),
         }
     }
 
@@ -105,7 +126,29 @@ impl Satori {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(hark.clone(), platform.to_owned());
+        // An event's login may leave its features out; only READY's logins say.
+        if let Some(features) = login["features"].as_array() {
+            let offered = features.iter().any(|f| f.as_str() == Some(BUTTON_FEATURE))
+                || self.button_platforms.contains(&platform.to_lowercase());
+            let mut buttons = self.buttons.lock().unwrap_or_else(|p| p.into_inner());
+            if offered {
+                buttons.insert((hark.clone(), self_id.clone()));
+            } else {
+                buttons.remove(&(hark.clone(), self_id.clone()));
+            }
+        }
         Some((hark, self_id))
+    }
+
+    /// Whether the bot `bot` of the hark platform `hark` shows buttons.
+    fn shows_buttons(&self, hark: &str, bot: &str) -> bool {
+        self.buttons
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(hark.to_owned(), bot.to_owned()))
+            || self
+                .button_platforms
+                .contains(&self.satori_platform(hark).to_lowercase())
     }
 
     fn satori_platform(&self, hark: &str) -> String {
@@ -208,9 +251,17 @@ impl Platform for Satori {
 
     fn normalise(&self, event: &Value) -> Result<Inbound<String>, String> {
         let kind = event["type"].as_str().unwrap_or_default();
-        if kind != "message-created" {
-            return Ok(Inbound::Other(kind.to_owned()));
-        }
+        let press = match kind {
+            "message-created" => None,
+            "interaction/button" => match event["button"]["id"]
+                .as_str()
+                .and_then(|id| id.strip_prefix(BUTTON_ID))
+            {
+                Some(reply) => Some(reply.to_owned()),
+                None => return Ok(Inbound::Other("a press of a button not hark's".into())),
+            },
+            _ => return Ok(Inbound::Other(kind.to_owned())),
+        };
         let login = if event["login"].is_object() {
             event["login"].clone()
         } else {
@@ -239,17 +290,35 @@ impl Platform for Satori {
         stream
             .parse::<hark_core::domain::StreamId>()
             .map_err(|e| format!("the chat: {e}"))?;
-        let message_id = id_of(&event["message"]["id"]).ok_or("the message has no id")?;
+        let message_id = match &press {
+            // A press is no message; the event's number is its id, the same when replayed.
+            Some(_) => match event["sn"].as_u64().or_else(|| event["id"].as_u64()) {
+                Some(sn) if sn > 0 => format!("{PRESS_ID}{sn}"),
+                _ => format!(
+                    "{PRESS_ID}{}-{user}",
+                    event["timestamp"].as_u64().unwrap_or_default()
+                ),
+            },
+            None => id_of(&event["message"]["id"]).ok_or("the message has no id")?,
+        };
         for (name, value) in [("user id", &user), ("message id", &message_id)] {
             ids::chat_id("satori", value).map_err(|e| format!("{name}: {e}"))?;
         }
-        let content = event["message"]["content"].as_str().unwrap_or_default();
-        let read = read_content(content, &bot);
+        let content = match &press {
+            Some(reply) => escape(reply),
+            None => event["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        let read = read_content(&content, &bot);
         let mut quoted = read.quoted;
         let mut quoted_text = read.quoted_text;
         let mut quoted_sender = read.quoted_sender;
         // Satori 1.1 also gives the quoted message as an object.
-        if let Some(quote) = event["message"]["quote"].as_object() {
+        if press.is_none()
+            && let Some(quote) = event["message"]["quote"].as_object()
+        {
             if let Some(id) = quote.get("id").and_then(id_of) {
                 quoted = id;
             }
@@ -297,13 +366,24 @@ impl Platform for Satori {
                 .channel(&platform, &route.bot_id, &route.stream)
                 .await?;
             let mut content = String::new();
-            if !message.reply_to_message_id.is_empty() {
+            if !message.reply_to_message_id.is_empty()
+                && !message.reply_to_message_id.starts_with(PRESS_ID)
+            {
                 content.push_str(&format!(
                     "<quote id=\"{}\"/>",
                     escape(&message.reply_to_message_id)
                 ));
             }
             content.push_str(&escape(&message.text));
+            if self.shows_buttons(&route.platform, &route.bot_id) {
+                for button in &message.buttons {
+                    content.push_str(&format!(
+                        "<button type=\"action\" id=\"{}\">{}</button>",
+                        escape(&format!("{BUTTON_ID}{}", button.reply)),
+                        escape(&button.label)
+                    ));
+                }
+            }
             let sent = self
                 .call(
                     &platform,
@@ -699,6 +779,75 @@ mod tests {
         );
         let read = read_content("<quote id=\"9\"/>red", "42");
         assert_eq!((read.quoted.as_str(), read.text.as_str()), ("9", "red"));
+    }
+
+    #[test]
+    fn a_press_of_harks_button_is_its_reply_and_buttons_go_to_logins_that_show_them() {
+        let satori = Satori::new(
+            &SatoriConfig {
+                url: "http://127.0.0.1:5140".into(),
+                buttons: vec!["Discord".into()],
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+        );
+        let login = |platform: &str, features: Value| json!({"platform": platform, "user": {"id": "42"}, "features": features});
+        assert!(
+            satori
+                .login(&login("qq", json!(["message.button"])))
+                .is_some()
+        );
+        assert!(
+            satori
+                .login(&login("kook", json!(["message.delete"])))
+                .is_some()
+        );
+        assert!(satori.login(&login("discord", json!([]))).is_some());
+        assert!(satori.shows_buttons("satori-qq", "42"));
+        assert!(!satori.shows_buttons("satori-qq", "43"));
+        assert!(!satori.shows_buttons("satori-kook", "42"));
+        assert!(satori.shows_buttons("satori-discord", "42"));
+        // A login that stops offering them gets none; an event's login without features changes
+        // nothing.
+        satori.login(&json!({"platform": "qq", "user": {"id": "42"}}));
+        assert!(satori.shows_buttons("satori-qq", "42"));
+        satori.login(&login("qq", json!([])));
+        assert!(!satori.shows_buttons("satori-qq", "42"));
+
+        let press = |user: &str, id: &str, sn: u64| {
+            json!({"sn": sn, "type": "interaction/button", "timestamp": 1,
+                "login": {"platform": "qq", "user": {"id": "42"}},
+                "channel": {"id": "777", "type": 0}, "user": {"id": user},
+                "button": {"id": id}})
+        };
+        let Ok(Inbound::Message(m)) = satori.normalise(&press("100", "hark:#a3f9 2", 7)) else {
+            panic!("a press of hark's button is a message")
+        };
+        assert_eq!(
+            (
+                m.stream.as_str(),
+                m.text.as_str(),
+                m.message_id.as_str(),
+                m.quoted_message_id.as_str()
+            ),
+            ("group:777", "#a3f9 2", "press-7", "")
+        );
+        assert_eq!(m.sender.map(|s| s.user_id).as_deref(), Some("100"));
+        // Markup in a button's id stays text.
+        let Ok(Inbound::Message(m)) = satori.normalise(&press("100", "hark:<at id=\"1\"/>x", 8))
+        else {
+            panic!("a message")
+        };
+        assert_eq!((m.text.as_str(), m.mentions.len()), ("<at id=\"1\"/>x", 0));
+        assert!(matches!(
+            satori.normalise(&press("100", "vote:1", 9)),
+            Ok(Inbound::Other(_))
+        ));
+        assert!(
+            satori
+                .normalise(&press("42", "hark:#a3f9 1", 10))
+                .is_ok_and(|read| matches!(read, Inbound::Other(_)))
+        );
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl Effects {
         question: Option<QuestionId>,
         reply_to: Option<&str>,
     ) -> Vec<OutboxMessage> {
-        self.chat_mentioning(route, text, question, reply_to, &[])
+        self.chat_mentioning(route, text, question, reply_to, &[], Vec::new())
     }
 
     /// The chat message that asks `question`, passed on by `by`, of its new askee: in a group it
@@ -186,6 +186,7 @@ impl Effects {
             Some(question.id),
             None,
             &mentions,
+            self.buttons(&route.platform, &question.handle, &question.shape()),
         )
     }
 
@@ -215,11 +216,13 @@ impl Effects {
             &question.shape(),
         );
         let texts = self.languages.of(&route.platform);
-        self.chat(
+        self.chat_mentioning(
             &route,
             &texts.escalated_to_you(&asked, first, waited),
             Some(question.id),
             None,
+            &[],
+            self.buttons(&route.platform, &question.handle, &question.shape()),
         )
     }
 
@@ -252,6 +255,7 @@ impl Effects {
         question: Option<QuestionId>,
         reply_to: Option<&str>,
         mentions: &[String],
+        buttons: Vec<pb::ChoiceButton>,
     ) -> Vec<OutboxMessage> {
         let Ok(subject) = self.names.chat_out(&route.platform, &route.bot_id) else {
             tracing::warn!(
@@ -282,6 +286,8 @@ impl Effects {
                     reply_to_message_id: reply_to.unwrap_or_default().to_owned(),
                     question_id: question.map(|q| q.to_string()).unwrap_or_default(),
                     mentions: mentions.to_vec(),
+                    // A question is one piece, so its buttons go with it.
+                    buttons: buttons.clone(),
                     ..Default::default()
                 };
                 OutboxMessage {
@@ -308,11 +314,13 @@ impl Effects {
         shape: &Shape,
     ) -> Vec<OutboxMessage> {
         let text = self.asking(&route.platform, task, handle, text, context, shape);
-        self.chat(
+        self.chat_mentioning(
             route,
             &text,
             Some(question),
             route.origin_message_id.as_deref(),
+            &[],
+            self.buttons(&route.platform, handle, shape),
         )
     }
 
@@ -337,7 +345,18 @@ impl Effects {
             Some(question),
             route.origin_message_id.as_deref(),
             mentions,
+            self.buttons(&route.platform, handle, shape),
         )
+    }
+
+    /// The buttons of a question of `shape` in a chat on `platform`, in its language.
+    fn buttons(&self, platform: &str, handle: &str, shape: &Shape) -> Vec<pb::ChoiceButton> {
+        self.languages
+            .of(platform)
+            .buttons(handle, shape)
+            .into_iter()
+            .map(|(label, reply)| pb::ChoiceButton { label, reply })
+            .collect()
     }
 
     /// The text that asks a question in a chat on `platform`, in its language.

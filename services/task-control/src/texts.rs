@@ -144,6 +144,35 @@ impl Texts {
         out
     }
 
+    /// The answers of a question of `shape` a person may pick with one press, where the platform
+    /// shows buttons: (what the button shows, the reply it stands for). A press answers like that
+    /// reply typed in the chat, so it starts with the question's `#handle`. None for a question
+    /// whose answer is typed: text, a form, several choices.
+    pub fn buttons(&self, handle: &str, shape: &Shape) -> Vec<(String, String)> {
+        match shape {
+            Shape::Choice {
+                choices,
+                multiple: false,
+            }
+            | Shape::Approval { choices, .. } => choices
+                .iter()
+                .enumerate()
+                .map(|(i, choice)| (clip(choice, 40), format!("#{handle} {}", i + 1)))
+                .collect(),
+            Shape::Confirm => vec![
+                (
+                    pick!(self, zh: "是", en: "Yes").to_owned(),
+                    format!("#{handle} yes"),
+                ),
+                (
+                    pick!(self, zh: "否", en: "No").to_owned(),
+                    format!("#{handle} no"),
+                ),
+            ],
+            Shape::Text | Shape::Choice { .. } | Shape::Form { .. } => Vec::new(),
+        }
+    }
+
     /// What a question of `shape` accepts, and how to reply.
     pub fn how_to_answer(&self, shape: &Shape) -> String {
         use hark_core::domain::form::numbered;
@@ -982,6 +1011,49 @@ mod tests {
             ZH.passed_on("a1", "qq:200"),
             "已把 #a1 转交给 qq:200，现在由对方回答。"
         );
+    }
+
+    #[test]
+    fn a_button_stands_for_a_reply_its_question_reads_as_that_choice() {
+        use hark_core::domain::Handle;
+        let shapes = [
+            Shape::choosing(vec!["S".to_owned(), "M".to_owned()]),
+            Shape::Confirm,
+            Shape::Approval {
+                choices: vec!["批准".into(), "拒绝".into(), "本任务内都批准".into()],
+                arguments: vec![],
+            },
+        ];
+        for shape in &shapes {
+            for texts in [ZH, EN] {
+                let buttons = texts.buttons("a3f9", shape);
+                assert!(buttons.len() >= 2, "{shape:?}");
+                let mut read = Vec::new();
+                for (label, reply) in &buttons {
+                    assert!(!label.is_empty());
+                    let (handle, answer) = Handle::strip_prefix(reply).expect("a handle");
+                    assert_eq!(handle.as_str(), "a3f9");
+                    read.push(shape.read(answer).expect("the reply fits"));
+                }
+                read.dedup();
+                assert_eq!(
+                    read.len(),
+                    buttons.len(),
+                    "each button picks another answer"
+                );
+            }
+        }
+        assert_eq!(
+            ZH.buttons("a3f9", &shapes[0])[1],
+            ("M".into(), "#a3f9 2".into())
+        );
+        assert_eq!(ZH.buttons("a3f9", &Shape::Confirm)[0].0, "是");
+        let several = Shape::Choice {
+            choices: vec!["a".into(), "b".into()],
+            multiple: true,
+        };
+        assert!(EN.buttons("a3f9", &several).is_empty());
+        assert!(EN.buttons("a3f9", &Shape::Text).is_empty());
     }
 
     #[test]

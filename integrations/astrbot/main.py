@@ -10,10 +10,17 @@ sent is dropped by its id.
 hark knows an AstrBot platform instance as the platform `astrbot-<adapter>` (e.g.
 `astrbot-aiocqhttp`) and the bot `<instance id>`: list `astrbot-aiocqhttp` in hark's
 `gateway.http.platforms` and `astrbot-aiocqhttp:<instance id>` in `gateway.http.bots`.
+
+With `mcp_url` and `mcp_token` set, AstrBot's own LLM gets three tools: `ask_user` and `approve`
+ask the person it is talking with, in the chat it is talking in, through hark's MCP server, and
+wait for the answer; `get_answer` waits again for a question still open. The question is hark's:
+it outlives the tool call, AstrBot's restart and hark's, and only that person's reply answers it.
 """
 
 import asyncio
 import collections
+import hashlib
+import json
 from sys import maxsize
 from typing import Optional
 
@@ -41,6 +48,9 @@ class Hark(Star):
         self.token = str(config.get("hark_token", ""))
         self.wait_ms = int(config.get("wait_ms", 3000))
         self.pull_ms = int(config.get("pull_ms", 20000))
+        self.mcp_url = str(config.get("mcp_url", "")).strip()
+        self.mcp_token = str(config.get("mcp_token", ""))
+        self.ask_wait_s = float(config.get("ask_wait_s", 50))
         self.http: Optional[aiohttp.ClientSession] = None
         self.pollers: "dict[str, asyncio.Task]" = {}
         self.sent: "collections.OrderedDict[str, None]" = collections.OrderedDict()
@@ -201,6 +211,133 @@ class Hark(Star):
                     logger.warning(f"hark refused an acknowledgement: {await response.text()}")
         except Exception as e:
             logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+
+    # AstrBot's LLM asks through hark's MCP server.
+
+    @filter.llm_tool(name="ask_user")
+    async def ask_user(self, event: AstrMessageEvent, question: str, choices: list = None):
+        """Ask the person you are talking with a question in this chat, and wait for their answer.
+        The question stays open until they answer, however long that takes and across restarts;
+        only they can answer it. If the result says the question is still open, call get_answer
+        with its question_id later instead of asking again.
+
+        Args:
+            question(string): The question, as the person will read it.
+            choices(array[string]): The answers the person picks from; leave out for a free answer.
+        """
+        arguments = {"question": question}
+        if choices:
+            arguments["choices"] = [str(c) for c in choices]
+        return await self.ask(event, "ask_user", arguments)
+
+    @filter.llm_tool(name="approve")
+    async def approve(self, event: AstrMessageEvent, action: str, details: str = ""):
+        """Ask the person you are talking with to approve an action before you take it, and wait
+        for their decision. Returns whether it was approved, and their reason.
+
+        Args:
+            action(string): What you are about to do, as the person will read it.
+            details(string): What they should know to decide.
+        """
+        arguments = {"action": action}
+        if details:
+            arguments["details"] = details
+        return await self.ask(event, "approve", arguments)
+
+    @filter.llm_tool(name="get_answer")
+    async def get_answer(self, event: AstrMessageEvent, question_id: str):
+        """Wait again for the answer to a question asked before with ask_user or approve.
+
+        Args:
+            question_id(string): The question_id the earlier call returned.
+        """
+        return await self.wait_for(question_id, None)
+
+    async def ask(self, event: AstrMessageEvent, tool: str, arguments: dict) -> str:
+        if not self.mcp_url:
+            return "hark's MCP server is not configured (mcp_url in the hark plugin's settings); nobody was asked."
+        group = event.get_group_id()
+        sender = str(event.get_sender_id())
+        arguments["owner"] = f"{hark_platform(event.get_platform_name())}:{sender}"
+        if group:
+            arguments["chat"] = f"group:{group}"
+        # The same call made again (AstrBot retried it) is the same question, not a second one.
+        asked = json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
+        arguments["request_id"] = (
+            f"astrbot:{event.get_platform_id()}:{event.message_obj.message_id}:{tool}:"
+            + hashlib.sha256(asked).hexdigest()[:16]
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ask_wait_s
+        try:
+            result = await self.call_mcp(tool, arguments)
+        except Exception as e:
+            logger.warning(f"hark's MCP server at {self.mcp_url} failed: {e!r}")
+            return f"Could not ask through hark: {e}"
+        if result.get("status") == "waiting":
+            return await self.wait_for(result["question_id"], deadline)
+        return self.read(result)
+
+    async def wait_for(self, question_id: str, deadline) -> str:
+        if not self.mcp_url:
+            return "hark's MCP server is not configured (mcp_url in the hark plugin's settings)."
+        loop = asyncio.get_running_loop()
+        deadline = deadline if deadline is not None else loop.time() + self.ask_wait_s
+        result = {"status": "waiting", "question_id": question_id}
+        while result.get("status") == "waiting":
+            left = deadline - loop.time()
+            if left < 1:
+                return (
+                    f"No answer yet; the question stays open in the chat. Call get_answer with "
+                    f'question_id "{question_id}" later; do not ask again.'
+                )
+            try:
+                result = await self.call_mcp(
+                    "get_answer", {"question_id": question_id, "wait_s": int(left)}
+                )
+            except Exception as e:
+                logger.warning(f"hark's MCP server at {self.mcp_url} failed: {e!r}")
+                return f"Could not reach hark: {e}. Call get_answer with question_id \"{question_id}\" later."
+        return self.read(result)
+
+    @staticmethod
+    def read(result: dict) -> str:
+        """What the LLM reads of a tool's result."""
+        if "approved" in result:
+            verdict = "approved" if result["approved"] else "not approved"
+            reason = result.get("reason")
+            return f"{verdict}: {reason}" if reason else verdict
+        answer = result.get("answer")
+        if isinstance(answer, dict) and "decision" in answer:
+            approved = str(answer["decision"]).startswith("approve")
+            reason = answer.get("reason")
+            verdict = "approved" if approved else "not approved"
+            return f"{verdict}: {reason}" if reason else verdict
+        if result.get("text"):
+            return result["text"]
+        if result.get("status") == "answered":
+            return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+        return f"The question was {result.get('status', 'closed')}; no answer will come."
+
+    async def call_mcp(self, tool: str, arguments: dict) -> dict:
+        """Calls one of hark's MCP tools; its structured result, with its text as `text`."""
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamablehttp_client
+
+        headers = {"Authorization": f"Bearer {self.mcp_token}"} if self.mcp_token else {}
+        # hark holds a call for up to its mcp.hold before it says "waiting".
+        async with streamablehttp_client(
+            self.mcp_url, headers=headers, timeout=self.ask_wait_s + 30
+        ) as (read, write, _):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                result = await session.call_tool(tool, arguments)
+        text = "".join(getattr(part, "text", "") for part in result.content)
+        if result.isError:
+            raise RuntimeError(text or "the tool failed")
+        out = dict(result.structuredContent or {})
+        out["text"] = text
+        return out
 
     async def terminate(self):
         for poller in self.pollers.values():

@@ -96,6 +96,17 @@ struct Peer {
 
 impl Peer {
     fn start(framework: Framework, env: &Env, gateway_port: u16, port: u16) -> Self {
+        Self::start_with(framework, env, gateway_port, port, &[])
+    }
+
+    /// With `extra` in the framework's environment.
+    fn start_with(
+        framework: Framework,
+        env: &Env,
+        gateway_port: u16,
+        port: u16,
+        extra: &[(&str, String)],
+    ) -> Self {
         let dir = std::env::temp_dir()
             .join("hark-e2e")
             .join(&env.namespace)
@@ -108,6 +119,7 @@ impl Peer {
             .expect("log file");
         let child = tokio::process::Command::new(framework.python())
             .arg(framework.script())
+            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
             // The framework reads its files from where it runs: none of the developer's.
             .current_dir(&dir)
             .env("ASTRBOT_ROOT", &dir)
@@ -173,6 +185,14 @@ impl Chat {
 
 /// hark's processes with the HTTP adapter speaking for the framework's platform.
 async fn hark(framework: Framework) -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
+    hark_with(framework, &[]).await
+}
+
+/// [`hark`], with `extra` in hark's environment.
+async fn hark_with(
+    framework: Framework,
+    extra: &[(&str, &str)],
+) -> (Env, ScriptedLlm, Vec<hark_e2e::Process>) {
     let llm = ScriptedLlm::with_default(Script::new(vec![
         Step::ask("Which colour?"),
         Step::say("Painted {answer}."),
@@ -190,6 +210,9 @@ async fn hark(framework: Framework) -> (Env, ScriptedLlm, Vec<hark_e2e::Process>
     env.set("HARK_GATEWAY__ONEBOT__ACCESS_TOKEN", "unused");
     // A pulled message the plugin never acknowledged comes back soon.
     env.set("HARK_GATEWAY__SEND_TIMEOUT", "2s");
+    for (key, value) in extra {
+        env.set(key, value);
+    }
     let control = env.spawn(&["control"], &[]);
     env.client().await;
     let gateway = env.spawn(&["gateway"], &[]);
@@ -383,6 +406,126 @@ async fn hark_in_front_of(framework: Framework) {
     for p in &mut processes {
         p.stop().await;
     }
+    drop(llm);
+    env.cleanup().await;
+}
+
+/// An operator's token for hark's MCP server, which the AstrBot plugin's tools use.
+const MCP_TOKEN: &str = "astrbot-operator-token";
+
+/// AstrBot's own LLM (an OpenAI-compatible server of the test's) calls the plugin's `ask_user`,
+/// which asks through hark's MCP server: the question comes to the owner's private chat through
+/// AstrBot, the owner's plain reply there is hark's and never reaches AstrBot's LLM (which wakes
+/// for every private message), and the LLM gets that answer back and says so in the chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_owners_answer() {
+    let framework = Framework::AstrBot;
+    let (env, llm, mut processes) = hark_with(
+        framework,
+        &[
+            ("HARK_CONTROL__API_TOKENS", MCP_TOKEN),
+            ("HARK_MCP__HOLD", "30s"),
+        ],
+    )
+    .await;
+    let astrbot_llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            serde_json::json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
+        ),
+        Step::say("Booked {answer}."),
+        Step::say("You are welcome."),
+    ]))
+    .await
+    .expect("AstrBot's scripted LLM");
+    let mcp = format!(
+        "http://{}/mcp",
+        processes[0].addr("control.http_listen").await
+    );
+    let gateway_port = env.gateway_port().await;
+    let port = free_port();
+    let mut peer = Peer::start_with(
+        framework,
+        &env,
+        gateway_port,
+        port,
+        &[
+            ("ASTRBOT_LLM_URL", astrbot_llm.base_url()),
+            ("HARK_MCP_URL", mcp),
+            ("HARK_MCP_TOKEN", MCP_TOKEN.to_owned()),
+        ],
+    );
+    let mut chat = Chat {
+        bot: peer.connect().await,
+        seen: Vec::new(),
+    };
+    let private = format!("private:{OWNER}");
+
+    // The owner's message wakes AstrBot's LLM; it asks them through hark.
+    chat.bot.private_message(OWNER, "book a room for me").await;
+    let question = chat
+        .expect("the question", |s| s.text.contains("Which room?"))
+        .await;
+    assert_eq!(question.stream, private);
+    assert!(
+        question.text.contains("1) Blue") && question.text.contains("2) Green"),
+        "{}",
+        question.text
+    );
+    assert_eq!(
+        env.sql("SELECT owner FROM tasks").await,
+        format!("{}:{OWNER}", framework.platform()),
+        "the question is the owner's"
+    );
+
+    // The owner's plain reply answers; the LLM reads the answer and goes on.
+    chat.bot.private_message(OWNER, "2").await;
+    let booked = chat
+        .expect("the LLM's answer", |s| s.text.contains("Booked"))
+        .await;
+    assert_eq!(booked.stream, private);
+    assert!(
+        booked.text.contains("Green") && !booked.text.contains("Blue"),
+        "{}",
+        booked.text
+    );
+    assert_eq!(
+        env.sql("SELECT state FROM tasks").await,
+        "completed",
+        "the question was answered"
+    );
+    // The owner's next message is the LLM's again; by its reply, every request it caused has
+    // been made, and none of them carried the answer hark took.
+    chat.bot.private_message(OWNER, "thanks").await;
+    chat.expect("the LLM's reply to thanks", |s| s.text.contains("welcome"))
+        .await;
+    // What the owner said to the LLM: the first text of each request's last user message.
+    let said: Vec<String> = astrbot_llm
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            let user = r.body["messages"]
+                .as_array()?
+                .iter()
+                .rev()
+                .find(|m| m["role"] == "user")?;
+            match &user["content"] {
+                serde_json::Value::String(text) => Some(text.clone()),
+                parts => parts[0]["text"].as_str().map(str::to_owned),
+            }
+        })
+        .collect();
+    assert_eq!(
+        said,
+        ["book a room for me", "book a room for me", "thanks"],
+        "AstrBot's LLM heard the owner's messages but not the answer hark took"
+    );
+
+    peer.kill().await;
+    for p in &mut processes {
+        p.stop().await;
+    }
+    drop(astrbot_llm);
     drop(llm);
     env.cleanup().await;
 }

@@ -195,3 +195,133 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     drop(llm);
     env.cleanup().await;
 }
+
+/// A page of the playground, reading what hark says in its user's chat.
+struct Page {
+    response: reqwest::Response,
+    pending: String,
+}
+
+impl Page {
+    async fn open(http: &reqwest::Client, base: &str, user: &str) -> Self {
+        let response = http
+            .get(format!("{base}/api/playground/stream?user={user}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("the console answers");
+        assert_eq!(response.status(), 200, "the page listens");
+        Self {
+            response,
+            pending: String::new(),
+        }
+    }
+
+    /// The next message hark says to the page.
+    async fn next(&mut self) -> Value {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(end) = self.pending.find("\n\n") {
+                let event: String = self.pending.drain(..end + 2).collect();
+                if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                    return serde_json::from_str(data).expect("a message as JSON");
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk())
+                .await
+                .expect("hark says something within a minute")
+                .expect("the stream stays open")
+                .expect("the stream stays open");
+            self.pending.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
+/// The page showed `message`: hark hands it out no more.
+async fn acknowledge(http: &reqwest::Client, base: &str, message: &Value) {
+    let acked: Value = http
+        .post(format!("{base}/api/playground/ack"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"acks": [message["ack"]]}))
+        .send()
+        .await
+        .expect("the console answers")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(acked["acks"][0]["acked"], true, "{acked}");
+}
+
+/// What `user` says in the playground; the id the console gave the message.
+async fn say(http: &reqwest::Client, base: &str, user: &str, text: &str) -> String {
+    let said: Value = http
+        .post(format!("{base}/api/playground/messages"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"user": user, "text": text}))
+        .send()
+        .await
+        .expect("the console answers")
+        .json()
+        .await
+        .expect("JSON");
+    said["message_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("said: {said}"))
+        .to_owned()
+}
+
+/// What hark says in a user's chat waits for their page, as a plugin's outbound does: said while
+/// no page of theirs listened (while another user's page did), it comes when theirs opens; a
+/// page that closed before it acknowledged a message leaves it to the next page; one
+/// acknowledged does not come again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_playground_gets_what_hark_said_while_its_page_was_away_and_only_once() {
+    let mut env = Env::new().await;
+    env.set("HARK_CONTROL__API_TOKENS", TOKEN);
+    env.set("HARK_GATEWAY__HTTP__PLATFORMS", "web");
+    env.set("HARK_GATEWAY__HTTP__BOTS", "web:playground");
+    // A message handed out and not acknowledged comes back soon.
+    env.set("HARK_GATEWAY__SEND_TIMEOUT", "2s");
+    let mut gateway = env.spawn(&["gateway"], &[]);
+    env.gateway_port().await;
+    let mut control = env.spawn(&["control"], &[]);
+    env.client().await;
+    let base = format!("http://{}", control.addr("control.http_listen").await);
+    hark_core::install_crypto();
+    let http = reqwest::Client::new();
+
+    // Ann's page listens; Bob's does not. Each lists their tasks.
+    let mut ann = Page::open(&http, &base, "ann").await;
+    let bobs = say(&http, &base, "bob", "/task list").await;
+    let anns = say(&http, &base, "ann", "/task list").await;
+    let got = ann.next().await;
+    assert_eq!(got["reply_to_message_id"], anns, "{got}");
+    assert_eq!(got["stream"], "private:ann", "{got}");
+    acknowledge(&http, &base, &got).await;
+
+    // Bob's page opens later and gets his reply, but closes before it acknowledges it.
+    let mut bob = Page::open(&http, &base, "bob").await;
+    let unshown = bob.next().await;
+    assert_eq!(unshown["reply_to_message_id"], bobs, "{unshown}");
+    assert_eq!(unshown["stream"], "private:bob", "{unshown}");
+    drop(bob);
+    // His next page gets it again, and acknowledges it.
+    let mut bob = Page::open(&http, &base, "bob").await;
+    let again = bob.next().await;
+    assert_eq!(again["id"], unshown["id"], "{again}");
+    acknowledge(&http, &base, &again).await;
+    drop(bob);
+
+    // Then only what is new comes.
+    let list = say(&http, &base, "bob", "/task list").await;
+    let mut bob = Page::open(&http, &base, "bob").await;
+    let got = bob.next().await;
+    assert_eq!(got["reply_to_message_id"], list, "{got}");
+    drop(bob);
+    drop(ann);
+
+    gateway.stop().await;
+    control.stop().await;
+    env.cleanup().await;
+}

@@ -125,6 +125,7 @@ fn router(shared: Shared) -> Router {
         .route("/events", get(events))
         .route("/playground/messages", post(playground::say))
         .route("/playground/stream", get(playground::stream))
+        .route("/playground/ack", post(playground::ack))
         .route_layer(middleware::from_fn_with_state(console.clone(), signed_in))
         .route("/session", get(session));
     let mut router = Router::new();
@@ -359,6 +360,7 @@ pub fn read_every_body(bytes: &[u8]) -> Vec<Result<(), String>> {
         read_body::<DelegateBody>(bytes).map(drop),
         read_body::<RemindBody>(bytes).map(drop),
         read_body::<playground::Say>(bytes).map(drop),
+        read_body::<playground::Acks>(bytes).map(drop),
     ]
 }
 

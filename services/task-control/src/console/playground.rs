@@ -1,12 +1,24 @@
 //! The console's playground: the page talks to hark as a chat user of a private chat does,
 //! through the gateway's HTTP adapter. What the user writes is posted to
-//! `POST /api/v1/messages`; what hark says back comes from the adapter's `GET /api/v1/stream`,
-//! passed on to the page for that user's chat only.
+//! `POST /api/v1/messages`. What hark says back is pulled from the adapter's
+//! `GET /api/v1/outbound` while the user's page listens, and passed on to it with its
+//! acknowledgement token; the page acknowledges what it showed (`POST /api/playground/ack`), and
+//! drops by its id one it is handed again. So a message of that user's chat said while no page
+//! listened, or passed on to a page that closed before it showed it, comes to the next page, and
+//! one shown is not handed out again. One pull serves every page open on this console. A
+//! message of a chat no page listens to is left unacknowledged, so that the adapter hands it out
+//! again (after `gateway.send_timeout` + 5 s), to a page opened since or to the console of
+//! another replica.
 //!
-//! It takes the first bot of `gateway.http.bots` (streamed, so without `webhook_url`), at
+//! It takes the first bot of `gateway.http.bots` (pulled, so without `webhook_url`), at
 //! `control.playground_url` or else `gateway.listen` on this host, with `gateway.http.token`.
 
-use std::{convert::Infallible, time::Duration};
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use axum::{
     Json,
@@ -25,6 +37,17 @@ use super::{Body, Console, Failure, error};
 #[derive(Debug)]
 pub struct Playground {
     target: Result<Target, String>,
+    pages: Mutex<Pages>,
+}
+
+/// What a page is sent.
+type PageTx = tokio::sync::mpsc::Sender<Result<Event, Infallible>>;
+
+/// The pages open, by chat, and whether a pull serves them.
+#[derive(Debug, Default)]
+struct Pages {
+    open: HashMap<String, Vec<PageTx>>,
+    pulling: bool,
 }
 
 #[derive(Debug)]
@@ -40,7 +63,12 @@ impl Playground {
     pub fn new(config: &Config) -> Self {
         Self {
             target: target(config),
+            pages: Mutex::default(),
         }
+    }
+
+    fn pages(&self) -> std::sync::MutexGuard<'_, Pages> {
+        self.pages.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What the page is told: the bot it plays with, or why there is none.
@@ -99,6 +127,66 @@ impl Target {
             request
         } else {
             request.bearer_auth(self.token.expose())
+        }
+    }
+
+    /// One pull of the bot's outbound messages, waiting up to `wait` for a first one.
+    async fn pull(&self, wait: Duration) -> Result<Vec<Value>, Failure> {
+        let response = self
+            .request(
+                self.client
+                    // Both are NATS tokens (checked by the gateway's config): nothing to escape.
+                    .get(format!(
+                        "{}/api/v1/outbound?platform={}&bot_id={}&wait_ms={}",
+                        self.base,
+                        self.platform,
+                        self.bot_id,
+                        wait.as_millis()
+                    ))
+                    .timeout(wait + Duration::from_secs(10)),
+            )
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            return Err(error(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "the gateway's outbound messages answered {status}: {}",
+                    body["error"].as_str().unwrap_or("no reason given")
+                ),
+            ));
+        }
+        Ok(body["messages"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Acknowledges messages a page showed, so that they are not handed out again; the
+    /// gateway's answer says which were.
+    async fn acknowledge(&self, acks: Vec<Value>) -> Result<Value, Failure> {
+        let response = self
+            .request(
+                self.client
+                    .post(format!("{}/api/v1/outbound/ack", self.base))
+                    .timeout(Duration::from_secs(10))
+                    .json(&json!({"platform": self.platform, "bot_id": self.bot_id, "acks": acks})),
+            )
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            Ok(body)
+        } else {
+            Err(error(
+                StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+                format!(
+                    "the gateway refused the acknowledgements: {}",
+                    body["error"].as_str().unwrap_or("no reason given")
+                ),
+            ))
         }
     }
 
@@ -187,7 +275,8 @@ pub struct Listen {
 }
 
 /// `GET /api/playground/stream?user=…`: what hark says in `user`'s chat, as server-sent events,
-/// while the page listens.
+/// while the page listens. The stream ends when the gateway stops answering; the page listens
+/// again.
 pub async fn stream(
     State(console): State<Console>,
     who: super::Who,
@@ -195,108 +284,116 @@ pub async fn stream(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Failure> {
     who.operator_only("the playground")?;
     let target = console.playground.target()?;
-    let stream = chat_of(&listen.user)?;
-    let mut response = target
-        .request(
-            target
-                .client
-                // Both are NATS tokens (checked by the gateway's config): nothing to escape.
-                .get(format!(
-                    "{}/api/v1/stream?platform={}&bot_id={}",
-                    target.base, target.platform, target.bot_id
-                )),
-        )
-        .send()
-        .await
-        .map_err(|e| target.unreachable(e))?;
-    if !response.status().is_success() {
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        return Err(error(
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "the gateway's stream answered {status}: {}",
-                body["error"].as_str().unwrap_or("no reason given")
-            ),
-        ));
-    }
+    let chat = chat_of(&listen.user)?;
+    // A first pull answers at once: a gateway that cannot hand out messages is the page's error.
+    let first = target.pull(Duration::from_millis(10)).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(64);
+    let start = {
+        let mut pages = console.playground.pages();
+        pages.open.entry(chat).or_default().push(tx);
+        !std::mem::replace(&mut pages.pulling, true)
+    };
+    let playground = console.playground.clone();
     tokio::spawn(async move {
-        let mut lines = Lines::default();
-        loop {
-            let chunk = tokio::select! {
-                _ = tx.closed() => return,
-                chunk = response.chunk() => chunk,
-            };
-            let Ok(Some(chunk)) = chunk else {
-                let _ = tx.send(Ok(Event::default().event("lost").data("{}"))).await;
-                return;
-            };
-            for data in lines.feed(&chunk) {
-                let Ok(message) = serde_json::from_str::<Value>(&data) else {
-                    continue;
-                };
-                if message["stream"].as_str() != Some(stream.as_str()) {
-                    continue;
-                }
-                let event = Event::default().event("message").data(message.to_string());
-                if tx.send(Ok(event)).await.is_err() {
-                    return;
-                }
-            }
+        pass_on(&playground, first).await;
+        if start {
+            pull(playground).await;
         }
     });
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }
 
-/// The `data` of server-sent events read in pieces of any size.
-#[derive(Debug, Default)]
-struct Lines {
-    pending: Vec<u8>,
-    data: String,
+fn target_of(playground: &Playground) -> Option<&Target> {
+    playground.target.as_ref().ok()
 }
 
-impl Lines {
-    /// Takes `chunk`; returns the data of the events it completed.
-    fn feed(&mut self, chunk: &[u8]) -> Vec<String> {
-        self.pending.extend_from_slice(chunk);
-        let mut done = Vec::new();
-        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.pending.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line);
-            let line = line.trim_end_matches(['\n', '\r']);
-            if line.is_empty() {
-                if !self.data.is_empty() {
-                    done.push(std::mem::take(&mut self.data));
-                }
-            } else if let Some(data) = line.strip_prefix("data:") {
-                if !self.data.is_empty() {
-                    self.data.push('\n');
-                }
-                self.data.push_str(data.strip_prefix(' ').unwrap_or(data));
+/// How long one pull of the playground waits for a message.
+const PULL_WAIT: Duration = Duration::from_secs(20);
+
+/// Pulls the bot's messages for the open pages until none is open. When the gateway stops
+/// answering, every page's stream ends, and each page listens again (and is told why not).
+async fn pull(playground: Arc<Playground>) {
+    let Some(target) = target_of(&playground) else {
+        return;
+    };
+    loop {
+        {
+            let mut pages = playground.pages();
+            pages.open.retain(|_, txs| {
+                txs.retain(|tx| !tx.is_closed());
+                !txs.is_empty()
+            });
+            if pages.open.is_empty() {
+                pages.pulling = false;
+                return;
             }
         }
-        done
+        match target.pull(PULL_WAIT).await {
+            Ok(messages) => pass_on(&playground, messages).await,
+            Err(e) => {
+                tracing::debug!(
+                    error = e.message,
+                    "the playground's pull failed; its pages listen again"
+                );
+                let mut pages = playground.pages();
+                pages.open.clear();
+                pages.pulling = false;
+                return;
+            }
+        }
     }
+}
+
+/// Passes pulled messages on to the pages of their chats, which acknowledge what they show. A
+/// message of a chat no page listens to is handed out again later.
+async fn pass_on(playground: &Playground, pulled: Vec<Value>) {
+    for message in pulled {
+        let txs = message["stream"]
+            .as_str()
+            .and_then(|chat| playground.pages().open.get(chat).cloned())
+            .unwrap_or_default();
+        let data = message.to_string();
+        for tx in txs {
+            let _ = tx
+                .send(Ok(Event::default().event("message").data(data.clone())))
+                .await;
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Acks {
+    acks: Vec<String>,
+}
+
+/// `POST /api/playground/ack`: the page showed these messages (their `ack` tokens); they are not
+/// handed out again.
+pub async fn ack(
+    State(console): State<Console>,
+    who: super::Who,
+    Body(acks): Body<Acks>,
+) -> super::Answered {
+    who.operator_only("the playground")?;
+    let target = console.playground.target()?;
+    if acks.acks.is_empty() || acks.acks.len() > 100 {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "acks: 1 to 100 acknowledgement tokens, as the stream gave them",
+        ));
+    }
+    let acks = acks
+        .acks
+        .into_iter()
+        .map(|ack| json!({"ack": ack}))
+        .collect();
+    Ok(Json(target.acknowledge(acks).await?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_are_read_whatever_the_pieces() {
-        let text = "event: message\ndata: {\"a\":1}\n\n: keep-alive\n\nevent: message\r\ndata: x\r\ndata: y\r\n\r\n";
-        let whole = Lines::default().feed(text.as_bytes());
-        assert_eq!(whole, vec!["{\"a\":1}".to_owned(), "x\ny".to_owned()]);
-        let mut lines = Lines::default();
-        let mut pieces = Vec::new();
-        for byte in text.as_bytes() {
-            pieces.extend(lines.feed(std::slice::from_ref(byte)));
-        }
-        assert_eq!(pieces, whole);
-    }
 
     #[test]
     fn a_playground_user_is_a_plain_id() {

@@ -635,6 +635,7 @@ function playgroundView() {
   if (app.playground) app.playground.abort();
   const listening = new AbortController();
   app.playground = listening;
+  const shown = new Set();
   const listen = async () => {
     while (!listening.signal.aborted) {
       try {
@@ -646,7 +647,15 @@ function playgroundView() {
         note.textContent = "";
         log.dataset.listening = "yes";
         await readEvents(response, (event, data) => {
-          if (event === "message") add("hark", JSON.parse(data).text);
+          if (event !== "message") return;
+          // Each message is acknowledged once shown, so that hark hands it out no more; one
+          // handed out again (its acknowledgement was lost) is shown once.
+          const message = JSON.parse(data);
+          if (!shown.has(message.id)) {
+            shown.add(message.id);
+            add("hark", message.text);
+          }
+          api("/playground/ack", { acks: [message.ack] }).catch(() => {});
         });
       } catch (e) {
         if (listening.signal.aborted) return;

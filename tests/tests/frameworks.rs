@@ -23,6 +23,14 @@ enum Framework {
 }
 
 impl Framework {
+    /// Where the framework's test bot finds the LLM it runs.
+    fn llm_url_variable(self) -> &'static str {
+        match self {
+            Framework::NoneBot => "NONEBOT_LLM_URL",
+            Framework::AstrBot => "ASTRBOT_LLM_URL",
+        }
+    }
+
     /// The platform id hark knows the framework's chats by.
     fn platform(self) -> &'static str {
         match self {
@@ -410,16 +418,25 @@ async fn hark_in_front_of(framework: Framework) {
     env.cleanup().await;
 }
 
-/// An operator's token for hark's MCP server, which the AstrBot plugin's tools use.
+/// An operator's token for hark's MCP server, which the plugins' tools use.
 const MCP_TOKEN: &str = "astrbot-operator-token";
 
-/// AstrBot's own LLM (an OpenAI-compatible server of the test's) calls the plugin's `ask_user`,
-/// which asks through hark's MCP server: the question comes to the owner's private chat through
-/// AstrBot, the owner's plain reply there is hark's and never reaches AstrBot's LLM (which wakes
-/// for every private message), and the LLM gets that answer back and says so in the chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_owners_answer() {
-    let framework = Framework::AstrBot;
+    the_bots_llm_asks_through_the_plugin(Framework::AstrBot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nonebot_bots_llm_asks_through_the_plugins_tools_and_gets_the_owners_answer() {
+    the_bots_llm_asks_through_the_plugin(Framework::NoneBot).await;
+}
+
+/// The bot's LLM (an OpenAI-compatible server of the test's; AstrBot's own, or for NoneBot, which
+/// has none, a plugin of the bot's that runs one with the plugin's `TOOLS`) calls `ask_user`,
+/// which asks through hark's MCP server: the question comes to the owner's private chat through
+/// the framework, the owner's plain reply there is hark's and never reaches the LLM (which
+/// answers every private message), and the LLM gets that answer back and says so in the chat.
+async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
     let (env, llm, mut processes) = hark_with(
         framework,
         &[
@@ -428,7 +445,7 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
         ],
     )
     .await;
-    let astrbot_llm = ScriptedLlm::with_default(Script::new(vec![
+    let bots_llm = ScriptedLlm::with_default(Script::new(vec![
         Step::call(
             "ask_user",
             serde_json::json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
@@ -437,7 +454,7 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
         Step::say("You are welcome."),
     ]))
     .await
-    .expect("AstrBot's scripted LLM");
+    .expect("the bot's scripted LLM");
     let mcp = format!(
         "http://{}/mcp",
         processes[0].addr("control.http_listen").await
@@ -450,7 +467,7 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
         gateway_port,
         port,
         &[
-            ("ASTRBOT_LLM_URL", astrbot_llm.base_url()),
+            (framework.llm_url_variable(), bots_llm.base_url()),
             ("HARK_MCP_URL", mcp),
             ("HARK_MCP_TOKEN", MCP_TOKEN.to_owned()),
         ],
@@ -461,7 +478,7 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
     };
     let private = format!("private:{OWNER}");
 
-    // The owner's message wakes AstrBot's LLM; it asks them through hark.
+    // The owner's message wakes the bot's LLM; it asks them through hark.
     chat.bot.private_message(OWNER, "book a room for me").await;
     let question = chat
         .expect("the question", |s| s.text.contains("Which room?"))
@@ -500,7 +517,7 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
     chat.expect("the LLM's reply to thanks", |s| s.text.contains("welcome"))
         .await;
     // What the owner said to the LLM: the first text of each request's last user message.
-    let said: Vec<String> = astrbot_llm
+    let said: Vec<String> = bots_llm
         .requests()
         .iter()
         .filter_map(|r| {
@@ -518,14 +535,14 @@ async fn astrbots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_ow
     assert_eq!(
         said,
         ["book a room for me", "book a room for me", "thanks"],
-        "AstrBot's LLM heard the owner's messages but not the answer hark took"
+        "the bot's LLM heard the owner's messages but not the answer hark took"
     );
 
     peer.kill().await;
     for p in &mut processes {
         p.stop().await;
     }
-    drop(astrbot_llm);
+    drop(bots_llm);
     drop(llm);
     env.cleanup().await;
 }

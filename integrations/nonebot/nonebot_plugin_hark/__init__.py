@@ -6,6 +6,9 @@ blocks it, so that no other handler also answers it. Every other message reaches
 handlers untouched. What hark says (its questions, its replies) is pulled from hark and sent
 through the bot's own send API; hark keeps each message until the plugin acknowledged it, so a
 restart loses none, and one already sent is dropped by its id.
+
+An LLM the bot runs can ask through hark too: offer it `TOOLS` and run its calls with
+`call_tool(event, name, arguments)` (see `tools.py`).
 """
 
 import asyncio
@@ -26,6 +29,7 @@ from nonebot.typing import T_State
 
 from .client import Hark, HarkError
 from .config import Config
+from .tools import TOOLS, Tools
 
 __plugin_meta__ = PluginMetadata(
     name="hark",
@@ -38,7 +42,25 @@ __plugin_meta__ = PluginMetadata(
 
 config = get_plugin_config(Config)
 hark = Hark(config.hark_url, config.hark_token, config.hark_platform)
+tools = Tools(config.hark_mcp_url, config.hark_mcp_token, config.hark_platform, config.hark_ask_wait_s)
 driver = get_driver()
+
+__all__ = ["TOOLS", "approve", "ask_user", "call_tool"]
+
+
+async def call_tool(event: MessageEvent, name: str, arguments) -> str:
+    """Runs an LLM's call of one of `TOOLS` for the person who sent `event`; what it reads back."""
+    return await tools.call_tool(event, name, arguments)
+
+
+async def ask_user(event: MessageEvent, question: str, choices: Optional[list] = None) -> str:
+    """Asks the person who sent `event`, in that chat, and waits for the answer."""
+    return await tools.ask_user(event, question, choices)
+
+
+async def approve(event: MessageEvent, action: str, details: str = "") -> str:
+    """Asks the person who sent `event` to approve `action`, and waits for the decision."""
+    return await tools.approve(event, action, details)
 
 # Ids of hark's messages sent lately: one handed out again (its acknowledgement was lost) is
 # acknowledged and not sent twice.
@@ -191,3 +213,4 @@ async def _shutdown() -> None:
         poller.cancel()
     _pollers.clear()
     await hark.close()
+    await tools.close()

@@ -15,3 +15,10 @@ class Config(BaseModel):
     hark_wait_ms: int = 3000
     # How long one pull of hark's messages waits for the first one (ms).
     hark_pull_ms: int = 20000
+    # hark's MCP server (http://<control.http_listen>/mcp), for the tools an LLM of the bot's may
+    # call (`nonebot_plugin_hark.TOOLS`); empty: the tools ask nobody.
+    hark_mcp_url: str = ""
+    # One of hark's `control.api_tokens`, which lets the tools name whom they ask.
+    hark_mcp_token: str = ""
+    # How long a tool waits for the answer before it tells the model the question stays open (s).
+    hark_ask_wait_s: float = 50.0

@@ -1,6 +1,7 @@
 """A NoneBot2 bot as its users run one: the FastAPI driver, the OneBot v11 adapter (its reverse
 WebSocket at /onebot/v11/ws), nonebot-plugin-hark from integrations/nonebot, and an ordinary
-handler of the bot's own that echoes every message it gets."""
+handler of the bot's own that echoes every message it gets (or, with NONEBOT_LLM_URL, answers it
+with an LLM that has hark's tools)."""
 
 import os
 import sys
@@ -16,7 +17,8 @@ from nonebot.adapters.onebot.v11 import Adapter  # noqa: E402
 nonebot.init(driver="~fastapi", host="127.0.0.1", port=int(os.environ["PORT"]))
 nonebot.get_driver().register_adapter(Adapter)
 nonebot.load_plugin("nonebot_plugin_hark")
-nonebot.load_plugin("echo")
+# With NONEBOT_LLM_URL, the bot's handler is an LLM with hark's tools instead of the echo.
+nonebot.load_plugin("llm" if os.environ.get("NONEBOT_LLM_URL") else "echo")
 
 if __name__ == "__main__":
     nonebot.run()

@@ -1401,3 +1401,143 @@ async fn an_owner_the_statistics_have_not_seen_gets_a_page_by_reading_one_page()
     assert!(second.questions[0].id > ids[49]);
     tc.stop().await;
 }
+
+/// Statistics taken while no question was open make every index of open questions look empty.
+/// A burst of asks into a table far larger than the burst is analyzed again by task-control's
+/// upkeep, so that the planner sizes those indexes from what they hold.
+#[tokio::test]
+async fn a_burst_of_asks_after_the_statistics_saw_none_open_is_analyzed_and_answers_stay_cheap() {
+    let tc = TestControl::start_with(|c| c.task.max_active_per_owner = 5_000).await;
+    let api = tc.client().await;
+    let owner = "api:busy";
+    let create_all = |n: usize| {
+        let api = api.clone();
+        futures_util::stream::iter(0..n)
+            .map(move |i| {
+                let mut api = api.clone();
+                async move {
+                    api.create_task(pb::CreateTaskRequest {
+                        owner: owner.into(),
+                        questionnaire: vec![pb::FormQuestion {
+                            key: "q".into(),
+                            text: format!("Question {i}?"),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("created")
+                }
+            })
+            .buffer_unordered(32)
+            .count()
+    };
+    let list = |n: usize| {
+        let mut api = api.clone();
+        async move {
+            let open = api
+                .list_questions(pb::ListQuestionsRequest {
+                    owner: owner.into(),
+                    page_size: n as u32,
+                    ..Default::default()
+                })
+                .await
+                .expect("open questions")
+                .into_inner()
+                .questions;
+            assert_eq!(open.len(), n);
+            open
+        }
+    };
+    let answer = |open: Vec<pb::Question>| {
+        let api = api.clone();
+        async move {
+            futures_util::stream::iter(open)
+                .map(|q| {
+                    let mut api = api.clone();
+                    async move {
+                        api.answer_question(pb::AnswerQuestionRequest {
+                            question_id: q.id,
+                            answer: "done".into(),
+                            answerer: owner.into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("answered")
+                    }
+                })
+                .buffer_unordered(32)
+                .count()
+                .await
+        }
+    };
+    let pool = tc.store.pool();
+    // Only task-control's upkeep analyzes the table during the test, and only when let.
+    let mut upkeep = pool.acquire().await.expect("connection");
+    let lock = |sql: &'static str| sqlx::query(sql).bind(hark_control::store::UPKEEP_LOCK);
+    lock("SELECT pg_advisory_lock($1)")
+        .execute(&mut *upkeep)
+        .await
+        .expect("the upkeep lock");
+    sqlx::query("ALTER TABLE questions SET (autovacuum_enabled = false)")
+        .execute(pool)
+        .await
+        .expect("autovacuum off");
+    // Every question asked so far is answered when the statistics are taken.
+    const CLOSED: usize = 2_000;
+    create_all(CLOSED).await;
+    for _ in 0..CLOSED / 200 {
+        // A page holds at most 200.
+        answer(list(200).await).await;
+    }
+    // Vacuumed too, so that only what the asks change makes the upkeep act.
+    sqlx::query("VACUUM (ANALYZE) questions")
+        .execute(pool)
+        .await
+        .expect("vacuum and analyze");
+    let analyzed = "SELECT analyze_count FROM pg_stat_user_tables WHERE relname = 'questions'";
+    let flush = "SELECT pg_stat_force_next_flush()";
+    sqlx::query(flush).execute(pool).await.expect("flush");
+    let analyzes: i64 = sqlx::query_scalar(analyzed)
+        .fetch_one(pool)
+        .await
+        .expect("table stats");
+    // Then fewer than a third as many wait as were answered.
+    const WAITING: usize = 600;
+    create_all(WAITING).await;
+    lock("SELECT pg_advisory_unlock($1)")
+        .execute(&mut *upkeep)
+        .await
+        .expect("unlocked");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        sqlx::query(flush).execute(pool).await.expect("flush");
+        let now: i64 = sqlx::query_scalar(analyzed)
+            .fetch_one(pool)
+            .await
+            .expect("table stats");
+        if now > analyzes {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "task-control's upkeep did not analyze questions after {WAITING} asks"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The planner now sees the open questions: it sizes every index of them from this share.
+    let plan: serde_json::Value =
+        sqlx::query_scalar("EXPLAIN (FORMAT JSON) SELECT id FROM questions WHERE outcome = 'open'")
+            .fetch_one(pool)
+            .await
+            .expect("a plan");
+    let estimated = plan[0]["Plan"]["Plan Rows"].as_f64().unwrap_or_default();
+    assert!(
+        estimated >= (WAITING / 2) as f64,
+        "the planner estimates {estimated} open questions of the {WAITING} open: {plan}"
+    );
+    // And an answer still works on the plans made from them.
+    answer(list(20).await).await;
+    tc.stop().await;
+}

@@ -182,11 +182,11 @@ impl Effects {
         let texts = self.languages.of(&route.platform);
         self.chat_mentioning(
             &route,
-            &texts.passed_to_you(&asked, by),
+            &texts.passed_to_you(&asked.text, by),
             Some(question.id),
             None,
             &mentions,
-            self.buttons(&route.platform, &question.handle, &question.shape()),
+            asked.buttons,
         )
     }
 
@@ -218,11 +218,11 @@ impl Effects {
         let texts = self.languages.of(&route.platform);
         self.chat_mentioning(
             &route,
-            &texts.escalated_to_you(&asked, first, waited),
+            &texts.escalated_to_you(&asked.text, first, waited),
             Some(question.id),
             None,
             &[],
-            self.buttons(&route.platform, &question.handle, &question.shape()),
+            asked.buttons,
         )
     }
 
@@ -313,14 +313,14 @@ impl Effects {
         context: &str,
         shape: &Shape,
     ) -> Vec<OutboxMessage> {
-        let text = self.asking(&route.platform, task, handle, text, context, shape);
+        let asked = self.asking(&route.platform, task, handle, text, context, shape);
         self.chat_mentioning(
             route,
-            &text,
+            &asked.text,
             Some(question),
             route.origin_message_id.as_deref(),
             &[],
-            self.buttons(&route.platform, handle, shape),
+            asked.buttons,
         )
     }
 
@@ -338,28 +338,19 @@ impl Effects {
         shape: &Shape,
         mentions: &[String],
     ) -> Vec<OutboxMessage> {
-        let text = self.asking(&route.platform, task, handle, text, context, shape);
+        let asked = self.asking(&route.platform, task, handle, text, context, shape);
         self.chat_mentioning(
             route,
-            &text,
+            &asked.text,
             Some(question),
             route.origin_message_id.as_deref(),
             mentions,
-            self.buttons(&route.platform, handle, shape),
+            asked.buttons,
         )
     }
 
-    /// The buttons of a question of `shape` in a chat on `platform`, in its language.
-    fn buttons(&self, platform: &str, handle: &str, shape: &Shape) -> Vec<pb::ChoiceButton> {
-        self.languages
-            .of(platform)
-            .buttons(handle, shape)
-            .into_iter()
-            .map(|(label, reply)| pb::ChoiceButton { label, reply })
-            .collect()
-    }
-
-    /// The text that asks a question in a chat on `platform`, in its language.
+    /// The text that asks a question in a chat on `platform`, in its language, and the buttons
+    /// of its answers.
     fn asking(
         &self,
         platform: &str,
@@ -368,9 +359,22 @@ impl Effects {
         text: &str,
         context: &str,
         shape: &Shape,
-    ) -> String {
+    ) -> Asking {
         let texts = self.languages.of(platform);
         let label = self.languages.context_label(texts);
-        texts.question(task, handle, text, context, label, shape)
+        Asking {
+            text: texts.question(task, handle, text, context, label, shape),
+            buttons: texts
+                .buttons(handle, shape)
+                .into_iter()
+                .map(|(label, reply)| pb::ChoiceButton { label, reply })
+                .collect(),
+        }
     }
+}
+
+/// A question as a chat message carries it.
+struct Asking {
+    text: String,
+    buttons: Vec<pb::ChoiceButton>,
 }

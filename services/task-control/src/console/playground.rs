@@ -122,72 +122,55 @@ fn target(config: &Config) -> Result<Target, String> {
 }
 
 impl Target {
-    fn request(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        if self.token.is_empty() {
+    /// Sends `request` with the adapter's token; the JSON the gateway answered, or what it said
+    /// was wrong with `what`.
+    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> Result<Value, Failure> {
+        let request = if self.token.is_empty() {
             request
         } else {
             request.bearer_auth(self.token.expose())
+        };
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
         }
+        Err(error(
+            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+            format!(
+                "the gateway refused {what}: {}",
+                body["error"].as_str().unwrap_or("no reason given")
+            ),
+        ))
     }
 
     /// One pull of the bot's outbound messages, waiting up to `wait` for a first one.
     async fn pull(&self, wait: Duration) -> Result<Vec<Value>, Failure> {
-        let response = self
-            .request(
-                self.client
-                    // Both are NATS tokens (checked by the gateway's config): nothing to escape.
-                    .get(format!(
-                        "{}/api/v1/outbound?platform={}&bot_id={}&wait_ms={}",
-                        self.base,
-                        self.platform,
-                        self.bot_id,
-                        wait.as_millis()
-                    ))
-                    .timeout(wait + Duration::from_secs(10)),
-            )
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        if !status.is_success() {
-            return Err(error(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "the gateway's outbound messages answered {status}: {}",
-                    body["error"].as_str().unwrap_or("no reason given")
-                ),
-            ));
-        }
+        let request = self
+            .client
+            // Both are NATS tokens (checked by the gateway's config): nothing to escape.
+            .get(format!(
+                "{}/api/v1/outbound?platform={}&bot_id={}&wait_ms={}",
+                self.base,
+                self.platform,
+                self.bot_id,
+                wait.as_millis()
+            ))
+            .timeout(wait + Duration::from_secs(10));
+        let body = self.send(request, "the pull of its messages").await?;
         Ok(body["messages"].as_array().cloned().unwrap_or_default())
     }
 
     /// Acknowledges messages a page showed, so that they are not handed out again; the
     /// gateway's answer says which were.
     async fn acknowledge(&self, acks: Vec<Value>) -> Result<Value, Failure> {
-        let response = self
-            .request(
-                self.client
-                    .post(format!("{}/api/v1/outbound/ack", self.base))
-                    .timeout(Duration::from_secs(10))
-                    .json(&json!({"platform": self.platform, "bot_id": self.bot_id, "acks": acks})),
-            )
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        if status.is_success() {
-            Ok(body)
-        } else {
-            Err(error(
-                StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-                format!(
-                    "the gateway refused the acknowledgements: {}",
-                    body["error"].as_str().unwrap_or("no reason given")
-                ),
-            ))
-        }
+        let request = self
+            .client
+            .post(format!("{}/api/v1/outbound/ack", self.base))
+            .timeout(Duration::from_secs(10))
+            .json(&json!({"platform": self.platform, "bot_id": self.bot_id, "acks": acks}));
+        self.send(request, "the acknowledgements").await
     }
 
     fn unreachable(&self, e: impl std::fmt::Display) -> Failure {
@@ -245,28 +228,13 @@ pub async fn say(
         "quoted_text": say.quote,
         "quoted_sender": if say.quote.is_empty() { "" } else { target.bot_id.as_str() },
     });
-    let response = target
-        .request(
-            target
-                .client
-                .post(format!("{}/api/v1/messages", target.base))
-                .timeout(Duration::from_secs(10))
-                .json(&body),
-        )
-        .send()
-        .await
-        .map_err(|e| target.unreachable(e))?;
-    let status = response.status();
-    let answered: Value = response.json().await.unwrap_or(Value::Null);
-    if status.is_success() {
-        Ok(Json(json!({"message_id": message_id})))
-    } else {
-        let why = answered["error"].as_str().unwrap_or("no reason given");
-        Err(error(
-            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-            format!("the gateway refused the message: {why}"),
-        ))
-    }
+    let request = target
+        .client
+        .post(format!("{}/api/v1/messages", target.base))
+        .timeout(Duration::from_secs(10))
+        .json(&body);
+    target.send(request, "the message").await?;
+    Ok(Json(json!({"message_id": message_id})))
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,19 +261,12 @@ pub async fn stream(
         pages.open.entry(chat).or_default().push(tx);
         !std::mem::replace(&mut pages.pulling, true)
     };
-    let playground = console.playground.clone();
-    tokio::spawn(async move {
-        pass_on(&playground, first).await;
-        if start {
-            pull(playground).await;
-        }
-    });
+    pass_on(&console.playground, first);
+    if start {
+        tokio::spawn(pull(console.playground.clone()));
+    }
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
-}
-
-fn target_of(playground: &Playground) -> Option<&Target> {
-    playground.target.as_ref().ok()
 }
 
 /// How long one pull of the playground waits for a message.
@@ -314,7 +275,7 @@ const PULL_WAIT: Duration = Duration::from_secs(20);
 /// Pulls the bot's messages for the open pages until none is open. When the gateway stops
 /// answering, every page's stream ends, and each page listens again (and is told why not).
 async fn pull(playground: Arc<Playground>) {
-    let Some(target) = target_of(&playground) else {
+    let Ok(target) = playground.target.as_ref() else {
         return;
     };
     loop {
@@ -330,7 +291,7 @@ async fn pull(playground: Arc<Playground>) {
             }
         }
         match target.pull(PULL_WAIT).await {
-            Ok(messages) => pass_on(&playground, messages).await,
+            Ok(messages) => pass_on(&playground, messages),
             Err(e) => {
                 tracing::debug!(
                     error = e.message,
@@ -346,8 +307,9 @@ async fn pull(playground: Arc<Playground>) {
 }
 
 /// Passes pulled messages on to the pages of their chats, which acknowledge what they show. A
-/// message of a chat no page listens to is handed out again later.
-async fn pass_on(playground: &Playground, pulled: Vec<Value>) {
+/// message of a chat no page listens to, or that a page too slow to take it missed, is not
+/// acknowledged and is handed out again later; no page holds up the others.
+fn pass_on(playground: &Playground, pulled: Vec<Value>) {
     for message in pulled {
         let txs = message["stream"]
             .as_str()
@@ -355,9 +317,7 @@ async fn pass_on(playground: &Playground, pulled: Vec<Value>) {
             .unwrap_or_default();
         let data = message.to_string();
         for tx in txs {
-            let _ = tx
-                .send(Ok(Event::default().event("message").data(data.clone())))
-                .await;
+            let _ = tx.try_send(Ok(Event::default().event("message").data(data.clone())));
         }
     }
 }

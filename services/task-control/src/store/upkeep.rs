@@ -40,10 +40,11 @@ const VACUUM_SHARE: f64 = 0.2;
 
 /// `questions` is analyzed at autovacuum's share instead. Every index the open questions are
 /// found by is partial (it holds the open questions only), and the planner sizes each from the
-/// share of open questions the last analyze saw, not from the index. Statistics taken while none was open
-/// make every such index look empty, and a burst of asks then has every sweep and answer scan
-/// them all, whichever index it picks: at 10,000 waiting, an answer's statement cost 4 ms of
-/// Postgres time instead of 0.2 ms. A burst changes that share without doubling the table.
+/// share of open questions the last analyze saw, not from the index. Statistics taken while
+/// none was open make every such index look empty, and a burst of asks then has every sweep and
+/// answer scan them all, whichever index it picks: at 10,000 waiting, an answer's statement
+/// cost 4 ms of Postgres time instead of 0.2 ms. A burst changes that share without doubling
+/// the table.
 const QUESTIONS_ANALYZE_SHARE: f64 = 0.1;
 
 /// The share of a table's rows that must change before it is analyzed again.

@@ -174,27 +174,59 @@ async fn connected(gateway: &Process, times: usize) {
     }
 }
 
+/// hark in processes (control, gateway and a worker) speaking through `server`, with a scripted
+/// model; the gateway is connected.
+struct Hark {
+    env: Env,
+    llm: ScriptedLlm,
+    control: Process,
+    gateway: Process,
+    worker: Process,
+}
+
+impl Hark {
+    async fn start(server: &Server, steps: Vec<Step>) -> Self {
+        let llm = ScriptedLlm::with_default(Script::new(steps))
+            .await
+            .expect("scripted LLM");
+        let mut env = Env::new().await;
+        env.set("HARK_LLM__BASE_URL", &llm.base_url());
+        env.set(
+            "HARK_GATEWAY__SATORI__URL",
+            &format!("http://127.0.0.1:{}", server.port),
+        );
+        env.set("HARK_GATEWAY__SATORI__TOKEN", TOKEN);
+        let control = env.spawn(&["control"], &[]);
+        env.client().await;
+        let gateway = env.spawn(&["gateway"], &[]);
+        let worker = env.spawn(&["worker", "--id", "w1"], &[]);
+        connected(&gateway, 1).await;
+        Self {
+            env,
+            llm,
+            control,
+            gateway,
+            worker,
+        }
+    }
+
+    async fn stop(mut self) {
+        self.worker.stop().await;
+        self.gateway.stop().await;
+        self.control.stop().await;
+        drop(self.llm);
+        self.env.cleanup().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hark_speaks_through_a_satori_server_and_gets_what_it_missed_while_away() {
     let mut server = Server::start().await;
-    let llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::ask("Which colour?"),
-        Step::say("Painted {answer}."),
-    ]))
-    .await
-    .expect("scripted LLM");
-    let mut env = Env::new().await;
-    env.set("HARK_LLM__BASE_URL", &llm.base_url());
-    env.set(
-        "HARK_GATEWAY__SATORI__URL",
-        &format!("http://127.0.0.1:{}", server.port),
-    );
-    env.set("HARK_GATEWAY__SATORI__TOKEN", TOKEN);
-    let mut control = env.spawn(&["control"], &[]);
-    env.client().await;
-    let mut gateway = env.spawn(&["gateway"], &[]);
-    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    connected(&gateway, 1).await;
+    let mut hark = Hark::start(
+        &server,
+        vec![Step::ask("Which colour?"), Step::say("Painted {answer}.")],
+    )
+    .await;
 
     // A task from the group channel 777; its goal's markup is text, and is sent escaped.
     server
@@ -251,10 +283,10 @@ async fn hark_speaks_through_a_satori_server_and_gets_what_it_missed_while_away(
     );
 
     // The gateway dies; the owner answers meanwhile; the server replays it when hark is back.
-    gateway.kill().await;
+    hark.gateway.kill().await;
     server.message("100", ("777", 0), "m-5", "red").await;
-    gateway = env.spawn(&["gateway"], &[]);
-    connected(&gateway, 2).await;
+    hark.gateway = hark.env.spawn(&["gateway"], &[]);
+    connected(&hark.gateway, 2).await;
     server
         .expect("the fence painted", |c| c.contains("Painted red."))
         .await;
@@ -290,12 +322,8 @@ async fn hark_speaks_through_a_satori_server_and_gets_what_it_missed_while_away(
         );
     }
 
-    worker.stop().await;
-    gateway.stop().await;
-    control.stop().await;
+    hark.stop().await;
     server.stop().await;
-    drop(llm);
-    env.cleanup().await;
 }
 
 /// The ids of the buttons in a message's content, in order.
@@ -318,27 +346,17 @@ async fn choices_go_out_as_buttons_where_the_login_shows_them_and_the_owners_pre
             "features": ["message.button"]}]}),
         )
         .await;
-    let llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::call(
-            "ask_user",
-            json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
-        ),
-        Step::say("Booked {answer}."),
-    ]))
-    .await
-    .expect("scripted LLM");
-    let mut env = Env::new().await;
-    env.set("HARK_LLM__BASE_URL", &llm.base_url());
-    env.set(
-        "HARK_GATEWAY__SATORI__URL",
-        &format!("http://127.0.0.1:{}", server.port),
-    );
-    env.set("HARK_GATEWAY__SATORI__TOKEN", TOKEN);
-    let mut control = env.spawn(&["control"], &[]);
-    env.client().await;
-    let mut gateway = env.spawn(&["gateway"], &[]);
-    let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    connected(&gateway, 1).await;
+    let hark = Hark::start(
+        &server,
+        vec![
+            Step::call(
+                "ask_user",
+                json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
+            ),
+            Step::say("Booked {answer}."),
+        ],
+    )
+    .await;
 
     server
         .message("100", ("777", 0), "m-1", "/task new book a room")
@@ -397,10 +415,6 @@ async fn choices_go_out_as_buttons_where_the_login_shows_them_and_the_owners_pre
         server.sent
     );
 
-    worker.stop().await;
-    gateway.stop().await;
-    control.stop().await;
+    hark.stop().await;
     server.stop().await;
-    drop(llm);
-    env.cleanup().await;
 }

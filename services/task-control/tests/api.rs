@@ -1298,30 +1298,7 @@ async fn a_task_created_with_a_deadline_ends_by_its_own_policy_and_a_bad_deadlin
 async fn an_owner_the_statistics_have_not_seen_gets_a_page_by_reading_one_page() {
     let tc = TestControl::start_with(|c| c.task.max_active_per_owner = 5_000).await;
     let api = tc.client().await;
-    let questionnaire = |owner: &str, i: usize| pb::CreateTaskRequest {
-        owner: owner.into(),
-        questionnaire: vec![pb::FormQuestion {
-            key: "q".into(),
-            text: format!("Question {i}?"),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let create_all = |owners: Vec<String>, n: usize| {
-        let api = api.clone();
-        futures_util::stream::iter(
-            owners
-                .into_iter()
-                .flat_map(move |o| (0..n).map(move |i| (o.clone(), i))),
-        )
-        .map(move |(owner, i)| {
-            let mut api = api.clone();
-            let request = questionnaire(&owner, i);
-            async move { api.create_task(request).await.expect("created") }
-        })
-        .buffer_unordered(32)
-        .count()
-    };
+    let create_all = |owners: Vec<String>, n: usize| questionnaires(&api, owners, n);
     // Statistics taken while 200 owners had 10 questions each waiting: an owner they have not
     // seen is estimated at a row or two.
     create_all((0..200).map(|i| format!("api:o{i}")).collect(), 10).await;
@@ -1410,28 +1387,7 @@ async fn a_burst_of_asks_after_the_statistics_saw_none_open_is_analyzed_and_answ
     let tc = TestControl::start_with(|c| c.task.max_active_per_owner = 5_000).await;
     let api = tc.client().await;
     let owner = "api:busy";
-    let create_all = |n: usize| {
-        let api = api.clone();
-        futures_util::stream::iter(0..n)
-            .map(move |i| {
-                let mut api = api.clone();
-                async move {
-                    api.create_task(pb::CreateTaskRequest {
-                        owner: owner.into(),
-                        questionnaire: vec![pb::FormQuestion {
-                            key: "q".into(),
-                            text: format!("Question {i}?"),
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    })
-                    .await
-                    .expect("created")
-                }
-            })
-            .buffer_unordered(32)
-            .count()
-    };
+    let create_all = |n: usize| questionnaires(&api, vec![owner.to_owned()], n);
     let list = |n: usize| {
         let mut api = api.clone();
         async move {
@@ -1540,4 +1496,36 @@ async fn a_burst_of_asks_after_the_statistics_saw_none_open_is_analyzed_and_answ
     // And an answer still works on the plans made from them.
     answer(list(20).await).await;
     tc.stop().await;
+}
+
+/// Creates `n` questionnaires of one question for each of `owners`, 32 at a time.
+async fn questionnaires(
+    api: &TaskServiceClient<tonic::transport::Channel>,
+    owners: Vec<String>,
+    n: usize,
+) -> usize {
+    futures_util::stream::iter(
+        owners
+            .into_iter()
+            .flat_map(move |o| (0..n).map(move |i| (o.clone(), i))),
+    )
+    .map(|(owner, i)| {
+        let mut api = api.clone();
+        async move {
+            api.create_task(pb::CreateTaskRequest {
+                owner,
+                questionnaire: vec![pb::FormQuestion {
+                    key: "q".into(),
+                    text: format!("Question {i}?"),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+            .expect("created")
+        }
+    })
+    .buffer_unordered(32)
+    .count()
+    .await
 }

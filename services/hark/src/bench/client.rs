@@ -245,6 +245,8 @@ async fn w1_rust(
 
 /// The processes' CPU and memory at the marks of a W2 run, and how long its phases took.
 struct Marks {
+    /// The Python client's process, whose CPU is read beside the others'.
+    client: Option<u32>,
     suspending: Vec<(String, f64)>,
     waited: Vec<(String, f64)>,
     waiting_memory: Vec<(String, u64)>,
@@ -257,9 +259,10 @@ struct Marks {
 }
 
 impl Marks {
-    fn suspending(bench: &Bench) -> Self {
+    fn suspending(bench: &Bench, client: Option<u32>) -> Self {
         Self {
-            suspending: w2::cpu(bench),
+            client,
+            suspending: w2::cpu(bench, client),
             waited: Vec::new(),
             waiting_memory: Vec::new(),
             resuming: Vec::new(),
@@ -272,14 +275,14 @@ impl Marks {
 
     /// Every task waits: the CPU so far, then, once the processes settled, their memory.
     async fn waiting(&mut self, bench: &Bench) {
-        self.waited = w2::cpu(bench);
+        self.waited = w2::cpu(bench, self.client);
         tokio::time::sleep(Duration::from_secs(2)).await;
         self.waiting_memory = w2::memory(bench);
-        self.resuming = w2::cpu(bench);
+        self.resuming = w2::cpu(bench, self.client);
     }
 
     fn resumed(&mut self, bench: &Bench) {
-        self.resumed = w2::cpu(bench);
+        self.resumed = w2::cpu(bench, self.client);
     }
 }
 
@@ -315,7 +318,7 @@ pub async fn w2(
                 ],
             )?;
             run.until("suspending").await?;
-            let mut marks = Marks::suspending(bench);
+            let mut marks = Marks::suspending(bench, run.child.id());
             run.until("waiting").await?;
             marks.waiting(bench).await;
             run.go().await?;
@@ -434,7 +437,7 @@ async fn w2_rust(
         .into_inner();
 
     // Suspend: create N tasks, each seen waiting on the stream.
-    let mut marks = Marks::suspending(bench);
+    let mut marks = Marks::suspending(bench, None);
     let t0 = Instant::now();
     let mut creating = JoinSet::new();
     let creator = {

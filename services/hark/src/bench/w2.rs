@@ -51,9 +51,10 @@ pub(super) fn memory(bench: &Bench) -> Vec<(String, u64)> {
     out
 }
 
-/// CPU seconds used so far, by process: each hark process, all of Postgres, nats-server, and the
-/// bench itself (the scripted LLM and the gRPC client).
-pub(super) fn cpu(bench: &Bench) -> Vec<(String, f64)> {
+/// CPU seconds used so far, by process: each hark process, all of Postgres, nats-server, the
+/// bench itself (the scripted LLM, and the gRPC client when it is Rust's), and the Python client
+/// `client` when there is one.
+pub(super) fn cpu(bench: &Bench, client: Option<u32>) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64)> = bench
         .procs
         .list()
@@ -63,6 +64,9 @@ pub(super) fn cpu(bench: &Bench) -> Vec<(String, f64)> {
     out.push(("postgres".into(), procs::cpu_s_of_all("postgres")));
     out.push(("nats-server".into(), procs::cpu_s_of_all("nats-server")));
     out.push(("bench".into(), procs::cpu_s(std::process::id())));
+    if let Some(pid) = client {
+        out.push(("python client".into(), procs::cpu_s(pid)));
+    }
     out
 }
 
@@ -156,7 +160,7 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(in_flight));
 
     // Suspend: create N tasks; each asks at once.
-    let cpu_start = cpu(bench);
+    let cpu_start = cpu(bench, None);
     let t0 = Instant::now();
     let mut creating = JoinSet::new();
     for i in 0..n {
@@ -187,7 +191,7 @@ pub async fn run(
     .await
     .context("not all W2 tasks reached waiting_input within 10 minutes")?;
     let suspend_s = t_suspended.duration_since(t0).as_secs_f64();
-    let cpu_suspend = cpu_per_task(&cpu_start, &cpu(bench), n);
+    let cpu_suspend = cpu_per_task(&cpu_start, &cpu(bench, None), n);
 
     tokio::time::sleep(Duration::from_secs(2)).await;
     let waiting = memory(bench);
@@ -197,7 +201,7 @@ pub async fn run(
     let xact_before = xact_commit(bench).await?;
 
     // Resume: answer all N.
-    let cpu_waiting = cpu(bench);
+    let cpu_waiting = cpu(bench, None);
     let t1 = Instant::now();
     let mut answering = JoinSet::new();
     for (i, id) in ids.iter().enumerate() {
@@ -234,7 +238,7 @@ pub async fn run(
     )
     .await
     .context("not all W2 tasks completed within 10 minutes")?;
-    let cpu_resume = cpu_per_task(&cpu_waiting, &cpu(bench), n);
+    let cpu_resume = cpu_per_task(&cpu_waiting, &cpu(bench, None), n);
     let resume_s = t_resumed.duration_since(t1).as_secs_f64();
     let done_s = t_done.duration_since(t1).as_secs_f64();
     // Statistics are flushed by each backend within a second.

@@ -1,6 +1,6 @@
 //! Retention: a finished task is kept for `task.retention` after it ended, then deleted with
-//! everything it owns (its rounds, questions, told instructions and audit rows go with it by
-//! their foreign keys). The record of which inbound messages were applied is kept as long, and
+//! everything it owns: its audit rows, rounds and questions in the same statement, its told
+//! instructions and its questions' chat messages by their foreign keys. The record of which inbound messages were applied is kept as long, and
 //! so is a schedule after it ended. A tool approved for an MCP session goes when its day is over.
 
 use std::time::Duration;
@@ -26,7 +26,7 @@ impl Store {
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         // A task finished after it was created, so only tasks created before the cutoff can be
         // due: the scan walks the creation index from the oldest task.
-        let tasks = sqlx::query(concat!(
+        let tasks: i64 = sqlx::query_scalar(concat!(
             "WITH due AS (
                 SELECT id FROM tasks
                 WHERE created_at < now() - $1 * interval '1 millisecond'
@@ -41,14 +41,22 @@ impl Store {
                 ORDER BY created_at
                 LIMIT $2
                 FOR UPDATE SKIP LOCKED
+            ), gone AS (
+                DELETE FROM tasks USING due WHERE tasks.id = due.id RETURNING tasks.id
+            ), audit AS (
+                DELETE FROM transitions USING gone WHERE transitions.task_id = gone.id
+            ), rounds AS (
+                DELETE FROM checkpoints USING gone WHERE checkpoints.task_id = gone.id
+            ), asked AS (
+                DELETE FROM questions USING gone WHERE questions.task_id = gone.id
             )
-            DELETE FROM tasks USING due WHERE tasks.id = due.id"
+            SELECT count(*) FROM gone"
         ))
         .bind(keep_ms)
         .bind(limit)
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        .fetch_one(&self.pool)
+        .await?;
+        let tasks = u64::try_from(tasks).unwrap_or_default();
         let applied_inbound = sqlx::query(
             "WITH due AS (
                 SELECT key FROM applied_inbound

@@ -1482,3 +1482,96 @@ async fn an_ask_supersedes_a_question_left_open() {
     assert_eq!(outcome(second.id), QuestionOutcome::Open);
     db.drop().await;
 }
+
+/// Statistics taken while no task ran make the indexes of running tasks look empty. A worker's
+/// heartbeat, its reads of the task it holds and its ask still find that task by id, instead of
+/// reading every running task each time.
+#[tokio::test]
+async fn a_workers_calls_after_the_statistics_saw_no_task_running_read_its_own_task_only() {
+    let db = TestDb::new().await;
+    // One backend runs every statement, so that its statistics of index reads can be flushed.
+    let store = &db.one_connection().await;
+    let pool = db.store.pool();
+    // Neither Postgres nor task-control's upkeep may take the statistics again during the test.
+    let mut upkeep = pool.acquire().await.expect("connection");
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(hark_control::store::UPKEEP_LOCK)
+        .execute(&mut *upkeep)
+        .await
+        .expect("the upkeep lock");
+    sqlx::query("ALTER TABLE tasks SET (autovacuum_enabled = false)")
+        .execute(pool)
+        .await
+        .expect("autovacuum off");
+    const TASKS: usize = 300;
+    for _ in 0..TASKS {
+        let task = new_task(store, None).await;
+        store.cancel(task.id, "admin", "").await.expect("cancelled");
+    }
+    sqlx::query("ANALYZE tasks")
+        .execute(pool)
+        .await
+        .expect("analyzed");
+    // Then as many run, with the statistics saying that none does.
+    let mut leases = Vec::new();
+    for _ in 0..TASKS {
+        let task = new_task(store, None).await;
+        let claimed = store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+        leases.push(claimed.lease);
+    }
+
+    let flush = "SELECT pg_stat_force_next_flush()";
+    // Every index of tasks: both of those holding only active tasks would do.
+    let read = "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
+                WHERE relname = 'tasks'";
+    let reads = || async {
+        let mut conn = store.pool().acquire().await.expect("the one connection");
+        sqlx::query(flush).execute(&mut *conn).await.expect("flush");
+        // The flush happens when the flushing statement ends.
+        sqlx::query("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .expect("flushed");
+        let n: i64 = sqlx::query_scalar(read)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("index stats");
+        n
+    };
+    for lease in &leases[..10] {
+        let before = reads().await;
+        store.heartbeat(lease, LEASE).await.expect("renewed");
+        store.held(lease).await.expect("held");
+        store.rounds_after(lease, 0).await.expect("rounds");
+        let after = reads().await;
+        assert!(
+            after - before < 10,
+            "a heartbeat and two reads of the held task read {} index entries of tasks, with {TASKS} running",
+            after - before
+        );
+        let before = reads().await;
+        store
+            .ask(lease, &ask_input(1, "call-1"))
+            .await
+            .expect("asked");
+        let after = reads().await;
+        assert!(
+            after - before < 10,
+            "an ask read {} index entries of tasks, with {TASKS} running",
+            after - before
+        );
+        let task = store.get_task(lease.task).await.expect("task");
+        assert_eq!(task.state, TaskState::WaitingInput);
+    }
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(hark_control::store::UPKEEP_LOCK)
+        .execute(&mut *upkeep)
+        .await
+        .expect("unlocked");
+    drop(upkeep);
+    store.pool().close().await;
+    db.drop().await;
+}

@@ -57,7 +57,7 @@ impl TaskState {
     }
 
     /// The name stored in Postgres and shown to people.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             TaskState::Pending => "pending",
             TaskState::Running => "running",

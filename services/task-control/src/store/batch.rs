@@ -902,7 +902,10 @@ impl Store {
         }
     }
 
-    /// One statement for all of `batch`.
+    /// One statement for all of `batch`. The task's state is compared with the state the ask
+    /// was decided from, a parameter: a literal `running` would let the planner read an index of
+    /// active tasks instead of the primary key, and with statistics taken while none ran, it
+    /// does, reading every running task for each ask.
     async fn ask_statement(&self, batch: &[AskRequest]) -> Result<Vec<Asked>, Error> {
         let sql = concat!(
             "WITH c AS (
@@ -928,7 +931,7 @@ impl Store {
                     pause_requested = false,
                     rounds = greatest(rounds, c.c_round)
                 FROM c
-                WHERE tasks.id = c.c_id AND tasks.state = ", sql_state!(running), " AND tasks.generation = c.c_generation
+                WHERE tasks.id = c.c_id AND tasks.state = $22 AND tasks.generation = c.c_generation
                   AND tasks.worker_id = c.c_worker
                 RETURNING ",
             task_columns!(),

@@ -39,6 +39,19 @@ impl TestDb {
         }
     }
 
+    /// Another store on the same database, over a single connection: every statement it runs
+    /// comes from one backend, whose statistics that connection can flush.
+    pub async fn one_connection(&self) -> Store {
+        let pool = store::connect(&self.database.url(), 1)
+            .await
+            .expect("Postgres answers");
+        Store::new(
+            pool,
+            Names::new(self.namespace.name.parse().expect("namespace")),
+            hark_control::texts::Languages::new(&Default::default()),
+        )
+    }
+
     pub async fn drop(self) {
         self.store.pool().close().await;
         self.database.remove().await;

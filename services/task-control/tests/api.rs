@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::control::TestControl;
+use common::{HeldStatistics, control::TestControl};
 use futures_util::StreamExt;
 use hark_core::{bus::ControlOp, codec};
 use hark_proto::v1::{self as pb, task_service_client::TaskServiceClient};
@@ -1304,18 +1304,11 @@ async fn an_owner_the_statistics_have_not_seen_gets_a_page_by_reading_one_page()
     create_all((0..200).map(|i| format!("api:o{i}")).collect(), 10).await;
     let pool = tc.store.pool();
     // Neither Postgres nor task-control's upkeep may take them again during the test.
-    let mut upkeep = pool.acquire().await.expect("connection");
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(hark_control::store::UPKEEP_LOCK)
-        .execute(&mut *upkeep)
+    let _held = HeldStatistics::of(pool, "questions").await;
+    sqlx::query("ANALYZE questions")
+        .execute(pool)
         .await
-        .expect("the upkeep lock");
-    for statement in [
-        "ALTER TABLE questions SET (autovacuum_enabled = false)",
-        "ANALYZE questions",
-    ] {
-        sqlx::query(statement).execute(pool).await.expect(statement);
-    }
+        .expect("analyzed");
     // Then one owner has more waiting than everyone else together.
     const WAITING: usize = 3_000;
     create_all(vec!["api:late".into()], WAITING).await;
@@ -1429,16 +1422,7 @@ async fn a_burst_of_asks_after_the_statistics_saw_none_open_is_analyzed_and_answ
     };
     let pool = tc.store.pool();
     // Only task-control's upkeep analyzes the table during the test, and only when let.
-    let mut upkeep = pool.acquire().await.expect("connection");
-    let lock = |sql: &'static str| sqlx::query(sql).bind(hark_control::store::UPKEEP_LOCK);
-    lock("SELECT pg_advisory_lock($1)")
-        .execute(&mut *upkeep)
-        .await
-        .expect("the upkeep lock");
-    sqlx::query("ALTER TABLE questions SET (autovacuum_enabled = false)")
-        .execute(pool)
-        .await
-        .expect("autovacuum off");
+    let held = HeldStatistics::of(pool, "questions").await;
     // Every question asked so far is answered when the statistics are taken.
     const CLOSED: usize = 2_000;
     create_all(CLOSED).await;
@@ -1461,10 +1445,7 @@ async fn a_burst_of_asks_after_the_statistics_saw_none_open_is_analyzed_and_answ
     // Then fewer than a third as many wait as were answered.
     const WAITING: usize = 600;
     create_all(WAITING).await;
-    lock("SELECT pg_advisory_unlock($1)")
-        .execute(&mut *upkeep)
-        .await
-        .expect("unlocked");
+    held.release().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         sqlx::query(flush).execute(pool).await.expect("flush");

@@ -5,10 +5,10 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::{
-    Cases as _, TestDb,
+    Cases as _, HeldStatistics, TestDb,
     tasks::{
         LEASE, answer, ask_input, group_chat, new_task, new_task_spec, owner, run_jobs,
-        waiting_task,
+        waiting_task, waiting_task_in,
     },
 };
 use hark_control::store::{AnswerOutcome, Error, Lease, NewTask, Store, TaskFilter};
@@ -1483,6 +1483,92 @@ async fn an_ask_supersedes_a_question_left_open() {
     db.drop().await;
 }
 
+/// Statistics taken while every question was closed make the indexes of open questions look
+/// empty. An ask, which closes what its task left open, and an answer, which closes its
+/// question, still find the question by its id or its task, instead of reading every open one.
+#[tokio::test]
+async fn asks_and_answers_after_the_statistics_saw_no_question_open_read_their_own_only() {
+    let db = TestDb::new().await;
+    // One backend runs every statement, so that its statistics of index reads can be flushed.
+    let store = &db.one_connection().await;
+    let pool = db.store.pool();
+    let held = HeldStatistics::of(pool, "questions").await;
+    const QUESTIONS: usize = 300;
+    for i in 0..QUESTIONS {
+        let (_, question) = waiting_task_in(store, None).await;
+        store
+            .answer(question, &answer("yes", &format!("closed-{i}")))
+            .await
+            .expect("answered");
+    }
+    sqlx::query("ANALYZE questions")
+        .execute(pool)
+        .await
+        .expect("analyzed");
+    // Then as many are open, with the statistics saying that none is.
+    let mut open = Vec::new();
+    for _ in 0..QUESTIONS {
+        open.push(waiting_task_in(store, None).await.1);
+    }
+
+    let reads = || async {
+        let mut conn = store.pool().acquire().await.expect("the one connection");
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(&mut *conn)
+            .await
+            .expect("flush");
+        // The flush happens when the flushing statement ends.
+        sqlx::query("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .expect("flushed");
+        let n: i64 = sqlx::query_scalar(
+            "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
+             WHERE relname = 'questions'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .expect("index stats");
+        n
+    };
+    for (i, question) in open.iter().take(10).enumerate() {
+        let task = new_task(store, None).await;
+        let claimed = store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+        let before = reads().await;
+        store
+            .ask(&claimed.lease, &ask_input(1, "call-1"))
+            .await
+            .expect("asked");
+        let after = reads().await;
+        assert!(
+            after - before < 10,
+            "an ask read {} index entries of questions, with {QUESTIONS} open",
+            after - before
+        );
+        let before = reads().await;
+        let outcome = store
+            .answer(*question, &answer("yes", &format!("open-{i}")))
+            .await
+            .expect("answered");
+        let after = reads().await;
+        assert!(
+            matches!(outcome, AnswerOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+        assert!(
+            after - before < 10,
+            "an answer read {} index entries of questions, with {QUESTIONS} open",
+            after - before
+        );
+    }
+    held.release().await;
+    store.pool().close().await;
+    db.drop().await;
+}
+
 /// Statistics taken while no task ran make the indexes of running tasks look empty. A worker's
 /// heartbeat, its reads of the task it holds and its ask still find that task by id, instead of
 /// reading every running task each time.
@@ -1493,16 +1579,7 @@ async fn a_workers_calls_after_the_statistics_saw_no_task_running_read_its_own_t
     let store = &db.one_connection().await;
     let pool = db.store.pool();
     // Neither Postgres nor task-control's upkeep may take the statistics again during the test.
-    let mut upkeep = pool.acquire().await.expect("connection");
-    sqlx::query("SELECT pg_advisory_lock($1)")
-        .bind(hark_control::store::UPKEEP_LOCK)
-        .execute(&mut *upkeep)
-        .await
-        .expect("the upkeep lock");
-    sqlx::query("ALTER TABLE tasks SET (autovacuum_enabled = false)")
-        .execute(pool)
-        .await
-        .expect("autovacuum off");
+    let held = HeldStatistics::of(pool, "tasks").await;
     const TASKS: usize = 300;
     for _ in 0..TASKS {
         let task = new_task(store, None).await;
@@ -1566,12 +1643,7 @@ async fn a_workers_calls_after_the_statistics_saw_no_task_running_read_its_own_t
         let task = store.get_task(lease.task).await.expect("task");
         assert_eq!(task.state, TaskState::WaitingInput);
     }
-    sqlx::query("SELECT pg_advisory_unlock($1)")
-        .bind(hark_control::store::UPKEEP_LOCK)
-        .execute(&mut *upkeep)
-        .await
-        .expect("unlocked");
-    drop(upkeep);
+    held.release().await;
     store.pool().close().await;
     db.drop().await;
 }

@@ -401,7 +401,7 @@ impl QuestionOutcome {
         QuestionOutcome::Superseded,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             QuestionOutcome::Open => "open",
             QuestionOutcome::Answered => "answered",

@@ -249,9 +249,7 @@ impl Store {
             ), answered AS (
                 UPDATE questions q SET outcome = $10, closed_at = now(),
                                        answerer = $4, answer = $5, inbound_message_id = $6
-                FROM t WHERE q.id = $3 AND q.outcome = ",
-            sql_outcome!(open),
-            "
+                FROM t WHERE q.id = $3 AND q.outcome = $12
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT $6, id, $3 FROM t WHERE $6::text IS NOT NULL
@@ -276,6 +274,7 @@ impl Store {
             .bind(format!("#{}: {have} of {need}", question.handle))
             .bind(closing.outcome)
             .bind(closing.once)
+            .bind(super::OPEN)
             .fetch_optional(&self.pool)
             .await?;
         let Some(task) = task else {
@@ -364,7 +363,7 @@ impl Store {
             ), answered AS (
                 UPDATE questions q SET outcome = $15, closed_at = now(), answerer = $4,
                                        answer = $5, inbound_message_id = $6
-                FROM t WHERE q.id = $3 AND q.outcome = ", sql_outcome!(open), "
+                FROM t WHERE q.id = $3 AND q.outcome = $18
                 RETURNING q.id, q.tool_call_id, q.round, q.traceparent
             ), applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
@@ -405,6 +404,7 @@ impl Store {
             .bind(closing.outcome)
             .bind(closing.once)
             .bind(yields)
+            .bind(super::OPEN)
             .fetch_optional(&self.pool)
             .await?)
     }

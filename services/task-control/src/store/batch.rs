@@ -807,9 +807,7 @@ impl Store {
                  (SELECT ",
             question_columns!(),
             " FROM questions
-                  WHERE task_id = l.l_task AND outcome = ",
-            sql_outcome!(open),
-            " ORDER BY asked_at DESC LIMIT 1)
+                  WHERE task_id = l.l_task AND outcome = $4 ORDER BY asked_at DESC LIMIT 1)
                  LIMIT 1
              ) q
              JOIN tasks t ON t.id = q.task_id"
@@ -818,6 +816,7 @@ impl Store {
             .bind(column(batch, |l| l.question.map(|q| q.as_uuid())))
             .bind(column(batch, |l| l.task.map(|t| t.as_uuid())))
             .bind(column(batch, |l| l.inbound_key.as_deref()))
+            .bind(super::OPEN)
             .fetch_all(&self.pool)
             .await?;
         Ok(in_order(
@@ -852,7 +851,7 @@ impl Store {
                 UPDATE questions q SET outcome = t.c_outcome, closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_text, inbound_message_id = t.c_inbound,
                                        model_answer = t.c_model
-                FROM t WHERE q.id = t.c_question AND q.outcome = ", sql_outcome!(open), "
+                FROM t WHERE q.id = t.c_question AND q.outcome = $19
             ), ", supersede_others!("c_question", "c_others"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_question FROM t WHERE c_inbound IS NOT NULL
@@ -877,6 +876,7 @@ impl Store {
             .bind(Event::Answer.as_str())
             .bind(column(batch, |r| r.model_answer.as_deref()));
         let rows: Vec<OrderedTask> = Closing::bind(query, batch, |r| &r.closing)
+            .bind(super::OPEN)
             .fetch_all(&self.pool)
             .await?;
         hark_core::failpoint::hit("answer.after_commit");
@@ -941,7 +941,7 @@ impl Store {
                 SELECT id, $22, state, $23, generation, c_worker, c_text FROM t
             ), closed AS (
                 UPDATE questions q SET outcome = $34, closed_at = now()
-                FROM t WHERE q.task_id = t.id AND q.outcome = ", sql_outcome!(open), "
+                FROM t WHERE q.task_id = t.id AND q.outcome = $35
             ), checkpoint AS (
                 INSERT INTO checkpoints (task_id, round, messages)
                 SELECT id, c_round, c_messages FROM t
@@ -1018,6 +1018,7 @@ impl Store {
                 question: r.question,
             })
             .bind(decided.closes)
+            .bind(super::OPEN)
             .fetch_all(&self.pool)
             .await?;
         let mut sent = Vec::new();

@@ -41,14 +41,17 @@ pub struct FormStep<'a> {
 /// request's columns `c_*`): the answered question, the applied inbound id, the step's round and
 /// the audit of the three decided moves (`c_a*`: the answer, `c_c*`: the claim, `c_l*`: the ask
 /// or finish; `*f`, `*t`, `*e`: from, to, event), the last with `$detail`. The questions close as
-/// the answer's decision says (`c_outcome`, `c_others`).
+/// the answer's decision says (`c_outcome`, `c_others`); `$open` is the parameter that holds the
+/// outcome of an open question (see `store::OPEN`).
 macro_rules! answered_and_audit {
-    ($detail:literal) => {
+    ($detail:literal, $open:literal) => {
         concat!(
             "answered AS (
                 UPDATE questions q SET outcome = t.c_outcome, closed_at = now(), answerer = t.c_answerer,
                                        answer = t.c_answer, inbound_message_id = t.c_inbound
-                FROM t WHERE q.id = t.c_answered AND q.outcome = ", sql_outcome!(open), "
+                FROM t WHERE q.id = t.c_answered AND q.outcome = ",
+            $open,
+            "
             ), ", supersede_others!("c_answered", "c_others"), ", applied AS (
                 INSERT INTO applied_inbound (key, task_id, question_id)
                 SELECT c_inbound, id, c_answered FROM t WHERE c_inbound IS NOT NULL
@@ -411,7 +414,7 @@ impl Store {
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!("c_text"),
+            answered_and_audit!("c_text", "$40"),
             ", asked AS (
                 INSERT INTO questions (id, task_id, handle, text, context, tool_call_id, round, owner,
                                        platform, bot_id, stream, choices, deadline, escalate_to,
@@ -443,7 +446,7 @@ impl Store {
             question: r.question,
         })
         .bind(column(batch, |r| r.answered.moves.expires_ms));
-        let query = Closing::bind(query, batch, |r| &r.answered.closing);
+        let query = Closing::bind(query, batch, |r| &r.answered.closing).bind(super::OPEN);
         let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(
@@ -486,7 +489,7 @@ impl Store {
             task_columns!(),
             ", c.*
             ), ",
-            answered_and_audit!("''"),
+            answered_and_audit!("''", "$27"),
             ", out AS (
                 ", outbox_of_batch!("$10", "$11", "$12", "$13", "$14"), "
             )
@@ -496,7 +499,7 @@ impl Store {
         let query = Answered::bind(sqlx::query_as(sql), batch, |r| &r.answered)
             .bind(column(batch, |r| r.output.as_str()));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
-        let query = Closing::bind(query, batch, |r| &r.answered.closing);
+        let query = Closing::bind(query, batch, |r| &r.answered.closing).bind(super::OPEN);
         let rows: Vec<FinishRow> = query.fetch_all(&self.pool).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));

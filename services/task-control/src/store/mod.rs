@@ -436,6 +436,12 @@ mod worker;
 
 use apply::{Cas, CasRow, columns};
 
+/// The outcome of an open question, bound as a parameter in the statements that close a
+/// question found by its id or its task. Spelt in the statement, it lets the planner read an
+/// index of open questions instead, which reads every open question when the statistics say
+/// none is open.
+const OPEN: &str = QuestionOutcome::Open.as_str();
+
 pub use crate::rows::{
     Answer, ChatRoute, Instruction, KeyRow, Lease, QuestionRow, RoundRow, ScheduleRow, TaskRow,
     TransitionRow,

@@ -253,3 +253,37 @@ impl Cases for Store {
         hark_control::cases::command::resume(self, task, actor)
     }
 }
+
+/// A table's statistics kept as they are: task-control's upkeep does not run while its lock is
+/// held here, and Postgres's autovacuum leaves the table alone. [`HeldStatistics::release`] lets
+/// the upkeep run again.
+pub struct HeldStatistics {
+    upkeep: sqlx::pool::PoolConnection<sqlx::Postgres>,
+}
+
+impl HeldStatistics {
+    /// Takes the upkeep lock and turns autovacuum off for `table`.
+    pub async fn of(pool: &sqlx::PgPool, table: &str) -> Self {
+        let mut upkeep = pool.acquire().await.expect("connection");
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(store::UPKEEP_LOCK)
+            .execute(&mut *upkeep)
+            .await
+            .expect("the upkeep lock");
+        let off = format!("ALTER TABLE {table} SET (autovacuum_enabled = false)");
+        sqlx::query(sqlx::AssertSqlSafe(off))
+            .execute(&mut *upkeep)
+            .await
+            .expect("autovacuum off");
+        Self { upkeep }
+    }
+
+    /// Lets task-control's upkeep take the statistics again.
+    pub async fn release(mut self) {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(store::UPKEEP_LOCK)
+            .execute(&mut *self.upkeep)
+            .await
+            .expect("unlocked");
+    }
+}

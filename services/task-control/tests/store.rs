@@ -5,7 +5,7 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::{
-    Cases as _, HeldStatistics, TestDb,
+    Cases as _, HeldStatistics, TestDb, index_reads,
     tasks::{
         LEASE, answer, ask_input, group_chat, new_task, new_task_spec, owner, run_jobs,
         waiting_task, waiting_task_in,
@@ -1511,26 +1511,7 @@ async fn asks_and_answers_after_the_statistics_saw_no_question_open_read_their_o
         open.push(waiting_task_in(store, None).await.1);
     }
 
-    let reads = || async {
-        let mut conn = store.pool().acquire().await.expect("the one connection");
-        sqlx::query("SELECT pg_stat_force_next_flush()")
-            .execute(&mut *conn)
-            .await
-            .expect("flush");
-        // The flush happens when the flushing statement ends.
-        sqlx::query("SELECT 1")
-            .execute(&mut *conn)
-            .await
-            .expect("flushed");
-        let n: i64 = sqlx::query_scalar(
-            "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
-             WHERE relname = 'questions'",
-        )
-        .fetch_one(&mut *conn)
-        .await
-        .expect("index stats");
-        n
-    };
+    let reads = || index_reads(store, "questions");
     for (i, question) in open.iter().take(10).enumerate() {
         let task = new_task(store, None).await;
         let claimed = store
@@ -1600,24 +1581,8 @@ async fn a_workers_calls_after_the_statistics_saw_no_task_running_read_its_own_t
         leases.push(claimed.lease);
     }
 
-    let flush = "SELECT pg_stat_force_next_flush()";
     // Every index of tasks: both of those holding only active tasks would do.
-    let read = "SELECT sum(idx_tup_read)::bigint FROM pg_stat_user_indexes
-                WHERE relname = 'tasks'";
-    let reads = || async {
-        let mut conn = store.pool().acquire().await.expect("the one connection");
-        sqlx::query(flush).execute(&mut *conn).await.expect("flush");
-        // The flush happens when the flushing statement ends.
-        sqlx::query("SELECT 1")
-            .execute(&mut *conn)
-            .await
-            .expect("flushed");
-        let n: i64 = sqlx::query_scalar(read)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("index stats");
-        n
-    };
+    let reads = || index_reads(store, "tasks");
     for lease in &leases[..10] {
         let before = reads().await;
         store.heartbeat(lease, LEASE).await.expect("renewed");

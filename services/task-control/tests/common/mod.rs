@@ -287,3 +287,26 @@ impl HeldStatistics {
             .expect("unlocked");
     }
 }
+
+/// How many index entries of `table` the backend of `store` has read: `store` must run on one
+/// connection ([`TestDb::one_connection`]), whose statistics this flushes first.
+pub async fn index_reads(store: &Store, table: &str) -> i64 {
+    let mut conn = store.pool().acquire().await.expect("the one connection");
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .expect("flush");
+    // The flush happens when the flushing statement ends.
+    sqlx::query("SELECT 1")
+        .execute(&mut *conn)
+        .await
+        .expect("flushed");
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE relname = $1",
+    )
+    .bind(table)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("index stats")
+}

@@ -152,17 +152,24 @@ async fn upkeep_locked(conn: &mut PgConnection, vacuum: bool) -> Result<Upkeep, 
     let mut done = Upkeep::default();
     for table in stats {
         let live = table.reltuples;
-        let command = if vacuum && table.n_dead_tup as f64 > BASE_ROWS + VACUUM_SHARE * live {
-            done.vacuumed.push(table.relname.clone());
-            "VACUUM (ANALYZE)"
-        } else if table.n_mod_since_analyze as f64
-            > BASE_ROWS + analyze_share(&table.relname) * live
-        {
-            done.analyzed.push(table.relname.clone());
-            "ANALYZE"
-        } else {
-            continue;
+        let vacuum_due = vacuum && table.n_dead_tup as f64 > BASE_ROWS + VACUUM_SHARE * live;
+        let analyze_due =
+            table.n_mod_since_analyze as f64 > BASE_ROWS + analyze_share(&table.relname) * live;
+        // A vacuum analyzes only when an analyze is due as well: sampling the rows costs several
+        // times what the vacuum does, and a table whose rows only move (each answered task's
+        // row, say) needs its dead versions gone far more often than new statistics.
+        let command = match (vacuum_due, analyze_due) {
+            (true, true) => "VACUUM (ANALYZE)",
+            (true, false) => "VACUUM",
+            (false, true) => "ANALYZE",
+            (false, false) => continue,
         };
+        if vacuum_due {
+            done.vacuumed.push(table.relname.clone());
+        }
+        if analyze_due {
+            done.analyzed.push(table.relname.clone());
+        }
         // The name comes from TABLES, not from the server.
         let Some(name) = TABLES.iter().find(|t| **t == table.relname) else {
             continue;

@@ -638,6 +638,46 @@ async fn upkeep_vacuums_tables_with_dead_rows_and_analyzes_tables_that_grew() {
 }
 
 #[tokio::test]
+async fn an_analyze_keeps_statistics_of_the_columns_statements_read_only() {
+    let db = TestDb::new().await;
+    waiting_task(&db.store).await;
+    sqlx::query("ANALYZE questions, tasks")
+        .execute(db.store.pool())
+        .await
+        .expect("analyze");
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename || '.' || attname FROM pg_stats
+         WHERE schemaname = current_schema() AND tablename IN ('questions', 'tasks')",
+    )
+    .fetch_all(db.store.pool())
+    .await
+    .expect("statistics");
+    for read in [
+        "questions.outcome",
+        "questions.owner",
+        "questions.handle",
+        "tasks.state",
+    ] {
+        assert!(
+            kept.iter().any(|c| c == read),
+            "{read} has no statistics: {kept:?}"
+        );
+    }
+    for unread in [
+        "questions.text",
+        "questions.context",
+        "questions.choices",
+        "tasks.goal",
+    ] {
+        assert!(
+            !kept.iter().any(|c| c == unread),
+            "{unread} has statistics: {kept:?}"
+        );
+    }
+    db.drop().await;
+}
+
+#[tokio::test]
 async fn claims_and_completions_decided_together_each_win_or_lose_on_their_own() {
     let db = TestDb::new().await;
     let store = &db.store;

@@ -656,6 +656,7 @@ async fn an_analyze_keeps_statistics_of_the_columns_statements_read_only() {
         "questions.outcome",
         "questions.owner",
         "questions.handle",
+        "questions.model_answer",
         "tasks.state",
     ] {
         assert!(

@@ -641,6 +641,49 @@ async fn upkeep_vacuums_tables_with_dead_rows_and_analyzes_tables_that_grew() {
     db.drop().await;
 }
 
+/// The backends whose last statement created a task (its text starts with the new tasks; the
+/// rest is past what `pg_stat_activity` shows of it).
+async fn backends_that_created(store: &Store) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND query LIKE 'WITH n AS (%SELECT * FROM unnest($1::uuid[]%'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("pg_stat_activity")
+}
+
+#[tokio::test]
+async fn creations_one_at_a_time_run_on_one_connection_the_pool_keeps_for_them() {
+    let db = TestDb::new().await;
+    // Four statements at once leave the pool four connections to hand out in turn.
+    let pool = db.store.pool();
+    let pause = || sqlx::query("SELECT pg_sleep(0.05)").execute(pool);
+    let (a, b, c, d) = tokio::join!(pause(), pause(), pause(), pause());
+    for done in [a, b, c, d] {
+        done.expect("pg_sleep");
+    }
+    assert!(pool.num_idle() >= 2, "the pool holds {} idle", pool.num_idle());
+    for _ in 0..8 {
+        new_task(&db.store, None).await;
+    }
+    // Each ran where the one before it ran, its statement planned there already.
+    assert_eq!(backends_that_created(&db.store).await, 1);
+
+    // A pool of one is never kept from everything else: a read right after a creation finds
+    // the connection back in the pool rather than waiting for the creations to pause.
+    let one = db.one_connection().await;
+    let task = new_task(&one, None).await;
+    let read = tokio::time::timeout(Duration::from_secs(5), one.get_task(task.id))
+        .await
+        .expect("the read waited for a connection kept for creations")
+        .expect("the task reads back");
+    assert_eq!(read.id, task.id);
+    one.pool().close().await;
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn an_analyze_keeps_statistics_of_the_columns_statements_read_only() {
     let db = TestDb::new().await;

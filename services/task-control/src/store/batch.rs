@@ -5,16 +5,20 @@
 //! company. When a batch's statement fails, each of its requests is decided alone, so a request
 //! the database refuses fails by itself and never takes the others down with it.
 
-use std::{sync::Mutex, time::Duration};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use futures_util::future::BoxFuture;
 use hark_core::domain::{Event, QuestionId, QuestionOutcome, TaskId, TaskState, decide};
 use hark_proto::v1 as pb;
-use sqlx::types::Json;
-use tokio::sync::{mpsc, oneshot};
+use sqlx::{PgConnection, Postgres, pool::PoolConnection, types::Json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use super::{
     Answer, AnswerTarget, AskInput, CasRow, Error, Lease, NewTask, OutboxMessage, Store, TaskRow,
+    connect,
 };
 
 /// The most requests one statement decides.
@@ -29,6 +33,7 @@ pub(super) trait Batched: Sized + Send + Sync + 'static {
     /// One statement for all of `batch`: one decision per request, in order.
     fn decide<'a>(
         store: &'a Store,
+        conn: &'a mut PgConnection,
         batch: &'a [Self],
     ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>>;
 
@@ -84,8 +89,47 @@ impl Store {
     }
 }
 
+/// How long a deciding loop keeps its connection after its last statement. A request that comes
+/// meanwhile runs on the same connection: its statement is already planned there and that
+/// backend's caches are warm, where the pool would hand out the connection idle the longest.
+const KEEP_FOR: Duration = Duration::from_secs(10);
+
+/// A connection a deciding loop keeps between its statements, and its share of the pool.
+struct Kept {
+    conn: PoolConnection<Postgres>,
+    share: OwnedSemaphorePermit,
+    /// [`connect::losses`] when it was kept: after a loss since, it may be dead.
+    losses: u64,
+}
+
+/// How many of a pool's connections the deciding loops may keep between statements: half, so
+/// that the other half always turns over for everything else.
+pub(super) fn keepable(pool: &sqlx::PgPool) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(
+        pool.options().get_max_connections() as usize / 2,
+    ))
+}
+
 async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pending<Q>>) {
-    while let Some(first) = receiver.recv().await {
+    let mut kept: Option<Kept> = None;
+    loop {
+        let first = match kept {
+            None => receiver.recv().await,
+            // Given back when nothing comes for a while, and at once when the pool closes,
+            // which waits for every connection.
+            Some(_) => tokio::select! {
+                first = receiver.recv() => first,
+                _ = tokio::time::sleep(KEEP_FOR) => {
+                    kept = None;
+                    receiver.recv().await
+                }
+                _ = store.pool.close_event() => {
+                    kept = None;
+                    receiver.recv().await
+                }
+            },
+        };
+        let Some(first) = first else { return };
         let mut requests = Vec::with_capacity(MAX_BATCH);
         let mut replies = Vec::with_capacity(MAX_BATCH);
         let mut next = Some(first);
@@ -98,11 +142,30 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
                 None
             };
         }
-        match Q::decide(&store, &requests).await {
+        // One kept from before a connection was lost goes back to the pool, which checks the
+        // connections made before a loss.
+        let reused = kept
+            .take()
+            .filter(|k| k.losses == connect::losses())
+            .map(|k| (k.conn, Some(k.share)));
+        let (mut conn, share) = match reused {
+            Some(reused) => reused,
+            None => match store.pool.acquire().await {
+                Ok(conn) => (conn, None),
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(Error::from(again(&e))));
+                    }
+                    continue;
+                }
+            },
+        };
+        match Q::decide(&store, &mut conn, &requests).await {
             Ok(answers) if answers.len() == requests.len() => {
                 for (reply, answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(Ok(answer));
                 }
+                kept = store.keep(conn, share);
             }
             // Every decision answers each request; a statement that did not has committed
             // something unknown, so nothing is decided again.
@@ -130,8 +193,15 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
             // fails.
             Err(e) => {
                 tracing::debug!(requests = requests.len(), error = %e, "a batch failed; deciding its requests one by one");
+                // On connections from the pool, as the failure may have been this one's.
+                drop(conn);
                 for (request, reply) in requests.iter().zip(replies) {
-                    let alone = Q::decide(&store, std::slice::from_ref(request)).await;
+                    let alone = match store.pool.acquire().await {
+                        Ok(mut conn) => {
+                            Q::decide(&store, &mut conn, std::slice::from_ref(request)).await
+                        }
+                        Err(e) => Err(e.into()),
+                    };
                     let _ = reply.send(alone.and_then(|mut a| {
                         a.pop().ok_or(Error::Internal(
                             "a request decided alone got no answer".into(),
@@ -140,6 +210,41 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
                 }
             }
         }
+    }
+}
+
+/// `error` once more, for each of the requests that could not get a connection.
+fn again(error: &sqlx::Error) -> sqlx::Error {
+    match error {
+        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
+        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
+        sqlx::Error::Io(e) => sqlx::Error::Io(std::io::Error::new(e.kind(), e.to_string())),
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+impl Store {
+    /// Keeps `conn` for a deciding loop's next statement while the pool has others to spare and
+    /// the loops' share of it allows; `None` gives it back.
+    fn keep(
+        &self,
+        conn: PoolConnection<Postgres>,
+        share: Option<OwnedSemaphorePermit>,
+    ) -> Option<Kept> {
+        let spare = self.pool.num_idle() > 0
+            || self.pool.size() < self.pool.options().get_max_connections();
+        if !spare {
+            return None;
+        }
+        let share = match share {
+            Some(share) => share,
+            None => self.keepable.clone().try_acquire_owned().ok()?,
+        };
+        Some(Kept {
+            conn,
+            share,
+            losses: connect::losses(),
+        })
     }
 }
 
@@ -504,9 +609,10 @@ macro_rules! batched {
 
             fn decide<'a>(
                 store: &'a Store,
+                conn: &'a mut PgConnection,
                 batch: &'a [Self],
             ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
-                Box::pin(store.$statement(batch))
+                Box::pin(store.$statement(conn, batch))
             }
 
             fn queue(store: &Store) -> &Batches<Self> {
@@ -633,7 +739,11 @@ impl Store {
     /// One statement for all of `batch`; the result holds, in order, the row of each claim that
     /// won. A claim wins its job's task unless a task of a higher priority is pending (see
     /// [`Store::claim_best`]).
-    async fn claim_batch(&self, batch: &[ClaimRequest]) -> Result<Vec<Option<CasRow>>, Error> {
+    async fn claim_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[ClaimRequest],
+    ) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = claim_sql!(
             "SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::bigint[],
                                   $5::text[], $6::text[], $7::text[], $8::bool[])
@@ -650,7 +760,7 @@ impl Store {
             .bind(column(batch, |r| r.decided.to))
             .bind(column(batch, |r| r.decided.event))
             .bind(column(batch, |r| r.yields))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let events = rows
             .iter()
@@ -667,6 +777,7 @@ impl Store {
     /// `completed` with its result, its audit row, its last round and its chat message.
     async fn complete_batch(
         &self,
+        conn: &mut PgConnection,
         batch: &[CompleteRequest],
     ) -> Result<Vec<Option<CasRow>>, Error> {
         let sql = concat!(
@@ -712,7 +823,7 @@ impl Store {
             .bind(column(batch, |r| r.decided.from))
             .bind(column(batch, |r| r.decided.to))
             .bind(column(batch, |r| r.decided.event))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut sent = Vec::new();
         for r in &rows {
@@ -730,7 +841,11 @@ impl Store {
     /// its first run job, unless its request id was used before or its owner already has as many
     /// tasks that have not ended as its limit allows (counting the batch's own requests in
     /// order). A request without a row is then told which of the two it was.
-    async fn create_batch(&self, batch: &[CreateRequest]) -> Result<Vec<Created>, Error> {
+    async fn create_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[CreateRequest],
+    ) -> Result<Vec<Created>, Error> {
         let sql = concat!(
             "WITH ",
             new_tasks!(),
@@ -761,7 +876,7 @@ impl Store {
             .bind(column(batch, |r| r.job.msg_id.as_str()))
             .bind(column(batch, |r| r.job.payload.to_vec()))
             .bind(column(batch, |r| r.job.trace.as_deref()))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut created: Vec<Created> = batch.iter().map(|_| Created::NotInserted).collect();
         let mut sent = Vec::with_capacity(rows.len() * 2);
@@ -780,6 +895,7 @@ impl Store {
     /// task) with its task's state and generation, and whether its inbound message was applied.
     async fn lookup_batch(
         &self,
+        conn: &mut PgConnection,
         batch: &[AnswerLookup],
     ) -> Result<Vec<Option<AnswerTarget>>, Error> {
         // A lookup whose inbound message was applied before finds the question that message
@@ -817,7 +933,7 @@ impl Store {
             .bind(column(batch, |l| l.task.map(|t| t.as_uuid())))
             .bind(column(batch, |l| l.inbound_key.as_deref()))
             .bind(super::OPEN)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         Ok(in_order(
             batch.len(),
@@ -827,7 +943,11 @@ impl Store {
 
     /// One statement for all of `batch`: each task still waiting at its generation moves to
     /// `pending`, its question is answered, the inbound id recorded and the run job queued.
-    async fn answer_batch(&self, batch: &[AnswerRequest]) -> Result<Vec<Option<TaskRow>>, Error> {
+    async fn answer_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[AnswerRequest],
+    ) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[],
@@ -877,7 +997,7 @@ impl Store {
             .bind(column(batch, |r| r.model_answer.as_deref()));
         let rows: Vec<OrderedTask> = Closing::bind(query, batch, |r| &r.closing)
             .bind(super::OPEN)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         hark_core::failpoint::hit("answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
@@ -895,8 +1015,12 @@ impl Store {
     /// [`Store::ask_statement`] for all of `batch`. A handle already taken fails the whole
     /// statement; the batch's asks are then decided one by one (see [`run`]), and the one whose
     /// handle is taken draws another.
-    async fn ask_batch(&self, batch: &[AskRequest]) -> Result<Vec<Asked>, Error> {
-        match self.ask_statement(batch).await {
+    async fn ask_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[AskRequest],
+    ) -> Result<Vec<Asked>, Error> {
+        match self.ask_statement(conn, batch).await {
             Err(e) if batch.len() == 1 && handle_taken(&e) => Ok(vec![Asked::HandleTaken]),
             decided => decided,
         }
@@ -906,7 +1030,11 @@ impl Store {
     /// was decided from, a parameter: a literal `running` would let the planner read an index of
     /// active tasks instead of the primary key, and with statistics taken while none ran, it
     /// does, reading every running task for each ask.
-    async fn ask_statement(&self, batch: &[AskRequest]) -> Result<Vec<Asked>, Error> {
+    async fn ask_statement(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[AskRequest],
+    ) -> Result<Vec<Asked>, Error> {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::int[], $5::jsonb[],
@@ -1019,7 +1147,7 @@ impl Store {
             })
             .bind(decided.closes)
             .bind(super::OPEN)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut sent = Vec::new();
         for r in &rows {

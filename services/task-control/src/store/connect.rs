@@ -166,6 +166,11 @@ pub(super) fn note(error: &sqlx::Error) {
     }
 }
 
+/// Changes with every lost connection: a connection kept aside since may be dead.
+pub(super) fn losses() -> u64 {
+    LAST_LOSS.load(Ordering::Relaxed)
+}
+
 /// Whether `error` is Postgres refusing a write because it is a standby in recovery
 /// (`read_only_sql_transaction`).
 pub fn read_only(error: &sqlx::Error) -> bool {

@@ -10,7 +10,7 @@ use futures_util::future::BoxFuture;
 use hark_core::domain::{
     Handle, QuestionId, decide, form::FormQuestion, form::progress, shape::Shape,
 };
-use sqlx::types::Json;
+use sqlx::{PgConnection, types::Json};
 
 use super::{
     Answer, AnswerOutcome, Error, OutboxMessage, QuestionRow, Store, TaskRow,
@@ -206,10 +206,11 @@ impl Batched for FormAsk {
 
     fn decide<'a>(
         store: &'a Store,
+        conn: &'a mut PgConnection,
         batch: &'a [Self],
     ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
         Box::pin(async move {
-            match store.form_ask_statement(batch).await {
+            match store.form_ask_statement(conn, batch).await {
                 Err(e) if batch.len() == 1 && super::batch::handle_taken(&e) => {
                     Ok(vec![FormAsked::HandleTaken])
                 }
@@ -228,9 +229,10 @@ impl Batched for FormFinish {
 
     fn decide<'a>(
         store: &'a Store,
+        conn: &'a mut PgConnection,
         batch: &'a [Self],
     ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
-        Box::pin(store.form_finish_statement(batch))
+        Box::pin(store.form_finish_statement(conn, batch))
     }
 
     fn queue(store: &Store) -> &Batches<Self> {
@@ -388,7 +390,11 @@ impl Store {
 
     /// One statement for all of `batch`: each questionnaire still waiting at its generation has
     /// its answer recorded and its next question asked.
-    async fn form_ask_statement(&self, batch: &[FormAsk]) -> Result<Vec<FormAsked>, Error> {
+    async fn form_ask_statement(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[FormAsk],
+    ) -> Result<Vec<FormAsked>, Error> {
         let sql = concat!(
             "WITH c AS (
                 SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::int[], $4::uuid[], $5::text[], $6::text[],
@@ -447,7 +453,7 @@ impl Store {
         })
         .bind(column(batch, |r| r.answered.moves.expires_ms));
         let query = Closing::bind(query, batch, |r| &r.answered.closing).bind(super::OPEN);
-        let rows: Vec<FormRow> = query.fetch_all(&self.pool).await?;
+        let rows: Vec<FormRow> = query.fetch_all(&mut *conn).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(
             batch.len(),
@@ -468,6 +474,7 @@ impl Store {
     /// its last answer recorded and completes with its output.
     async fn form_finish_statement(
         &self,
+        conn: &mut PgConnection,
         batch: &[FormFinish],
     ) -> Result<Vec<Option<TaskRow>>, Error> {
         let sql = concat!(
@@ -500,7 +507,7 @@ impl Store {
             .bind(column(batch, |r| r.output.as_str()));
         let query = Moves::bind(out.bind_to(query), batch, |r| &r.answered.moves);
         let query = Closing::bind(query, batch, |r| &r.answered.closing).bind(super::OPEN);
-        let rows: Vec<FinishRow> = query.fetch_all(&self.pool).await?;
+        let rows: Vec<FinishRow> = query.fetch_all(&mut *conn).await?;
         hark_core::failpoint::hit("form_answer.after_commit");
         let won = in_order(batch.len(), rows.into_iter().map(|r| (r.ord, r.task)));
         self.publish_won(batch, &won, |r| &r.outbox);
@@ -593,10 +600,11 @@ impl Batched for FormCreate {
 
     fn decide<'a>(
         store: &'a Store,
+        conn: &'a mut PgConnection,
         batch: &'a [Self],
     ) -> BoxFuture<'a, Result<Vec<Self::Decision>, Error>> {
         Box::pin(async move {
-            match store.form_create_statement(batch).await {
+            match store.form_create_statement(conn, batch).await {
                 Err(e) if batch.len() == 1 && super::batch::handle_taken(&e) => {
                     Ok(vec![FormCreated::HandleTaken])
                 }
@@ -692,7 +700,11 @@ impl Store {
     }
 
     /// One statement for all of `batch`.
-    async fn form_create_statement(&self, batch: &[FormCreate]) -> Result<Vec<FormCreated>, Error> {
+    async fn form_create_statement(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[FormCreate],
+    ) -> Result<Vec<FormCreated>, Error> {
         let sql = concat!(
             "WITH ",
             new_tasks!(),
@@ -765,7 +777,7 @@ impl Store {
             .bind(first.claim.event)
             .bind(first.ask.from)
             .bind(first.ask.event)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         hark_core::failpoint::hit("form_create.after_commit");
         let won = in_order(

@@ -926,6 +926,8 @@ pub struct Store {
     /// Creations, claims, asks, answers (and their lookups) and completions waiting to be decided
     /// together.
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
+    /// The share of the pool that deciding loops may keep between their statements.
+    keepable: std::sync::Arc<tokio::sync::Semaphore>,
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest>>,
     asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
     form_asks: std::sync::Arc<batch::Batches<form::FormAsk>>,
@@ -1017,6 +1019,7 @@ impl Store {
         languages: crate::texts::Languages,
     ) -> Self {
         Self {
+            keepable: batch::keepable(&pool),
             pool,
             effects: crate::effects::Effects::new(names.clone(), languages),
             policy: hark_core::domain::decide::Policy { max_attempts: 3 },

@@ -655,7 +655,7 @@ async fn backends_that_created(store: &Store) -> i64 {
 }
 
 #[tokio::test]
-async fn creations_one_at_a_time_run_on_one_connection_the_pool_keeps_for_them() {
+async fn creations_one_at_a_time_run_on_one_connection_and_the_loops_keep_at_most_half_the_pool() {
     let db = TestDb::new().await;
     // Four statements at once leave the pool four connections to hand out in turn.
     let pool = db.store.pool();
@@ -664,7 +664,11 @@ async fn creations_one_at_a_time_run_on_one_connection_the_pool_keeps_for_them()
     for done in [a, b, c, d] {
         done.expect("pg_sleep");
     }
-    assert!(pool.num_idle() >= 2, "the pool holds {} idle", pool.num_idle());
+    assert!(
+        pool.num_idle() >= 2,
+        "the pool holds {} idle",
+        pool.num_idle()
+    );
     for _ in 0..8 {
         new_task(&db.store, None).await;
     }
@@ -681,6 +685,27 @@ async fn creations_one_at_a_time_run_on_one_connection_the_pool_keeps_for_them()
         .expect("the task reads back");
     assert_eq!(read.id, task.id);
     one.pool().close().await;
+
+    // Three loops (creations, claims, asks) keep at most half of a pool of four. A connection
+    // given back reaches the pool a moment later; one kept stays out for 10 s.
+    let four = db.connections(4).await;
+    waiting_task(&four).await;
+    let pool = four.pool();
+    let out = || pool.size() as usize - pool.num_idle();
+    let settled = tokio::time::timeout(Duration::from_secs(5), async {
+        while out() > 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "{} of the pool's {} connections stayed out of it",
+        out(),
+        pool.size()
+    );
+    assert!(out() >= 1, "no loop kept its connection");
+    four.pool().close().await;
     db.drop().await;
 }
 

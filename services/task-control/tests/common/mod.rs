@@ -42,7 +42,12 @@ impl TestDb {
     /// Another store on the same database, over a single connection: every statement it runs
     /// comes from one backend, whose statistics that connection can flush.
     pub async fn one_connection(&self) -> Store {
-        let pool = store::connect(&self.database.url(), 1)
+        self.connections(1).await
+    }
+
+    /// Another store on the same database, with a pool of `max` connections.
+    pub async fn connections(&self, max: u32) -> Store {
+        let pool = store::connect(&self.database.url(), max)
             .await
             .expect("Postgres answers");
         Store::new(

@@ -213,7 +213,9 @@ async fn run<Q: Batched>(store: Store, mut receiver: mpsc::UnboundedReceiver<Pen
     }
 }
 
-/// `error` once more, for each of the requests that could not get a connection.
+/// `error` once more, for each of the requests that could not get a connection (one wait for a
+/// connection answers the whole batch). What cannot be copied keeps its text, as a failure of the
+/// connection.
 fn again(error: &sqlx::Error) -> sqlx::Error {
     match error {
         sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,

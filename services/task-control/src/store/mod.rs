@@ -926,8 +926,6 @@ pub struct Store {
     /// Creations, claims, asks, answers (and their lookups) and completions waiting to be decided
     /// together.
     creations: std::sync::Arc<batch::Batches<batch::CreateRequest>>,
-    /// The share of the pool that deciding loops may keep between their statements.
-    keepable: std::sync::Arc<tokio::sync::Semaphore>,
     claims: std::sync::Arc<batch::Batches<batch::ClaimRequest>>,
     asks: std::sync::Arc<batch::Batches<batch::AskRequest>>,
     form_asks: std::sync::Arc<batch::Batches<form::FormAsk>>,
@@ -936,6 +934,8 @@ pub struct Store {
     lookups: std::sync::Arc<batch::Batches<batch::AnswerLookup>>,
     answers: std::sync::Arc<batch::Batches<batch::AnswerRequest>>,
     completions: std::sync::Arc<batch::Batches<batch::CompleteRequest>>,
+    /// The share of the pool that deciding loops may keep between their statements.
+    keepable: std::sync::Arc<tokio::sync::Semaphore>,
     /// Whether a questionnaire's answer takes its next step in the same statement (see
     /// [`form`]) instead of queueing a run for a worker.
     form_steps: bool,

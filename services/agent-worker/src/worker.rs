@@ -34,6 +34,18 @@ pub enum Error {
     Consumer(String),
 }
 
+impl hark_core::startup::Permanent for Error {
+    /// A run job consumer that cannot be opened yet (JetStream electing a leader on a cluster,
+    /// say) is waited for; an LLM client that cannot be built never will be.
+    fn permanent(&self) -> bool {
+        match self {
+            Error::Bus(e) => e.permanent(),
+            Error::Llm(_) => true,
+            Error::Consumer(_) => false,
+        }
+    }
+}
+
 /// Whether a worker is alive: its pull loop asks for jobs (or its slots are all busy), NATS is
 /// connected, and a task-control replica answers its requests.
 #[derive(Debug, Clone)]
@@ -220,15 +232,24 @@ impl Worker {
             );
         }
         // One consumer per partition of TASK_RUN, each pulled on its own, all sharing the slots.
-        let mut consumers: Vec<PullConsumer> = Vec::new();
-        for (stream, _) in self.names.task_run_partitions() {
-            consumers.push(
-                self.js
-                    .get_consumer_from_stream(Names::WORKER_CONSUMER, stream)
-                    .await
-                    .map_err(|e| Error::Consumer(e.to_string()))?,
-            );
-        }
+        let open = || async {
+            let mut consumers: Vec<PullConsumer> = Vec::new();
+            for (stream, _) in self.names.task_run_partitions() {
+                consumers.push(
+                    self.js
+                        .get_consumer_from_stream(Names::WORKER_CONSUMER, &stream)
+                        .await
+                        .map_err(|e| Error::Consumer(format!("{stream}: {e}")))?,
+                );
+            }
+            Ok::<_, Error>(consumers)
+        };
+        let Some(consumers) =
+            hark_core::startup::wait_for("the run job consumers in JetStream", &shutdown, open)
+                .await?
+        else {
+            return Ok(());
+        };
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let tracker = TaskTracker::new();
         let this = Arc::new(self);

@@ -7,6 +7,21 @@ use std::time::Duration;
 use hark_e2e::{hark_binary, nats_url, postgres_url};
 use serde_json::Value;
 
+/// `hark bench` with `args`, on this machine's Postgres and NATS, every listener on port 0.
+fn bench_command(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(hark_binary());
+    command
+        .args(args)
+        .env_remove("HARK_CONFIG")
+        .env("HARK_NATS__URL", nats_url())
+        .env("HARK_DATABASE__URL", format!("{}/postgres", postgres_url()))
+        .env("HARK_CONTROL__GRPC_LISTEN", "127.0.0.1:0")
+        .env("HARK_GATEWAY__LISTEN", "127.0.0.1:0")
+        .env("HARK_CONTROL__HTTP_LISTEN", "")
+        .kill_on_drop(true);
+    command
+}
+
 /// Runs a small bench with `extra` arguments; returns its stdout, its stderr and its JSON lines.
 async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
     // Every listener on port 0: the bench finds where its processes listen.
@@ -29,22 +44,10 @@ async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
         "8",
     ];
     args.extend_from_slice(extra);
-    let output = tokio::time::timeout(
-        Duration::from_secs(300),
-        tokio::process::Command::new(hark_binary())
-            .args(&args)
-            .env_remove("HARK_CONFIG")
-            .env("HARK_NATS__URL", nats_url())
-            .env("HARK_DATABASE__URL", format!("{}/postgres", postgres_url()))
-            .env("HARK_CONTROL__GRPC_LISTEN", "127.0.0.1:0")
-            .env("HARK_GATEWAY__LISTEN", "127.0.0.1:0")
-            .env("HARK_CONTROL__HTTP_LISTEN", "")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the bench finishes within 5 minutes")
-    .expect("the bench runs");
+    let output = tokio::time::timeout(Duration::from_secs(300), bench_command(&args).output())
+        .await
+        .expect("the bench finishes within 5 minutes")
+        .expect("the bench runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "bench failed: {stderr}\n{stdout}");
@@ -54,6 +57,34 @@ async fn small_bench(extra: &[&str]) -> (String, String, Vec<Value>) {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
     (stdout, stderr, lines)
+}
+
+/// The database a bench's banner on stderr names (`… database postgres://…/hark_bench_x, …`).
+fn database_of(stderr: &str) -> String {
+    let database = stderr
+        .split("database ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|url| url.rsplit('/').next())
+        .expect("the bench names its database")
+        .to_owned();
+    assert!(database.starts_with("hark_bench_"), "{database}");
+    database
+}
+
+/// Whether Postgres has a database of this name.
+async fn database_exists(database: &str) -> bool {
+    let found = tokio::process::Command::new("psql")
+        .args([
+            &format!("{}/postgres", postgres_url()),
+            "-Atc",
+            &format!("SELECT count(*) FROM pg_database WHERE datname = '{database}'"),
+        ])
+        .output()
+        .await
+        .expect("psql runs");
+    assert!(found.status.success(), "psql failed: {found:?}");
+    String::from_utf8_lossy(&found.stdout).trim() != "0"
 }
 
 #[tokio::test]
@@ -204,22 +235,94 @@ async fn a_small_bench_run_reports_every_workload_and_cleans_up() {
     );
 
     // The bench named its database; it is gone.
-    let database = stderr
-        .split("database ")
-        .nth(1)
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|url| url.rsplit('/').next())
-        .expect("the bench names its database")
-        .to_owned();
-    assert!(database.starts_with("hark_bench_"), "{database}");
-    let left = tokio::process::Command::new("psql")
-        .args([
-            &format!("{}/postgres", postgres_url()),
-            "-Atc",
-            &format!("SELECT count(*) FROM pg_database WHERE datname = '{database}'"),
-        ])
+    let database = database_of(&stderr);
+    assert!(!database_exists(&database).await, "{database} is left");
+}
+
+/// The first SIGINT ends a long bench where it is: it exits with an error saying so, and its
+/// processes, its database and its streams are gone, as after a finished run.
+#[tokio::test]
+async fn a_signal_ends_the_bench_which_still_removes_what_it_started() {
+    use tokio::io::AsyncBufReadExt as _;
+
+    let mut bench = bench_command(&[
+        "bench",
+        "--llm-listen",
+        "127.0.0.1:0",
+        "--workloads",
+        "w2",
+        // Far more than it can create before the signal.
+        "--tasks",
+        "1000000",
+        "--workers",
+        "1",
+    ])
+    .stderr(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::null())
+    .spawn()
+    .expect("the bench starts");
+    let pid = bench.id().expect("the bench runs").to_string();
+    let mut stderr =
+        tokio::io::BufReader::new(bench.stderr.take().expect("stderr is piped")).lines();
+    // The bench names its namespace and database once its processes are up, as its workload starts.
+    let banner = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(line) = stderr.next_line().await.expect("stderr reads") {
+            if line.starts_with("bench: namespace") {
+                return line;
+            }
+        }
+        panic!("the bench exited before it started its workloads");
+    })
+    .await
+    .expect("the bench starts its processes within 2 minutes");
+    let database = database_of(&banner);
+    let children = tokio::process::Command::new("pgrep")
+        .args(["-P", &pid])
         .output()
         .await
-        .expect("psql runs");
-    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
+        .expect("pgrep runs");
+    let children: Vec<String> = String::from_utf8_lossy(&children.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        children.len() >= 3,
+        "control, gateway and a worker: {children:?}"
+    );
+
+    let sent = tokio::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(sent.success());
+    let rest = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut rest = String::new();
+        while let Some(line) = stderr.next_line().await.expect("stderr reads") {
+            rest.push_str(&line);
+            rest.push('\n');
+        }
+        rest
+    })
+    .await
+    .expect("the bench ends within 2 minutes of the signal");
+    let status = bench.wait().await.expect("the bench is waited for");
+    assert!(
+        !status.success(),
+        "an interrupted bench does not exit 0: {rest}"
+    );
+    assert!(rest.contains("interrupted by a signal"), "{rest}");
+
+    // A child the bench stopped is gone once it is reaped, which may come just after the exit.
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while children
+            .iter()
+            .any(|child| std::path::Path::new(&format!("/proc/{child}")).exists())
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("processes of the bench are left running: {children:?}"));
+    assert!(!database_exists(&database).await, "{database} is left");
 }

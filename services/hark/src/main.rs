@@ -215,7 +215,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Bench(args) => bench::run(config, args).await,
+        Command::Bench(args) => bench::run(config, args, shutdown_on_signal()).await,
         Command::Completions { .. } => Ok(()),
         Command::Gateway => {
             let app = hark_gateway::app::App::build(&config).await?;

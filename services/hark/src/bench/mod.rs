@@ -25,6 +25,7 @@ use hark_core::{bus::Names, config::Config};
 use hark_proto::v1::task_service_client::TaskServiceClient;
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 #[derive(Debug, Args)]
@@ -138,7 +139,13 @@ fn scripts() -> std::collections::BTreeMap<String, Script> {
     .collect()
 }
 
-pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
+/// Runs the chosen workloads and prints what they measured. A cancelled `stop` (the first
+/// SIGINT or SIGTERM) ends the workloads where they are; the bench still removes what it started.
+pub async fn run(
+    mut config: Config,
+    args: BenchArgs,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     let llm = ScriptedLlm::start(args.llm_listen, scripts())
         .await
         .with_context(|| format!("cannot listen for the scripted LLM on {}", args.llm_listen))?;
@@ -196,8 +203,16 @@ pub async fn run(mut config: Config, args: BenchArgs) -> anyhow::Result<()> {
         bench.llm.base_url()
     );
 
-    // Whatever the workloads do, the processes, the database and the streams go afterwards.
-    let measured = measure(&mut bench, &args).await;
+    // Whatever the workloads do, and on a signal, the processes, the database and the streams
+    // go afterwards.
+    let measured = tokio::select! {
+        biased;
+        () = stop.cancelled() => Err(anyhow::anyhow!(
+            "interrupted by a signal before the workloads ended, so nothing is reported; \
+             what the bench started is stopped and removed"
+        )),
+        measured = measure(&mut bench, &args) => measured,
+    };
     bench.procs.stop().await;
     if !args.external {
         procs::drop_database(&bench.config).await;

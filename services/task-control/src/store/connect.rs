@@ -127,6 +127,9 @@ const SUSPECT_FOR: Duration = Duration::from_secs(30);
 /// [`process_clock`] started (0: never).
 static LAST_LOSS: AtomicU64 = AtomicU64::new(0);
 
+/// How many calls failed because their connection or the server was away.
+static LOSSES: AtomicU64 = AtomicU64::new(0);
+
 fn process_clock() -> Duration {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed()
@@ -163,12 +166,14 @@ pub(super) fn note(error: &sqlx::Error) {
         // Never 0, which means "no loss yet".
         let now = process_clock().as_millis() as u64 + 1;
         LAST_LOSS.fetch_max(now, Ordering::Relaxed);
+        LOSSES.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Changes with every lost connection: a connection kept aside since may be dead.
+/// How many connections were lost so far: a connection kept aside before the last of them may
+/// be dead.
 pub(super) fn losses() -> u64 {
-    LAST_LOSS.load(Ordering::Relaxed)
+    LOSSES.load(Ordering::Relaxed)
 }
 
 /// Whether `error` is Postgres refusing a write because it is a standby in recovery

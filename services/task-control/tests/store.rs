@@ -5,13 +5,13 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use common::{
-    Cases as _, HeldStatistics, TestDb, index_reads,
+    Cases as _, HeldStatistics, TestDb, index_reads, rows_read,
     tasks::{
         LEASE, answer, ask_input, group_chat, new_task, new_task_spec, owner, run_jobs,
         waiting_task, waiting_task_in,
     },
 };
-use hark_control::store::{AnswerOutcome, Error, Lease, NewTask, Store, TaskFilter};
+use hark_control::store::{AnswerOutcome, Error, Lease, NewTask, Store, TaskFilter, TaskRow};
 use hark_core::{
     codec,
     domain::{DeadlinePolicy, QuestionOutcome, TaskRef, TaskState, TimeoutPolicy},
@@ -504,6 +504,119 @@ async fn a_task_is_found_by_a_unique_prefix_and_listed_newest_first() {
         .await
         .expect("list");
     assert_eq!(in_stream.len(), 1);
+    db.drop().await;
+}
+
+/// A page of tasks reads that page, whoever else has tasks: by owner, by chat or of everyone,
+/// and from a cursor deep in the list.
+#[tokio::test]
+async fn a_page_of_tasks_reads_its_own_rows_however_many_others_there_are() {
+    let db = TestDb::new().await;
+    // One backend runs every statement, so that its statistics of reads can be flushed.
+    let store = &db.one_connection().await;
+    let mine = [
+        new_task(store, None).await,
+        new_task(store, Some(group_chat())).await,
+        new_task(store, Some(group_chat())).await,
+    ];
+    // Newer than all of them, 3,000 tasks of someone else, half of them in the same chat.
+    const CROWD: i64 = 3000;
+    sqlx::query(
+        "INSERT INTO tasks (id, owner, goal, state, on_timeout, ask_timeout_s, platform, bot_id,
+                            stream, created_at)
+         SELECT gen_random_uuid(), 'api:crowd', 'theirs', 'completed', 'fail', 0,
+                CASE WHEN i % 2 = 0 THEN 'qq' END, CASE WHEN i % 2 = 0 THEN '42' END,
+                CASE WHEN i % 2 = 0 THEN 'group:777' END, now() + i * interval '1 second'
+         FROM generate_series(1, $1) i",
+    )
+    .bind(CROWD)
+    .execute(store.pool())
+    .await
+    .expect("the crowd's tasks");
+
+    let page = |filter: TaskFilter| async move {
+        let before = rows_read(store, "tasks").await;
+        let tasks = store.list_tasks(&filter).await.expect("a page");
+        let read = rows_read(store, "tasks").await - before;
+        assert!(
+            read <= 2 * filter.limit + 2,
+            "a page of {} read {read} rows of tasks among {CROWD} others ({filter:?})",
+            filter.limit
+        );
+        tasks
+    };
+    let ids = |tasks: &[TaskRow]| tasks.iter().map(|t| t.id).collect::<Vec<_>>();
+
+    let first = page(TaskFilter {
+        owner: Some(owner()),
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(ids(&first), [mine[2].id, mine[1].id]);
+    let second = page(TaskFilter {
+        owner: Some(owner()),
+        before: Some(mine[1].id),
+        limit: 2,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(ids(&second), [mine[0].id]);
+
+    let mine_in_chat = page(TaskFilter {
+        owner: Some(owner()),
+        platform: Some("qq".into()),
+        stream: Some("group:777".into()),
+        limit: 5,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(ids(&mine_in_chat), [mine[2].id, mine[1].id]);
+
+    let chat = page(TaskFilter {
+        platform: Some("qq".into()),
+        stream: Some("group:777".into()),
+        limit: 10,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(chat.len(), 10);
+    assert!(
+        chat.iter()
+            .all(|t| t.owner.as_str() == "api:crowd" && t.stream.as_deref() == Some("group:777"))
+    );
+    let deep = page(TaskFilter {
+        platform: Some("qq".into()),
+        stream: Some("group:777".into()),
+        before: Some(chat[9].id),
+        limit: 10,
+        ..Default::default()
+    })
+    .await;
+    let newest_first = |tasks: &[TaskRow]| {
+        tasks
+            .windows(2)
+            .all(|w| (w[0].created_at, w[0].id) > (w[1].created_at, w[1].id))
+    };
+    assert!(newest_first(&chat) && newest_first(&deep));
+    assert!(deep[0].created_at < chat[9].created_at);
+
+    let everyone = page(TaskFilter {
+        limit: 10,
+        ..Default::default()
+    })
+    .await;
+    assert!(everyone.iter().all(|t| t.owner.as_str() == "api:crowd"));
+    assert!(newest_first(&everyone));
+    let pending = page(TaskFilter {
+        owner: Some(owner()),
+        states: vec![TaskState::Pending],
+        limit: 10,
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(pending.len(), 3);
+    store.pool().close().await;
     db.drop().await;
 }
 

@@ -398,7 +398,7 @@ macro_rules! insert_new_tasks {
             FROM counted
             WHERE active_limit = 0 OR would_have <= active_limit
             ORDER BY ord
-            ON CONFLICT (request_id) DO NOTHING
+            ON CONFLICT (request_id) WHERE request_id IS NOT NULL DO NOTHING
             RETURNING ",
             task_columns!()
         )

@@ -96,17 +96,13 @@ impl Store {
         }
     }
 
+    /// A page of tasks, newest first: each filter walks its own index from the cursor (see the
+    /// migration `task_pages`).
     pub async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRow>, Error> {
         let sql = concat!(
             "SELECT ",
             task_columns!(),
-            " FROM tasks
-             WHERE ($1::text IS NULL OR owner = $1)
-               AND (cardinality($2::text[]) = 0 OR state = ANY($2))
-               AND ($3::text IS NULL OR platform = $3)
-               AND ($4::text IS NULL OR stream = $4)
-               AND ($5::uuid IS NULL OR (created_at, id) < (SELECT created_at, id FROM tasks WHERE id = $5))
-             ORDER BY created_at DESC, id DESC LIMIT $6"
+            " FROM tasks_page($1, $2, $3, $4, $5, $6)"
         );
         let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
         Ok(sqlx::query_as::<_, TaskRow>(sql)

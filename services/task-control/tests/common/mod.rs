@@ -296,6 +296,31 @@ impl HeldStatistics {
 /// How many index entries of `table` the backend of `store` has read: `store` must run on one
 /// connection ([`TestDb::one_connection`]), whose statistics this flushes first.
 pub async fn index_reads(store: &Store, table: &str) -> i64 {
+    flushed_count(
+        store,
+        table,
+        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
+         WHERE relname = $1",
+    )
+    .await
+}
+
+/// How many rows of `table` the backend of `store` has read, through its indexes or by scanning
+/// it, as [`index_reads`] counts.
+pub async fn rows_read(store: &Store, table: &str) -> i64 {
+    flushed_count(
+        store,
+        table,
+        "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+                 WHERE relname = $1)::bigint
+              + (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+                 WHERE relname = $1)::bigint",
+    )
+    .await
+}
+
+/// The count `sql` reads of `table` from the statistics, flushed first.
+async fn flushed_count(store: &Store, table: &str, sql: &'static str) -> i64 {
     let mut conn = store.pool().acquire().await.expect("the one connection");
     sqlx::query("SELECT pg_stat_force_next_flush()")
         .execute(&mut *conn)
@@ -306,12 +331,9 @@ pub async fn index_reads(store: &Store, table: &str) -> i64 {
         .execute(&mut *conn)
         .await
         .expect("flushed");
-    sqlx::query_scalar(
-        "SELECT coalesce(sum(idx_tup_read), 0)::bigint FROM pg_stat_user_indexes
-         WHERE relname = $1",
-    )
-    .bind(table)
-    .fetch_one(&mut *conn)
-    .await
-    .expect("index stats")
+    sqlx::query_scalar(sql)
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("table stats")
 }

@@ -164,6 +164,17 @@ impl TaskRow {
     }
 
     /// What never changes of the task once created: its chat, and how its questions wait.
+    /// The columns [`TaskChat`] reads beside a question.
+    pub fn chat_columns(&self) -> TaskChat {
+        TaskChat {
+            platform: self.platform.clone(),
+            bot_id: self.bot_id.clone(),
+            stream: self.stream.clone(),
+            origin_message_id: self.origin_message_id.clone(),
+            external: self.asked_by.is_some(),
+        }
+    }
+
     pub fn fixed(&self) -> Fixed {
         Fixed {
             chat: self.chat(),
@@ -465,8 +476,43 @@ impl ScheduleRow {
     }
 }
 
+/// What never changes of a task, read beside the question an answer goes to (`answer_target_columns!`
+/// in the store), so that the answer needs no read of its own: with [`Lifecycle`], its
+/// [`Fixed`].
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct TaskChat {
+    #[sqlx(rename = "task_platform")]
+    pub platform: Option<String>,
+    #[sqlx(rename = "task_bot_id")]
+    pub bot_id: Option<String>,
+    #[sqlx(rename = "task_stream")]
+    pub stream: Option<String>,
+    #[sqlx(rename = "task_origin_message_id")]
+    pub origin_message_id: Option<String>,
+    /// Asked by an agent (an `external` task).
+    #[sqlx(rename = "task_external")]
+    pub external: bool,
+}
+
+impl TaskChat {
+    /// What never changes of the task, with its lifecycle columns.
+    pub fn fixed(&self, lifecycle: &Lifecycle) -> Fixed {
+        Fixed {
+            chat: ChatRoute::of(
+                &self.platform,
+                &self.bot_id,
+                &self.stream,
+                &self.origin_message_id,
+            ),
+            on_timeout: lifecycle.on_timeout,
+            ask_timeout: seconds(lifecycle.ask_timeout_s),
+            external: self.external,
+        }
+    }
+}
+
 /// What never changes of a task once created, kept to spare a read per write.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fixed {
     pub chat: Option<ChatRoute>,
     pub on_timeout: TimeoutPolicy,

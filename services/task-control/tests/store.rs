@@ -620,6 +620,46 @@ async fn a_page_of_tasks_reads_its_own_rows_however_many_others_there_are() {
     db.drop().await;
 }
 
+/// The lookup of an answer's question reads what never changes of its task beside it, so that
+/// the answer needs no read of the task of its own, whichever replica created it.
+#[tokio::test]
+async fn an_answers_lookup_reads_its_tasks_chat_and_waits_as_the_task_row_says() {
+    let db = TestDb::new().await;
+    let mut external = new_task_spec(None);
+    external.asked_by = Some("agent:planner".into());
+    let external = db.store.create_task(&external).await.expect("created");
+    for (task, chat) in [
+        (None, Some(group_chat())),
+        (None, None),
+        (Some(external), None),
+    ] {
+        let task = match task {
+            Some(task) => task,
+            None => new_task(&db.store, chat).await,
+        };
+        let claimed = db
+            .store
+            .claim(task.id, task.generation, "w1", LEASE)
+            .await
+            .expect("claim wins");
+        db.store
+            .ask(&claimed.lease, &ask_input(1, "call-1"))
+            .await
+            .expect("asked");
+        // Another replica: it has seen nothing of the task.
+        let other = db.connections(2).await;
+        let target = other
+            .find_answer_target(None, Some(task.id), None)
+            .await
+            .expect("lookup")
+            .expect("the open question");
+        let row = other.get_task(task.id).await.expect("the task");
+        assert_eq!(target.chat.fixed(&target.task), row.fixed(), "{row:?}");
+        other.pool().close().await;
+    }
+    db.drop().await;
+}
+
 /// Runs upkeep passes until what they did together satisfies `done`; backends report their
 /// row counts to the statistics within seconds, not at once.
 async fn upkeep_until(

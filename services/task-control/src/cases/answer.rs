@@ -144,9 +144,11 @@ impl<'a> Answers<'a> {
 
     /// One try of [`Answers::target`]: validate, decide, apply.
     async fn once(self, target: AnswerTarget, answer: &Answer) -> Result<AnswerOutcome, Error> {
+        let fixed = target.chat.fixed(&target.task);
         let AnswerTarget {
             question: question_row,
             task,
+            chat: _,
             task_generation: generation,
             applied,
             task_questionnaire,
@@ -272,7 +274,15 @@ impl<'a> Answers<'a> {
             {
                 return self
                     .store
-                    .answer_form(question_row, &chain, generation, answer, step, &open_others)
+                    .answer_form(
+                        question_row,
+                        &fixed,
+                        &chain,
+                        generation,
+                        answer,
+                        step,
+                        &open_others,
+                    )
                     .await;
             }
         }

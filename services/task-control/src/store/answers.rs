@@ -40,6 +40,8 @@ pub struct AnswerTarget {
     pub question: QuestionRow,
     #[sqlx(flatten)]
     pub task: crate::rows::Lifecycle,
+    #[sqlx(flatten)]
+    pub chat: crate::rows::TaskChat,
     pub task_generation: i64,
     pub applied: bool,
     /// The questions of a questionnaire, and its last round as `{round, messages}`.
@@ -73,6 +75,7 @@ impl AnswerTarget {
         Some(Self {
             question: question.clone(),
             task: task.lifecycle_columns(),
+            chat: task.chat_columns(),
             task_generation: task.generation,
             applied: false,
             task_questionnaire: task.questionnaire.clone(),

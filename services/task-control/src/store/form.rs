@@ -259,11 +259,14 @@ struct FinishRow {
 
 impl Store {
     /// Applies `answer` to `question` of a questionnaire waiting at `generation`, and takes
-    /// `step` in the same statement, moving the task as `chain` decided. `open_others` are the
-    /// questions of the same ask asked of others, which the answer closes.
+    /// `step` in the same statement, moving the task as `chain` decided. `fixed` is what never
+    /// changes of the task, as read with the question; `open_others` are the questions of the
+    /// same ask asked of others, which the answer closes.
+    #[allow(clippy::too_many_arguments)]
     pub async fn answer_form(
         &self,
         mut question: QuestionRow,
+        fixed: &crate::rows::Fixed,
         chain: &decide::Chain,
         generation: i64,
         answer: &Answer,
@@ -277,7 +280,6 @@ impl Store {
         let task = question.task_id;
         let moves = Moves::of(chain)?;
         let last = chain.last();
-        let fixed = self.fixed_of(task).await?;
         let chat = fixed.chat.as_ref();
         let closing = Closing::of(&chain.answer)?;
         let answered = |messages: serde_json::Value| Answered {

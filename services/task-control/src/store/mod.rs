@@ -250,6 +250,8 @@ macro_rules! answer_target_columns {
         concat!(
             lifecycle_columns!(),
             ", t.generation AS task_generation, \
+    t.platform AS task_platform, t.bot_id AS task_bot_id, t.stream AS task_stream, \
+    t.origin_message_id AS task_origin_message_id, t.asked_by IS NOT NULL AS task_external, \
     t.questionnaire AS task_questionnaire, \
     CASE WHEN t.questionnaire IS NULL THEN NULL ELSE \
         (SELECT json_build_object('round', c.round, 'messages', c.messages) FROM checkpoints c \

@@ -163,7 +163,6 @@ impl TaskRow {
         }
     }
 
-    /// What never changes of the task once created: its chat, and how its questions wait.
     /// The columns [`TaskChat`] reads beside a question.
     pub fn chat_columns(&self) -> TaskChat {
         TaskChat {
@@ -175,13 +174,9 @@ impl TaskRow {
         }
     }
 
+    /// What never changes of the task once created: its chat, and how its questions wait.
     pub fn fixed(&self) -> Fixed {
-        Fixed {
-            chat: self.chat(),
-            on_timeout: self.on_timeout,
-            ask_timeout: seconds(self.ask_timeout_s),
-            external: self.asked_by.is_some(),
-        }
+        self.chat_columns().fixed(&self.lifecycle_columns())
     }
 
     /// The task as the lifecycle decides on it, with its open question when it waits on one.

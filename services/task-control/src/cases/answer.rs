@@ -144,11 +144,10 @@ impl<'a> Answers<'a> {
 
     /// One try of [`Answers::target`]: validate, decide, apply.
     async fn once(self, target: AnswerTarget, answer: &Answer) -> Result<AnswerOutcome, Error> {
-        let fixed = target.chat.fixed(&target.task);
         let AnswerTarget {
             question: question_row,
             task,
-            chat: _,
+            chat,
             task_generation: generation,
             applied,
             task_questionnaire,
@@ -276,7 +275,7 @@ impl<'a> Answers<'a> {
                     .store
                     .answer_form(
                         question_row,
-                        &fixed,
+                        &chat.fixed(&task),
                         &chain,
                         generation,
                         answer,

@@ -514,25 +514,33 @@ async fn a_page_of_tasks_reads_its_own_rows_however_many_others_there_are() {
     let db = TestDb::new().await;
     // One backend runs every statement, so that its statistics of reads can be flushed.
     let store = &db.one_connection().await;
-    let mine = [
-        new_task(store, None).await,
-        new_task(store, Some(group_chat())).await,
-        new_task(store, Some(group_chat())).await,
-    ];
-    // Newer than all of them, 3,000 tasks of someone else, half of them in the same chat.
+    // 3,000 tasks of someone else, half of them in one chat, all newer than the tasks below,
+    // stored newest first, as the index of everyone's tasks walks them.
     const CROWD: i64 = 3000;
     sqlx::query(
         "INSERT INTO tasks (id, owner, goal, state, on_timeout, ask_timeout_s, platform, bot_id,
                             stream, created_at)
          SELECT gen_random_uuid(), 'api:crowd', 'theirs', 'completed', 'fail', 0,
                 CASE WHEN i % 2 = 0 THEN 'qq' END, CASE WHEN i % 2 = 0 THEN '42' END,
-                CASE WHEN i % 2 = 0 THEN 'group:777' END, now() + i * interval '1 second'
+                CASE WHEN i % 2 = 0 THEN 'group:777' END,
+                now() + interval '1 day' - i * interval '1 second'
          FROM generate_series(1, $1) i",
     )
     .bind(CROWD)
     .execute(store.pool())
     .await
     .expect("the crowd's tasks");
+    // Statistics that know only the crowd: every task is theirs, so a plan made for any owner
+    // expects to find its page at once among everyone's tasks, newest first.
+    sqlx::query("ANALYZE tasks")
+        .execute(store.pool())
+        .await
+        .expect("analyzed");
+    let mine = [
+        new_task(store, None).await,
+        new_task(store, Some(group_chat())).await,
+        new_task(store, Some(group_chat())).await,
+    ];
 
     let page = |filter: TaskFilter| async move {
         let before = rows_read(store, "tasks").await;
@@ -546,6 +554,14 @@ async fn a_page_of_tasks_reads_its_own_rows_however_many_others_there_are() {
         tasks
     };
     let ids = |tasks: &[TaskRow]| tasks.iter().map(|t| t.id).collect::<Vec<_>>();
+
+    let nobodys = page(TaskFilter {
+        owner: Some("api:nobody".parse().expect("owner")),
+        limit: 50,
+        ..Default::default()
+    })
+    .await;
+    assert!(nobodys.is_empty(), "{nobodys:?}");
 
     let first = page(TaskFilter {
         owner: Some(owner()),

@@ -133,6 +133,18 @@ async fn client_mode_measures_both_task_kinds_over_the_api() {
     );
 }
 
+#[tokio::test]
+async fn kinds_picks_which_task_kinds_the_client_workloads_drive() {
+    let (_, _, lines) =
+        small_bench(&["--client", "--workloads", "w2-client", "--kinds", "agent"]).await;
+    let workloads: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(workloads, ["w2-client-agent"]);
+    client_w2_measured(&lines[0]);
+}
+
 /// A client W2 of the small bench's 30 tasks measured both phases, the memory and the CPU.
 fn client_w2_measured(w2: &Value) {
     assert_eq!(w2["tasks"], 30);

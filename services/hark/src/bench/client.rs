@@ -76,6 +76,11 @@ pub enum Kind {
 impl Kind {
     pub const BOTH: [Kind; 2] = [Kind::Questionnaire, Kind::Agent];
 
+    /// The kind called `name`, as `--kinds` spells it.
+    pub fn named(name: &str) -> Option<Kind> {
+        Kind::BOTH.into_iter().find(|k| k.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Questionnaire => "questionnaire",

@@ -79,6 +79,14 @@ pub struct BenchArgs {
         value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-client", "w2-client", "watchers"]
     )]
     workloads: Option<Vec<String>>,
+    /// Which task kinds the --client workloads drive, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "questionnaire,agent",
+        value_parser = ["questionnaire", "agent"]
+    )]
+    kinds: Vec<String>,
     /// Streams the watchers workload holds open at once, half `WatchTask`, half `WatchTasks`
     /// (without --external, task-control is started to serve that many).
     #[arg(long, default_value_t = 10_000, value_parser = at_least_one)]
@@ -280,7 +288,7 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
                 .chain(args.python.clone().map(client::Driver::Python))
                 .map(|driver| client::Drive { driver, think });
             for drive in drives {
-                for kind in client::Kind::BOTH {
+                for kind in args.kinds.iter().filter_map(|k| client::Kind::named(k)) {
                     let report = if workload == "w1-client" {
                         client::w1(bench, kind, &drive, args.warmup, args.rounds).await?
                     } else {
@@ -305,7 +313,8 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
             "w2" => w2::run(bench, args.tasks, args.in_flight, limits.as_ref()).await?,
             "watchers" => watchers::run(bench, args.watchers).await?,
             other => anyhow::bail!(
-                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot or w2"
+                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot, w2, w1-client, \
+                 w2-client or watchers"
             ),
         };
         crate::out!("{}", report.json);

@@ -1940,3 +1940,49 @@ async fn a_workers_calls_after_the_statistics_saw_no_task_running_read_its_own_t
     store.pool().close().await;
     db.drop().await;
 }
+
+/// A task created over the API has no chat, so it writes no entry into the indexes by which a
+/// chat finds its tasks and questions: each such entry would cost every move of it a write.
+#[tokio::test]
+async fn a_task_without_a_chat_writes_nothing_into_the_indexes_of_chats() {
+    let db = TestDb::new().await;
+    let store = &db.store;
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        .execute(store.pool())
+        .await
+        .expect("pageinspect, from Postgres's contrib");
+    const INDEXES: [&str; 3] = [
+        "tasks_by_stream",
+        "questions_open_by_stream_owner",
+        "questions_open_handle",
+    ];
+    // The entries of an index small enough for its root to be its one leaf; one without any
+    // has no root. Each version of a row that an update wrote has an entry until a vacuum.
+    let entries = |index: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT CASE WHEN (m).root = 0 THEN 0
+                         ELSE (bt_page_stats($1, (m).root::bigint)).live_items END::bigint
+             FROM (SELECT bt_metap($1) AS m) x",
+        )
+        .bind(index)
+        .fetch_one(store.pool())
+        .await
+        .expect("the index's entries")
+    };
+
+    waiting_task_in(store, None).await;
+    waiting_task_in(store, None).await;
+    for index in INDEXES {
+        assert_eq!(
+            entries(index).await,
+            0,
+            "{index} holds tasks without a chat"
+        );
+    }
+    // A task in a chat is found by each of them.
+    waiting_task(store).await;
+    for index in INDEXES {
+        assert!(entries(index).await > 0, "{index} holds the chat's task");
+    }
+    db.drop().await;
+}

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use hark_core::secret::redact_url;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value, json, value::RawValue};
 
 /// Why a completion failed after its retries.
 #[derive(Debug, thiserror::Error)]
@@ -143,20 +143,31 @@ impl Client {
         &self.url
     }
 
-    /// The request body: model, messages, tools, then the configured extra fields.
-    pub fn body(&self, messages: &[Value], tools: &[Value]) -> Value {
-        let mut body = Map::new();
-        if !self.settings.model.is_empty() {
-            body.insert("model".into(), json!(self.settings.model));
+    /// The request body: model, messages, tools, then the configured extra fields, which take
+    /// the place of any of the first three they name. The messages are borrowed and the tools
+    /// come as JSON already, so nothing of either is copied before it is written.
+    pub fn body(&self, messages: &[Value], tools: Option<&RawValue>) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            model: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            messages: Option<&'a [Value]>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tools: Option<&'a RawValue>,
+            #[serde(flatten)]
+            extra: &'a Map<String, Value>,
         }
-        body.insert("messages".into(), Value::Array(messages.to_vec()));
-        if !tools.is_empty() {
-            body.insert("tools".into(), Value::Array(tools.to_vec()));
-        }
-        for (key, value) in &self.settings.extra_body {
-            body.insert(key.clone(), value.clone());
-        }
-        Value::Object(body)
+        let extra = &self.settings.extra_body;
+        let unless_extra = |key: &str| !extra.contains_key(key);
+        let body = Body {
+            model: Some(self.settings.model.as_str())
+                .filter(|m| !m.is_empty() && unless_extra("model")),
+            messages: Some(messages).filter(|_| unless_extra("messages")),
+            tools: tools.filter(|_| unless_extra("tools")),
+            extra,
+        };
+        serde_json::to_vec(&body).expect("a request body of JSON values serializes")
     }
 
     /// One completion, retried with backoff on 429, 5xx, timeouts and connection errors,
@@ -164,7 +175,7 @@ impl Client {
     pub async fn complete(
         &self,
         messages: &[Value],
-        tools: &[Value],
+        tools: Option<&RawValue>,
         call_prefix: &str,
     ) -> Result<Reply, Error> {
         use tracing::Instrument as _;
@@ -194,14 +205,14 @@ impl Client {
     async fn complete_in_span(
         &self,
         messages: &[Value],
-        tools: &[Value],
+        tools: Option<&RawValue>,
         call_prefix: &str,
     ) -> Result<Reply, Error> {
-        let body = self.body(messages, tools);
+        let body = bytes::Bytes::from(self.body(messages, tools));
         let mut attempt = 0;
         loop {
             let started = std::time::Instant::now();
-            let (result, retry_after) = self.once(&body).await;
+            let (result, retry_after) = self.once(body.clone()).await;
             let failed = result.as_ref().err().map(Error::metric_label);
             self.metrics.call(started.elapsed(), failed.as_deref());
             match result {
@@ -235,8 +246,12 @@ impl Client {
         }
     }
 
-    async fn once(&self, body: &Value) -> (Result<Value, Error>, Option<Duration>) {
-        let mut request = self.http.post(&self.url).json(body);
+    async fn once(&self, body: bytes::Bytes) -> (Result<Value, Error>, Option<Duration>) {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if !self.settings.api_key.is_empty() {
             request = request.bearer_auth(self.settings.api_key.expose());
         }
@@ -387,6 +402,44 @@ mod tests {
         assert_eq!(reply.tool_calls[1].id, "r3_1");
         assert_eq!(reply.message["tool_calls"][0]["id"], "r3_0");
         assert_eq!(reply.tool_calls[0].arguments, json!({"question": "Q?"}));
+    }
+
+    #[test]
+    fn the_body_carries_model_messages_and_tools_unless_an_extra_field_takes_their_place() {
+        let client = |model: &str, extra: Value| {
+            Client::new(Settings {
+                base_url: "http://127.0.0.1:9/v1".into(),
+                api_key: Default::default(),
+                model: model.into(),
+                extra_body: extra.as_object().cloned().expect("an object"),
+                request_timeout: Duration::from_secs(1),
+                max_retries: 0,
+            })
+            .expect("a client")
+        };
+        let messages = [json!({"role": "user", "content": "你好"})];
+        let tools = serde_json::value::to_raw_value(&json!([{"type": "function"}])).expect("raw");
+        let body = |client: &Client, tools: Option<&RawValue>| {
+            serde_json::from_slice::<Value>(&client.body(&messages, tools)).expect("JSON")
+        };
+
+        let plain = client("m1", json!({"temperature": 0.2}));
+        assert_eq!(
+            body(&plain, Some(&tools)),
+            json!({"model": "m1", "messages": messages, "tools": [{"type": "function"}],
+                   "temperature": 0.2})
+        );
+        assert_eq!(
+            body(&client("", json!({})), None),
+            json!({"messages": messages}),
+            "no model and no tools: neither key"
+        );
+        let overriding = client("m1", json!({"model": "m2", "tools": [], "messages": []}));
+        assert_eq!(
+            body(&overriding, Some(&tools)),
+            json!({"model": "m2", "messages": [], "tools": []}),
+            "each key once, as the extra fields give it"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! call becomes an error result for the model, never a failed task.
 
 use hark_core::domain::Role;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value, json, value::RawValue};
 
 use crate::{limits, llm::ToolCall};
 
@@ -140,6 +140,36 @@ pub struct Registry {
     tools: Vec<Tool>,
     /// How many tools are offered by name at most (`tools.max_offered`).
     max_offered: usize,
+    /// What [`Registry::offered`] gives each role (by [`role_slot`]), made on first use: the
+    /// tools do not change while a registry is shared.
+    offered: [std::sync::OnceLock<Offered>; 3],
+}
+
+/// The tools offered by name to one role: their declarations, and the same as the JSON array
+/// that every model request of a run with that role carries.
+#[derive(Debug, Clone)]
+pub struct Offered {
+    pub declarations: Vec<Value>,
+    /// `None` when no tool is offered: the request then has no `tools`.
+    pub json: Option<Box<RawValue>>,
+}
+
+impl Offered {
+    fn of(declarations: Vec<Value>) -> Self {
+        let json = (!declarations.is_empty()).then(|| {
+            serde_json::value::to_raw_value(&declarations)
+                .expect("a list of JSON values serializes")
+        });
+        Self { declarations, json }
+    }
+}
+
+fn role_slot(role: Role) -> usize {
+    match role {
+        Role::Guest => 0,
+        Role::User => 1,
+        Role::Admin => 2,
+    }
 }
 
 impl Registry {
@@ -264,6 +294,7 @@ impl Registry {
                 ),
             ],
             max_offered: usize::MAX,
+            offered: Default::default(),
         }
     }
 
@@ -272,6 +303,7 @@ impl Registry {
     pub fn with(mut self, more: impl IntoIterator<Item = Tool>, max_offered: usize) -> Self {
         self.tools.extend(more);
         self.max_offered = max_offered;
+        self.offered = Default::default();
         self
     }
 
@@ -290,18 +322,23 @@ impl Registry {
     }
 
     /// The tools offered to the model in every request of a task run with `role`: the essential
-    /// ones (`ask_user` always), and the `Offered` ones it may use while they fit.
-    pub fn offered(&self, role: Role) -> Vec<Value> {
-        let room = self.room_for_offered(role);
-        self.tools
-            .iter()
-            .filter(|t| match t.visibility {
-                Visibility::Essential => true,
-                Visibility::Offered => room && t.min_role <= role,
-                Visibility::Discoverable => false,
-            })
-            .map(Tool::declaration)
-            .collect()
+    /// ones (`ask_user` always), and the `Offered` ones it may use while they fit. Made once per
+    /// registry and role, not for each run.
+    pub fn offered(&self, role: Role) -> &Offered {
+        self.offered[role_slot(role)].get_or_init(|| {
+            let room = self.room_for_offered(role);
+            Offered::of(
+                self.tools
+                    .iter()
+                    .filter(|t| match t.visibility {
+                        Visibility::Essential => true,
+                        Visibility::Offered => room && t.min_role <= role,
+                        Visibility::Discoverable => false,
+                    })
+                    .map(Tool::declaration)
+                    .collect(),
+            )
+        })
     }
 
     /// The tools the role may use that are not offered by name, for `list_tools`.
@@ -447,7 +484,7 @@ mod tests {
     #[test]
     fn ask_user_is_always_offered_and_discoverable_tools_are_not() {
         let registry = Registry::builtin();
-        let offered = names(&registry.offered(Role::User));
+        let offered = names(&registry.offered(Role::User).declarations);
         assert!(offered.contains(&"ask_user".to_owned()));
         assert!(!offered.contains(&"current_time".to_owned()));
         assert_eq!(registry.discoverable(Role::User).len(), 1);
@@ -465,13 +502,27 @@ mod tests {
         };
         // Four essential tools, list_my_tasks, create_subtask and two the user may use fit in
         // eight.
-        let roomy = Registry::builtin().with(more(), 8);
-        let offered = names(&roomy.offered(Role::User));
+        // What a registry offered before more tools came is made again with them.
+        let builtin = Registry::builtin();
+        let before = builtin.offered(Role::User).declarations.len();
+        let roomy = builtin.with(more(), 8);
+        let offered = names(&roomy.offered(Role::User).declarations);
+        assert_eq!(offered.len(), before + 2, "{offered:?}");
+        let json = roomy
+            .offered(Role::User)
+            .json
+            .as_ref()
+            .expect("tools offered");
+        assert_eq!(
+            serde_json::from_str::<Vec<Value>>(json.get()).expect("a JSON array"),
+            roomy.offered(Role::User).declarations,
+            "the JSON of the offered tools is their declarations"
+        );
         assert!(offered.contains(&"s__a".to_owned()) && offered.contains(&"s__b".to_owned()));
         assert!(!offered.contains(&"s__admin".to_owned()), "{offered:?}");
         assert_eq!(roomy.discoverable(Role::User).len(), 1, "current_time only");
         // An admin may use nine: they no longer fit, and list_tools finds them.
-        let offered = names(&roomy.offered(Role::Admin));
+        let offered = names(&roomy.offered(Role::Admin).declarations);
         assert_eq!(offered.len(), 4, "{offered:?}");
         assert!(offered.contains(&"ask_user".to_owned()));
         let listed: Vec<&str> = roomy

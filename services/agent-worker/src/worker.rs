@@ -393,7 +393,9 @@ impl Worker {
                 tracker.spawn(hark_core::trace::scope_in(span, trace, async move {
                     let metrics = this.runner.llm.metrics();
                     metrics.running.add(1);
-                    if let Err(panic) = consume::unwound(this.handle(message, shutdown)).await {
+                    if let Err(panic) =
+                        consume::unwound(Box::pin(this.handle(message, shutdown))).await
+                    {
                         ran_into(&panic);
                     }
                     metrics.running.add(-1);
@@ -436,7 +438,8 @@ impl Worker {
                         let metrics = this.runner.llm.metrics();
                         metrics.running.add(1);
                         let task = handed.job.task_id.clone();
-                        match consume::unwound(this.run_claimed(handed.claim, stop)).await {
+                        match consume::unwound(Box::pin(this.run_claimed(handed.claim, stop))).await
+                        {
                             Ok(outcome) => tracing::debug!(task, ?outcome, "run ended"),
                             Err(panic) => ran_into(&panic),
                         }
@@ -635,8 +638,9 @@ impl Worker {
         }
         let outcome = {
             use tracing::Instrument as _;
-            self.runner
-                .run(claimed, cancel, gone.clone(), inbox)
+            // A run's future is large; boxed, it is written once where it stays, and the
+            // futures that hold it, which tokio moves as it spawns them, stay small.
+            Box::pin(self.runner.run(claimed, cancel, gone.clone(), inbox))
                 .instrument(span)
                 .await
         };

@@ -340,7 +340,7 @@ impl Runner {
             tracing::debug!(task = spec.id, round = number, "calling the LLM");
             let reply = tokio::select! {
                 _ = cancel.cancelled() => return Outcome::Stopped("cancelled during an LLM call".into()),
-                reply = self.llm.complete(&messages, offered.json.as_deref(), &call_prefix) => reply,
+                reply = self.llm.complete(&messages, offered, &call_prefix) => reply,
             };
             let mut reply = match reply {
                 Ok(reply) => reply,

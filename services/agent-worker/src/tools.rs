@@ -142,26 +142,7 @@ pub struct Registry {
     max_offered: usize,
     /// What [`Registry::offered`] gives each role (by [`role_slot`]), made on first use: the
     /// tools do not change while a registry is shared.
-    offered: [std::sync::OnceLock<Offered>; 3],
-}
-
-/// The tools offered by name to one role: their declarations, and the same as the JSON array
-/// that every model request of a run with that role carries.
-#[derive(Debug, Clone)]
-pub struct Offered {
-    pub declarations: Vec<Value>,
-    /// `None` when no tool is offered: the request then has no `tools`.
-    pub json: Option<Box<RawValue>>,
-}
-
-impl Offered {
-    fn of(declarations: Vec<Value>) -> Self {
-        let json = (!declarations.is_empty()).then(|| {
-            serde_json::value::to_raw_value(&declarations)
-                .expect("a list of JSON values serializes")
-        });
-        Self { declarations, json }
-    }
+    offered: [std::sync::OnceLock<Option<Box<RawValue>>>; 3],
 }
 
 fn role_slot(role: Role) -> usize {
@@ -321,14 +302,16 @@ impl Registry {
         shown <= self.max_offered
     }
 
-    /// The tools offered to the model in every request of a task run with `role`: the essential
-    /// ones (`ask_user` always), and the `Offered` ones it may use while they fit. Made once per
-    /// registry and role, not for each run.
-    pub fn offered(&self, role: Role) -> &Offered {
-        self.offered[role_slot(role)].get_or_init(|| {
-            let room = self.room_for_offered(role);
-            Offered::of(
-                self.tools
+    /// The tools offered to the model in every request of a task run with `role`, as the JSON
+    /// array the request carries: the essential ones (`ask_user` always), and the `Offered` ones
+    /// it may use while they fit. `None` when there are none. Made once per registry and role,
+    /// not for each run.
+    pub fn offered(&self, role: Role) -> Option<&RawValue> {
+        self.offered[role_slot(role)]
+            .get_or_init(|| {
+                let room = self.room_for_offered(role);
+                let declarations: Vec<Value> = self
+                    .tools
                     .iter()
                     .filter(|t| match t.visibility {
                         Visibility::Essential => true,
@@ -336,9 +319,13 @@ impl Registry {
                         Visibility::Discoverable => false,
                     })
                     .map(Tool::declaration)
-                    .collect(),
-            )
-        })
+                    .collect();
+                (!declarations.is_empty()).then(|| {
+                    serde_json::value::to_raw_value(&declarations)
+                        .expect("a list of JSON values serializes")
+                })
+            })
+            .as_deref()
     }
 
     /// The tools the role may use that are not offered by name, for `list_tools`.
@@ -452,7 +439,11 @@ mod tests {
         }
     }
 
-    fn names(tools: &[Value]) -> Vec<String> {
+    /// The names of the tools offered, read from their JSON.
+    fn names(offered: Option<&RawValue>) -> Vec<String> {
+        let tools: Vec<Value> = offered.map_or_else(Vec::new, |json| {
+            serde_json::from_str(json.get()).expect("a JSON array of declarations")
+        });
         tools
             .iter()
             .map(|t| {
@@ -484,7 +475,7 @@ mod tests {
     #[test]
     fn ask_user_is_always_offered_and_discoverable_tools_are_not() {
         let registry = Registry::builtin();
-        let offered = names(&registry.offered(Role::User).declarations);
+        let offered = names(registry.offered(Role::User));
         assert!(offered.contains(&"ask_user".to_owned()));
         assert!(!offered.contains(&"current_time".to_owned()));
         assert_eq!(registry.discoverable(Role::User).len(), 1);
@@ -504,25 +495,15 @@ mod tests {
         // eight.
         // What a registry offered before more tools came is made again with them.
         let builtin = Registry::builtin();
-        let before = builtin.offered(Role::User).declarations.len();
+        let before = names(builtin.offered(Role::User)).len();
         let roomy = builtin.with(more(), 8);
-        let offered = names(&roomy.offered(Role::User).declarations);
+        let offered = names(roomy.offered(Role::User));
         assert_eq!(offered.len(), before + 2, "{offered:?}");
-        let json = roomy
-            .offered(Role::User)
-            .json
-            .as_ref()
-            .expect("tools offered");
-        assert_eq!(
-            serde_json::from_str::<Vec<Value>>(json.get()).expect("a JSON array"),
-            roomy.offered(Role::User).declarations,
-            "the JSON of the offered tools is their declarations"
-        );
         assert!(offered.contains(&"s__a".to_owned()) && offered.contains(&"s__b".to_owned()));
         assert!(!offered.contains(&"s__admin".to_owned()), "{offered:?}");
         assert_eq!(roomy.discoverable(Role::User).len(), 1, "current_time only");
         // An admin may use nine: they no longer fit, and list_tools finds them.
-        let offered = names(&roomy.offered(Role::Admin).declarations);
+        let offered = names(roomy.offered(Role::Admin));
         assert_eq!(offered.len(), 4, "{offered:?}");
         assert!(offered.contains(&"ask_user".to_owned()));
         let listed: Vec<&str> = roomy

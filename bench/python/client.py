@@ -11,6 +11,9 @@ JSON lines it prints on stdout, and measures the hark processes' CPU and memory 
   `--in-flight` calls at a time, each seen waiting on the stream (mark "waiting"); after a line
   on stdin, all N answered the same way, each no sooner than `--think-ms` after it was seen
   (mark "resumed"). Prints {"suspend_s": ..., "resume_s": ...}.
+- floor: against the bench's floor server, not hark: each round thinks `--think-ms`, then
+  times one grpc.health.v1.Health/Check of `--service` ("commit": the server commits a row
+  first). Prints {"samples_ms": [...]}.
 
 Any failure (a task that ends otherwise, an output without its answer, a call that fails) ends
 the run with a message on stderr and exit status 1.
@@ -123,6 +126,24 @@ class Bench:
                 samples.append((time.perf_counter() - t0) * 1000.0)
         print(json.dumps({"samples_ms": samples}), flush=True)
 
+    async def floor(self):
+        # HealthCheckRequest { service } by hand: field 1, a string.
+        name = self.args.service.encode()
+        request = b"\n" + bytes([len(name)]) + name
+        check = self.channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        samples = []
+        for round_ in range(self.args.warmup + self.args.rounds):
+            await asyncio.sleep(self.think)
+            t0 = time.perf_counter()
+            await check(request)
+            if round_ >= self.args.warmup:
+                samples.append((time.perf_counter() - t0) * 1000.0)
+        print(json.dumps({"samples_ms": samples}), flush=True)
+
     async def w2(self):
         n = self.args.tasks
         seen = {}
@@ -182,9 +203,10 @@ async def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="task-control's gRPC address, host:port")
     parser.add_argument("--proto", required=True, help="the proto/proto directory of hark")
-    parser.add_argument("--workload", choices=["w1", "w2"], required=True)
-    parser.add_argument("--kind", choices=["questionnaire", "agent"], required=True)
-    parser.add_argument("--owner", required=True)
+    parser.add_argument("--workload", choices=["w1", "w2", "floor"], required=True)
+    parser.add_argument("--kind", choices=["questionnaire", "agent"], default="questionnaire")
+    parser.add_argument("--owner", default="bench:python")
+    parser.add_argument("--service", default="commit", help="the floor's service to check")
     parser.add_argument("--script", default="w1", help="the scripted model's script of an agent task")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
@@ -195,7 +217,7 @@ async def main():
     pb, grpc_pb, types = load_stubs(args.proto)
     bench = Bench(args, pb, grpc_pb, types)
     try:
-        await (bench.w1() if args.workload == "w1" else bench.w2())
+        await {"w1": bench.w1, "w2": bench.w2, "floor": bench.floor}[args.workload]()
     finally:
         await bench.channel.close()
 

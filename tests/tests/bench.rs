@@ -98,17 +98,19 @@ async fn client_mode_measures_both_task_kinds_over_the_api() {
         workloads,
         [
             "limits",
+            "w1-floor",
             "w1-client-questionnaire",
             "w1-client-agent",
             "w2-client-questionnaire",
             "w2-client-agent"
         ]
     );
-    for w1 in &lines[1..3] {
+    floor_measured(&lines[1], &["rust"]);
+    for w1 in &lines[2..4] {
         assert_eq!(w1["rounds"], 3);
         assert!(w1["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{w1}");
     }
-    for w2 in &lines[3..5] {
+    for w2 in &lines[4..6] {
         client_w2_measured(w2);
         let pages = w2["first_page_p50_ms"]
             .as_object()
@@ -143,6 +145,53 @@ async fn kinds_picks_which_task_kinds_the_client_workloads_drive() {
         .collect();
     assert_eq!(workloads, ["w2-client-agent"]);
     client_w2_measured(&lines[0]);
+}
+
+/// The floor timed its 3 calls with and without a commit from each of `clients`.
+fn floor_measured(floor: &Value, clients: &[&str]) {
+    assert_eq!(floor["workload"], "w1-floor");
+    assert_eq!(floor["rounds"], 3);
+    for client in clients {
+        for call in ["commit", "nothing"] {
+            let p50 = &floor[format!("{client}_{call}")]["p50_ms"];
+            assert!(
+                p50.as_f64().is_some_and(|ms| ms > 0.0),
+                "{client} {call}: {floor}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn controls_starts_and_measures_that_many_replicas_of_task_control() {
+    let (stdout, _, lines) = small_bench(&[
+        "--client",
+        "--controls",
+        "2",
+        "--workloads",
+        "w2-client",
+        "--kinds",
+        "agent",
+    ])
+    .await;
+    let w2 = &lines[0];
+    client_w2_measured(w2);
+    // Both replicas ran through the workload, and each has its CPU and memory reported.
+    let cpu = w2["cpu_ms_per_task_resume_to_completion"]
+        .as_object()
+        .expect("CPU by process");
+    let controls: Vec<(&String, f64)> = cpu
+        .iter()
+        .filter(|(name, _)| name.starts_with("hark control"))
+        .map(|(name, ms)| (name, ms.as_f64().unwrap_or_default()))
+        .collect();
+    assert_eq!(controls.len(), 2, "{w2}");
+    assert!(controls.iter().all(|(_, ms)| *ms > 0.0), "{controls:?}");
+    assert_eq!(
+        stdout.matches("| memory of hark control").count(),
+        2,
+        "{stdout}"
+    );
 }
 
 /// A client W2 of the small bench's 30 tasks measured both phases, the memory and the CPU.
@@ -188,7 +237,7 @@ async fn the_python_grpcio_client_drives_the_same_workloads_beside_the_rust_one(
         "--think-ms",
         "20",
         "--workloads",
-        "w1-client,w2-client",
+        "w1-floor,w1-client,w2-client",
     ])
     .await;
     let by_name = |name: &str| {
@@ -197,6 +246,7 @@ async fn the_python_grpcio_client_drives_the_same_workloads_beside_the_rust_one(
             .find(|l| l["workload"] == name)
             .unwrap_or_else(|| panic!("no {name} in {lines:?}"))
     };
+    floor_measured(by_name("w1-floor"), &["rust", "python"]);
     for kind in ["questionnaire", "agent"] {
         for driver in ["client", "python"] {
             let w1 = by_name(&format!("w1-{driver}-{kind}"));

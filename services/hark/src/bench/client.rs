@@ -576,7 +576,7 @@ fn summary_p50(samples: &mut [Duration]) -> Duration {
 
 /// `bench/python/client.py`, running one workload against this bench's task-control: the JSON
 /// lines it prints, read as they come.
-struct Python {
+pub(super) struct Python {
     child: tokio::process::Child,
     lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
 }
@@ -592,6 +592,16 @@ impl Python {
     }
 
     fn start(python: &Path, bench: &Bench, args: &[(&str, String)]) -> anyhow::Result<Self> {
+        let target = hark_core::config::dial(bench.config.control.grpc_listen).to_string();
+        Self::start_at(python, &target, args)
+    }
+
+    /// The client against the gRPC server at `target` (host:port).
+    pub(super) fn start_at(
+        python: &Path,
+        target: &str,
+        args: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let (script, proto) = Self::files();
         anyhow::ensure!(
             script.is_file() && proto.is_dir(),
@@ -599,7 +609,6 @@ impl Python {
             script.display(),
             proto.display()
         );
-        let target = hark_core::config::dial(bench.config.control.grpc_listen).to_string();
         let mut command = tokio::process::Command::new(python);
         command
             .arg(&script)
@@ -633,7 +642,7 @@ impl Python {
     }
 
     /// Reads the client's lines until one has `key` (a mark's name, or a result's field).
-    async fn until(&mut self, key: &str) -> anyhow::Result<Value> {
+    pub(super) async fn until(&mut self, key: &str) -> anyhow::Result<Value> {
         loop {
             let line = tokio::time::timeout(Duration::from_secs(600), self.lines.next_line())
                 .await
@@ -667,7 +676,7 @@ impl Python {
         Ok(())
     }
 
-    async fn finish(mut self) -> anyhow::Result<()> {
+    pub(super) async fn finish(mut self) -> anyhow::Result<()> {
         drop(self.child.stdin.take());
         let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await

@@ -8,6 +8,7 @@
 //! at `--llm-listen`.
 
 mod client;
+mod floor;
 mod hub;
 mod limits;
 mod observe;
@@ -41,6 +42,10 @@ pub struct BenchArgs {
     /// Workers to start (without --external).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
+    /// task-control replicas to start (without --external). The clients call the first, as an
+    /// app's connection stays with one replica; workers' requests are shared by all.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    controls: u32,
     /// Slots per worker (without --external).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     worker_concurrency: u32,
@@ -56,7 +61,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 64, value_parser = at_least_one)]
     in_flight: usize,
     /// Measure as a client does, over the public API only: answer → output received, for a
-    /// questionnaire and an agent task side by side (workloads limits,w1-client,w2-client).
+    /// questionnaire and an agent task side by side (workloads limits,w1-floor,w1-client,w2-client).
     #[arg(long)]
     client: bool,
     /// How long the client thinks between seeing a question and answering it, in milliseconds
@@ -72,11 +77,11 @@ pub struct BenchArgs {
     #[arg(long)]
     observe: bool,
     /// Which workloads to run, in order [default: limits,w1-grpc,w1-onebot,w2; with --client
-    /// limits,w1-client,w2-client].
+    /// limits,w1-floor,w1-client,w2-client].
     #[arg(
         long,
         value_delimiter = ',',
-        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-client", "w2-client", "watchers"]
+        value_parser = ["limits", "w1-grpc", "w1-onebot", "w2", "w1-floor", "w1-client", "w2-client", "watchers"]
     )]
     workloads: Option<Vec<String>>,
     /// Which task kinds the --client workloads drive, in order.
@@ -96,7 +101,7 @@ pub struct BenchArgs {
 impl BenchArgs {
     fn workloads(&self) -> Vec<String> {
         let default: &[&str] = if self.client {
-            &["limits", "w1-client", "w2-client"]
+            &["limits", "w1-floor", "w1-client", "w2-client"]
         } else {
             &["limits", "w1-grpc", "w1-onebot", "w2"]
         };
@@ -167,6 +172,10 @@ pub async fn run(
         let url = config.database.url.expose();
         let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
         config.database.url = format!("{base}/hark_bench_{tag}").into();
+        anyhow::ensure!(
+            !(args.observe && args.controls > 1),
+            "--observe scrapes one task-control; run it with --controls 1"
+        );
         if args.observe {
             observing = Some(observe::Observe::start(args.workers).await?);
         }
@@ -176,6 +185,7 @@ pub async fn run(
         procs::Processes::spawn(
             &mut config,
             &llm.base_url(),
+            args.controls,
             args.workers,
             args.worker_concurrency,
             observing.as_ref(),
@@ -311,10 +321,15 @@ async fn measure(bench: &mut Bench, args: &BenchArgs) -> anyhow::Result<Vec<Repo
             "w1-grpc" => w1::run(bench, w1::Via::Grpc, args.warmup, args.rounds).await?,
             "w1-onebot" => w1::run(bench, w1::Via::OneBot, args.warmup, args.rounds).await?,
             "w2" => w2::run(bench, args.tasks, args.in_flight, limits.as_ref()).await?,
+            "w1-floor" => {
+                let think = Duration::from_millis(args.think_ms);
+                let python = args.python.as_deref();
+                floor::run(bench, python, think, args.warmup, args.rounds).await?
+            }
             "watchers" => watchers::run(bench, args.watchers).await?,
             other => anyhow::bail!(
-                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot, w2, w1-client, \
-                 w2-client or watchers"
+                "unknown workload `{other}`: expected limits, w1-grpc, w1-onebot, w2, w1-floor, \
+                 w1-client, w2-client or watchers"
             ),
         };
         crate::out!("{}", report.json);

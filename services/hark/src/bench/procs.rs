@@ -24,12 +24,14 @@ impl Processes {
         &self.procs
     }
 
-    /// Starts `hark control`, `hark gateway` and `workers` × `hark worker` with `config`'s
-    /// database and namespace, the workers calling `llm_url`. A listener `config` puts on port
-    /// 0 is set to the address the process bound.
+    /// Starts `controls` × `hark control`, `hark gateway` and `workers` × `hark worker` with
+    /// `config`'s database and namespace, the workers calling `llm_url`. A listener `config`
+    /// puts on port 0 is set to the address the process bound; `config` names the first
+    /// control's, and the others listen on ports of their own choosing.
     pub async fn spawn(
         config: &mut Config,
         llm_url: &str,
+        controls: u32,
         workers: u32,
         concurrency: u32,
         observing: Option<&super::observe::Observe>,
@@ -110,6 +112,21 @@ impl Processes {
         connect_api(config).await?;
         procs.push(start(vec!["gateway".into()], observed("gateway", 0))?);
         config.gateway.listen = bound(&addr_file, "gateway.listen").await?;
+        // Each further replica, once the one before it has said where it listens (the last
+        // line of a key is the latest process's).
+        for _ in 1..controls {
+            let _ = std::fs::remove_file(&addr_file);
+            let mut replica = start(
+                vec!["control".into()],
+                vec![(
+                    "HARK_CONTROL__GRPC_LISTEN".to_owned(),
+                    "127.0.0.1:0".to_owned(),
+                )],
+            )?;
+            let grpc = bound(&addr_file, "control.grpc_listen").await?;
+            replica.role = format!("control {grpc}");
+            procs.push(replica);
+        }
         let _ = std::fs::remove_file(&addr_file);
         for n in 1..=workers {
             procs.push(start(

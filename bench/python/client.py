@@ -206,7 +206,8 @@ async def main():
     parser.add_argument("--workload", choices=["w1", "w2", "floor"], required=True)
     parser.add_argument("--kind", choices=["questionnaire", "agent"], default="questionnaire")
     parser.add_argument("--owner", default="bench:python")
-    parser.add_argument("--service", default="commit", help="the floor's service to check")
+    parser.add_argument("--service", choices=["commit", "nothing"], default="commit",
+                        help="the floor's service to check")
     parser.add_argument("--script", default="w1", help="the scripted model's script of an agent task")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)

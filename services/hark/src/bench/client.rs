@@ -155,7 +155,7 @@ pub async fn w1(
     let mut samples = match &drive.driver {
         Driver::Rust => w1_rust(bench, kind, drive.think, &name, warmup, rounds).await?,
         Driver::Python(python) => {
-            let mut run = Python::start(
+            let run = Python::start(
                 python,
                 bench,
                 &[
@@ -168,15 +168,7 @@ pub async fn w1(
                     ("--think-ms", drive.think.as_millis().to_string()),
                 ],
             )?;
-            let done = run.until("samples_ms").await?;
-            run.finish().await?;
-            done["samples_ms"]
-                .as_array()
-                .context("the Python client printed no samples")?
-                .iter()
-                .filter_map(Value::as_f64)
-                .map(|ms| Duration::from_secs_f64(ms / 1000.0))
-                .collect()
+            run.samples().await?
         }
     };
     let stats = summary(&mut samples);
@@ -642,7 +634,7 @@ impl Python {
     }
 
     /// Reads the client's lines until one has `key` (a mark's name, or a result's field).
-    pub(super) async fn until(&mut self, key: &str) -> anyhow::Result<Value> {
+    async fn until(&mut self, key: &str) -> anyhow::Result<Value> {
         loop {
             let line = tokio::time::timeout(Duration::from_secs(600), self.lines.next_line())
                 .await
@@ -674,6 +666,19 @@ impl Python {
         stdin.write_all(b"go\n").await?;
         stdin.flush().await?;
         Ok(())
+    }
+
+    /// The times the client printed as `samples_ms` once it measured them, after it ended.
+    pub(super) async fn samples(mut self) -> anyhow::Result<Vec<Duration>> {
+        let done = self.until("samples_ms").await?;
+        self.finish().await?;
+        Ok(done["samples_ms"]
+            .as_array()
+            .context("the Python client printed no samples")?
+            .iter()
+            .filter_map(Value::as_f64)
+            .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+            .collect())
     }
 
     pub(super) async fn finish(mut self) -> anyhow::Result<()> {

@@ -8,7 +8,7 @@ use std::{pin::Pin, time::Duration};
 
 use anyhow::Context as _;
 use futures_util::Stream;
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::Connection as _;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use tonic_health::pb::{
     health_server::{Health, HealthServer},
 };
 
-use super::{Bench, Report, client, summary};
+use super::{Bench, Report, client, limits, summary};
 
 /// The service name a call asks for to have its row updated and committed first.
 const COMMIT: &str = "commit";
@@ -28,6 +28,8 @@ const NOTHING: &str = "nothing";
 
 /// Answers the health check of [`COMMIT`] after one committed update on a connection of its own.
 struct Floor {
+    /// The statement that updates the row.
+    bump: &'static str,
     conn: Mutex<sqlx::PgConnection>,
 }
 
@@ -39,7 +41,7 @@ impl Health for Floor {
     ) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
         if request.get_ref().service == COMMIT {
             let mut conn = self.conn.lock().await;
-            sqlx::query("UPDATE bench_floor SET n = n + 1 WHERE id = 1")
+            sqlx::query(self.bump)
                 .execute(&mut *conn)
                 .await
                 .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
@@ -73,17 +75,14 @@ pub async fn run(
 ) -> anyhow::Result<Report> {
     let url = bench.config.database.url.expose();
     let mut conn = sqlx::PgConnection::connect(url).await?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS bench_floor (id int PRIMARY KEY, n bigint NOT NULL)")
-        .execute(&mut conn)
-        .await?;
-    sqlx::query("INSERT INTO bench_floor VALUES (1, 0) ON CONFLICT DO NOTHING")
-        .execute(&mut conn)
-        .await?;
+    let counter = limits::counter!("bench_floor");
+    counter.create(&mut conn).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let server = tokio::spawn({
         let floor = Floor {
+            bump: counter.bump,
             conn: Mutex::new(conn),
         };
         let incoming =
@@ -96,9 +95,7 @@ pub async fn run(
     stop.cancel();
     let _ = server.await;
     let mut conn = sqlx::PgConnection::connect(url).await?;
-    sqlx::query("DROP TABLE IF EXISTS bench_floor")
-        .execute(&mut conn)
-        .await?;
+    counter.remove(&mut conn).await?;
     let measured = measured?;
 
     let think_ms = think.as_millis() as u64;
@@ -107,15 +104,17 @@ pub async fn run(
     let mut rows = Vec::new();
     for (client, service, mut samples) in measured {
         let stats = summary(&mut samples);
-        let key = if client == RUST { "rust" } else { "python" };
-        json[format!("{key}_{service}")] = stats.clone();
+        json[format!("{}_{service}", client.key())] = stats.clone();
         let what = match service {
             COMMIT => "a gRPC call that commits one row before its reply",
             _ => "a gRPC call that replies at once",
         };
         rows.push((
             "w1-floor".to_owned(),
-            format!("{what}, from {client} after {think_ms} ms of thought (p50 / p90 / p99)"),
+            format!(
+                "{what}, from {} after {think_ms} ms of thought (p50 / p90 / p99)",
+                client.label()
+            ),
             format!(
                 "{} / {} / {} ms",
                 stats["p50_ms"], stats["p90_ms"], stats["p99_ms"]
@@ -125,11 +124,31 @@ pub async fn run(
     Ok(Report { json, rows })
 }
 
-const RUST: &str = "hark's Rust client";
-const PYTHON: &str = "Python grpcio";
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    Rust,
+    Python,
+}
+
+impl Client {
+    /// Its name in the JSON line.
+    fn key(self) -> &'static str {
+        match self {
+            Client::Rust => "rust",
+            Client::Python => "python",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Client::Rust => "hark's Rust client",
+            Client::Python => "Python grpcio",
+        }
+    }
+}
 
 /// Per client and service, the calls' times.
-type Samples = Vec<(&'static str, &'static str, Vec<Duration>)>;
+type Samples = Vec<(Client, &'static str, Vec<Duration>)>;
 
 async fn measure(
     addr: std::net::SocketAddr,
@@ -160,13 +179,13 @@ async fn measure(
                 samples.push(t.elapsed());
             }
         }
-        measured.push((RUST, service, samples));
+        measured.push((Client::Rust, service, samples));
     }
     let Some(python) = python else {
         return Ok(measured);
     };
     for service in [COMMIT, NOTHING] {
-        let mut run = client::Python::start_at(
+        let run = client::Python::start_at(
             python,
             &addr.to_string(),
             &[
@@ -177,16 +196,7 @@ async fn measure(
                 ("--think-ms", think.as_millis().to_string()),
             ],
         )?;
-        let done = run.until("samples_ms").await?;
-        run.finish().await?;
-        let samples = done["samples_ms"]
-            .as_array()
-            .context("the Python client printed no samples")?
-            .iter()
-            .filter_map(Value::as_f64)
-            .map(|ms| Duration::from_secs_f64(ms / 1000.0))
-            .collect();
-        measured.push((PYTHON, service, samples));
+        measured.push((Client::Python, service, run.samples().await?));
     }
     Ok(measured)
 }

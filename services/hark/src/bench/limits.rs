@@ -6,11 +6,70 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use serde_json::json;
+use sqlx::Connection as _;
 
 use super::{Bench, Report, ms, percentile};
 
 const COMMITS: usize = 2000;
 const PUBLISHES: usize = 2000;
+
+/// A table of one row, whose counter each single-row update of a loop bumps in a commit of its
+/// own; removed once measured. Made by [`counter!`] from the table's name.
+pub(super) struct Counter {
+    create: &'static str,
+    seed: &'static str,
+    /// The update that bumps the counter.
+    pub(super) bump: &'static str,
+    remove: &'static str,
+}
+
+/// The [`Counter`] of the table named by a literal.
+macro_rules! counter {
+    ($table:literal) => {
+        $crate::bench::limits::Counter::of(
+            concat!(
+                "CREATE TABLE IF NOT EXISTS ",
+                $table,
+                " (id int PRIMARY KEY, n bigint NOT NULL)"
+            ),
+            concat!(
+                "INSERT INTO ",
+                $table,
+                " VALUES (1, 0) ON CONFLICT DO NOTHING"
+            ),
+            concat!("UPDATE ", $table, " SET n = n + 1 WHERE id = 1"),
+            concat!("DROP TABLE IF EXISTS ", $table),
+        )
+    };
+}
+pub(super) use counter;
+
+impl Counter {
+    pub(super) const fn of(
+        create: &'static str,
+        seed: &'static str,
+        bump: &'static str,
+        remove: &'static str,
+    ) -> Self {
+        Self {
+            create,
+            seed,
+            bump,
+            remove,
+        }
+    }
+
+    pub(super) async fn create(&self, conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+        sqlx::query(self.create).execute(&mut *conn).await?;
+        sqlx::query(self.seed).execute(conn).await?;
+        Ok(())
+    }
+
+    pub(super) async fn remove(&self, conn: &mut sqlx::PgConnection) -> sqlx::Result<()> {
+        sqlx::query(self.remove).execute(conn).await?;
+        Ok(())
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -60,30 +119,22 @@ impl Limits {
 }
 
 pub async fn measure(bench: &Bench) -> anyhow::Result<Limits> {
-    let pool = sqlx::PgPool::connect(bench.config.database.url.expose()).await?;
+    let mut conn = sqlx::PgConnection::connect(bench.config.database.url.expose()).await?;
     let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
-        .fetch_one(&pool)
+        .fetch_one(&mut conn)
         .await?;
-    sqlx::query("CREATE TABLE IF NOT EXISTS bench_limit (id int PRIMARY KEY, n bigint NOT NULL)")
-        .execute(&pool)
-        .await?;
-    sqlx::query("INSERT INTO bench_limit VALUES (1, 0) ON CONFLICT DO NOTHING")
-        .execute(&pool)
-        .await?;
-    let mut conn = pool.acquire().await?;
+    let counter = counter!("bench_limit");
+    counter.create(&mut conn).await?;
     let mut samples = Vec::with_capacity(COMMITS);
     let start = Instant::now();
     for _ in 0..COMMITS {
         let t = Instant::now();
-        sqlx::query("UPDATE bench_limit SET n = n + 1 WHERE id = 1")
-            .execute(&mut *conn)
-            .await?;
+        sqlx::query(counter.bump).execute(&mut conn).await?;
         samples.push(t.elapsed());
     }
     let commits_per_s = COMMITS as f64 / start.elapsed().as_secs_f64();
-    drop(conn);
-    sqlx::query("DROP TABLE bench_limit").execute(&pool).await?;
-    pool.close().await;
+    counter.remove(&mut conn).await?;
+    conn.close().await?;
     samples.sort();
     let commit_p50 = percentile(&samples, 50.0);
 

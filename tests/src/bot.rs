@@ -28,6 +28,17 @@ pub struct Bot {
     to_gateway: mpsc::Sender<String>,
     sent: mpsc::Receiver<Sent>,
     next_id: i64,
+    /// How its chat's messages are framed.
+    speaks: Speaks,
+}
+
+/// The protocol between the chat and what the bot connects to.
+#[derive(Debug, Clone)]
+pub(crate) enum Speaks {
+    /// OneBot v11 events.
+    OneBot,
+    /// maim_message, as a platform adapter of MaiBot's speaks it.
+    Maim { platform: String },
 }
 
 impl Bot {
@@ -144,11 +155,23 @@ impl Bot {
                     .await;
             }
         });
+        Self::from_parts(self_id, to_gateway, sent, Speaks::OneBot)
+    }
+
+    /// A bot whose frames go to `to_gateway`, framed as it `speaks`, and whose posts arrive on
+    /// `sent`.
+    pub(crate) fn from_parts(
+        self_id: i64,
+        to_gateway: mpsc::Sender<String>,
+        sent: mpsc::Receiver<Sent>,
+        speaks: Speaks,
+    ) -> Self {
         Self {
             self_id,
             to_gateway,
             sent,
             next_id: 1,
+            speaks,
         }
     }
 
@@ -189,37 +212,59 @@ impl Bot {
     ) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
-        let mut segments = Vec::new();
-        if let Some(quoted) = quote {
-            segments.push(json!({"type": "reply", "data": {"id": quoted.to_string()}}));
-        }
-        segments.push(json!({"type": "text", "data": {"text": text}}));
-        for user in mentions {
-            segments.push(json!({"type": "at", "data": {"qq": user.to_string(), "name": format!("member {user}")}}));
-        }
-        let event = json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
-            "message_type": "group", "sub_type": "normal", "message_id": id, "group_id": group,
-            "user_id": user, "message": segments, "raw_message": text, "font": 0,
-            "sender": {"user_id": user, "nickname": format!("member {user}"), "card": ""}});
+        let event = match &self.speaks {
+            Speaks::OneBot => {
+                let mut segments = Vec::new();
+                if let Some(quoted) = quote {
+                    segments.push(json!({"type": "reply", "data": {"id": quoted.to_string()}}));
+                }
+                segments.push(json!({"type": "text", "data": {"text": text}}));
+                for user in mentions {
+                    segments.push(json!({"type": "at", "data": {"qq": user.to_string(), "name": format!("member {user}")}}));
+                }
+                json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
+                    "message_type": "group", "sub_type": "normal", "message_id": id, "group_id": group,
+                    "user_id": user, "message": segments, "raw_message": text, "font": 0,
+                    "sender": {"user_id": user, "nickname": format!("member {user}"), "card": ""}})
+            }
+            Speaks::Maim { platform } => crate::maim::message(
+                platform,
+                self.self_id,
+                id,
+                user,
+                Some(group),
+                text,
+                quote,
+                mentions,
+            ),
+        };
+        self.send(event).await;
+        id
+    }
+
+    async fn send(&self, frame: Value) {
         self.to_gateway
-            .send(event.to_string())
+            .send(frame.to_string())
             .await
             .expect("the bot's connection is open");
-        id
     }
 
     /// `user` writes `text` to the bot in their private chat.
     pub async fn private_message(&mut self, user: i64, text: &str) -> i64 {
         let id = self.next_id;
         self.next_id += 1;
-        let event = json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
-            "message_type": "private", "sub_type": "friend", "message_id": id, "user_id": user,
-            "message": [{"type": "text", "data": {"text": text}}], "raw_message": text, "font": 0,
-            "sender": {"user_id": user, "nickname": format!("member {user}")}});
-        self.to_gateway
-            .send(event.to_string())
-            .await
-            .expect("the bot's connection is open");
+        let event = match &self.speaks {
+            Speaks::OneBot => {
+                json!({"time": 1_700_000_000 + id, "self_id": self.self_id, "post_type": "message",
+                    "message_type": "private", "sub_type": "friend", "message_id": id, "user_id": user,
+                    "message": [{"type": "text", "data": {"text": text}}], "raw_message": text, "font": 0,
+                    "sender": {"user_id": user, "nickname": format!("member {user}")}})
+            }
+            Speaks::Maim { platform } => {
+                crate::maim::message(platform, self.self_id, id, user, None, text, None, &[])
+            }
+        };
+        self.send(event).await;
         id
     }
 

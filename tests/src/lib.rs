@@ -7,6 +7,7 @@
 pub mod bot;
 pub mod chat;
 pub mod group;
+pub mod maim;
 pub mod servers;
 
 use std::{

@@ -1,10 +1,11 @@
 //! The chat frameworks people already run, in front of a real hark (control, gateway and a
 //! worker in processes): each one's hark plugin, loaded as the framework loads plugins, with the
-//! framework's own connection to the chat played by a OneBot v11 bot over WebSocket.
+//! framework's own connection to the chat played by a OneBot v11 bot over WebSocket, or for
+//! MaiBot, by a platform adapter over maim_message's WebSocket.
 
 use std::{path::PathBuf, time::Duration};
 
-use hark_e2e::{Env, bot::Bot, bot::Sent, chat::handle_of};
+use hark_e2e::{Env, bot::Bot, bot::Sent, chat::handle_of, maim};
 use hark_proto::v1 as pb;
 use hark_worker::scripted::{Script, ScriptedLlm, Step};
 
@@ -17,9 +18,14 @@ const HTTP_TOKEN: &str = "plugin-secret";
 
 /// A framework, and how hark knows its chats.
 #[derive(Debug, Clone, Copy)]
+#[expect(
+    clippy::enum_variant_names,
+    reason = "the frameworks' own names all end in Bot"
+)]
 enum Framework {
     NoneBot,
     AstrBot,
+    MaiBot,
 }
 
 impl Framework {
@@ -28,6 +34,7 @@ impl Framework {
         match self {
             Framework::NoneBot => "NONEBOT_LLM_URL",
             Framework::AstrBot => "ASTRBOT_LLM_URL",
+            Framework::MaiBot => "MAIBOT_LLM_URL",
         }
     }
 
@@ -36,13 +43,15 @@ impl Framework {
         match self {
             Framework::NoneBot => "nonebot-onebot",
             Framework::AstrBot => "astrbot-aiocqhttp",
+            Framework::MaiBot => "maibot-qq",
         }
     }
 
-    /// The bot id: NoneBot's bot is its QQ account, AstrBot's its platform instance.
+    /// The bot id: NoneBot's and MaiBot's bot is its QQ account, AstrBot's its platform
+    /// instance.
     fn bot_id(self) -> String {
         match self {
-            Framework::NoneBot => SELF_ID.to_string(),
+            Framework::NoneBot | Framework::MaiBot => SELF_ID.to_string(),
             Framework::AstrBot => "qq".into(),
         }
     }
@@ -51,6 +60,7 @@ impl Framework {
         match self {
             Framework::NoneBot => "nonebot",
             Framework::AstrBot => "astrbot",
+            Framework::MaiBot => "maibot",
         }
     }
 
@@ -76,6 +86,7 @@ impl Framework {
         match self {
             Framework::NoneBot => dir.join("nonebot/bot.py"),
             Framework::AstrBot => dir.join("astrbot/run.py"),
+            Framework::MaiBot => dir.join("maibot/run.py"),
         }
     }
 
@@ -83,7 +94,7 @@ impl Framework {
     fn path(self) -> &'static str {
         match self {
             Framework::NoneBot => "/onebot/v11/ws",
-            Framework::AstrBot => "/ws",
+            Framework::AstrBot | Framework::MaiBot => "/ws",
         }
     }
 }
@@ -125,12 +136,18 @@ impl Peer {
             .append(true)
             .open(dir.join("framework.log"))
             .expect("log file");
-        let child = tokio::process::Command::new(framework.python())
+        let mut command = tokio::process::Command::new(framework.python());
+        // MaiBot runs as a tree (a supervisor, its worker and plugin runners): a group of its
+        // own, killed together.
+        command.process_group(0);
+        let child = command
             .arg(framework.script())
             .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
             // The framework reads its files from where it runs: none of the developer's.
             .current_dir(&dir)
             .env("ASTRBOT_ROOT", &dir)
+            .env("MAIBOT_ROOT", &dir)
+            .env("MAIBOT_ACCOUNT", SELF_ID.to_string())
             .env("PORT", port.to_string())
             .env("HARK_URL", format!("http://127.0.0.1:{gateway_port}"))
             .env("HARK_TOKEN", HTTP_TOKEN)
@@ -149,13 +166,23 @@ impl Peer {
         }
     }
 
-    /// The chat's bot, connected to the framework's OneBot v11 reverse WebSocket.
+    /// The chat's bot, connected to the framework: on its OneBot v11 reverse WebSocket, or for
+    /// MaiBot, as its platform adapter.
     async fn connect(&self) -> Bot {
-        Bot::connect_at(self.port, self.framework.path(), SELF_ID, "").await
+        match self.framework {
+            Framework::MaiBot => maim::connect(self.port, "qq", SELF_ID).await,
+            _ => Bot::connect_at(self.port, self.framework.path(), SELF_ID, "").await,
+        }
     }
 
-    /// kill -9.
+    /// kill -9, of the framework's whole process group.
     async fn kill(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = tokio::process::Command::new("kill")
+                .args(["-9", "--", &format!("-{pid}")])
+                .status()
+                .await;
+        }
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
@@ -246,6 +273,11 @@ async fn a_nonebot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the
 async fn an_astrbot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_rest_to_the_bot()
 {
     hark_in_front_of(Framework::AstrBot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maibot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_rest_to_the_bot() {
+    hark_in_front_of(Framework::MaiBot).await;
 }
 
 /// A task started from the framework's chat asks there; the owner's plain reply and a quote are
@@ -357,7 +389,13 @@ async fn hark_in_front_of(framework: Framework) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Back: the question is delivered once, and nothing delivered before comes again.
+    // Back: the question is delivered once, and nothing delivered before comes again. MaiBot
+    // first checks that its port is free with a bind that the killed MaiBot's connections, in
+    // TIME_WAIT for a minute, may still refuse; it comes back on another.
+    let port = match framework {
+        Framework::MaiBot => free_port(),
+        _ => port,
+    };
     let mut peer = Peer::start(framework, &env, gateway_port, port);
     chat.bot = peer.connect().await.numbering_from(1000);
     let gate = &task.id[..8];

@@ -11,15 +11,23 @@ or of its plugin runner loses none, and one already sent is dropped by its id.
 hark knows a MaiBot account as the platform `maibot-<platform>` (e.g. `maibot-qq`) and the bot
 `<account id>`: list `maibot-qq` in hark's `gateway.http.platforms` and `maibot-qq:<account>`
 in `gateway.http.bots`.
+
+With `[hark] mcp_url` and `mcp_token` set, MaiBot's own LLM (its planner) gets three tools:
+`ask_user` and `approve` ask the person it is talking with, in the chat it is talking in, through
+hark's MCP server, and wait for the answer; `get_answer` waits again for a question still open.
+The question is hark's: it outlives the tool call, MaiBot's restart and hark's, and only that
+person's reply answers it, which the hook above keeps from MaiBot's chat loop.
 """
 
 import asyncio
 import collections
+import hashlib
+import json
 from typing import Any, ClassVar, Optional
 
 import aiohttp
 
-from maibot_sdk import Field, HookHandler, MaiBotPlugin, PluginConfigBase
+from maibot_sdk import Field, HookHandler, MaiBotPlugin, PluginConfigBase, Tool
 from maibot_sdk.types import HookMode, HookOrder
 
 # Ids of hark's messages sent lately: one handed out again is acknowledged, not sent twice.
@@ -55,6 +63,21 @@ class HarkSection(PluginConfigBase):
     pull_ms: int = Field(
         default=20000,
         description="每次向 hark 拉取消息的最长等待毫秒数 / how long one pull of hark's messages waits",
+    )
+    mcp_url: str = Field(
+        default="",
+        description=(
+            "hark 的 MCP 服务地址，填了麦麦的 LLM 就有 ask_user 等工具 / hark's MCP server "
+            "(http://<control.http_listen>/mcp); set, MaiBot's LLM gets ask_user, approve, get_answer"
+        ),
+    )
+    mcp_token: str = Field(
+        default="",
+        description="hark 的 control.api_tokens 之一 / one of hark's control.api_tokens",
+    )
+    ask_wait_s: float = Field(
+        default=50.0,
+        description="工具等回答的最长秒数（小于 60）/ how long a tool waits for the answer (under 60)",
     )
     bots: list[str] = Field(
         default_factory=list,
@@ -308,6 +331,163 @@ class HarkPlugin(MaiBotPlugin):
                     self.ctx.logger.warning(f"hark refused an acknowledgement: {await response.text()}")
         except Exception as e:
             self.ctx.logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+
+
+    # MaiBot's LLM asks through hark's MCP server.
+
+    @Tool(
+        "ask_user",
+        description=(
+            "Ask the person you are talking with a question in this chat, and wait for their "
+            "answer. The question stays open until they answer, however long that takes and "
+            "across restarts; only they can answer it. If the result says the question is still "
+            "open, call get_answer with its question_id later instead of asking again."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "question": {"type": "string", "description": "The question, as the person will read it."},
+                "choices": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "The answers the person picks from; leave out for a free answer.",
+                },
+            },
+            "required": ["question"],
+        },
+        visibility="visible",
+    )
+    async def ask_user(self, question: str = "", choices: Optional[list] = None, **context: Any) -> dict:
+        arguments: dict = {"question": question}
+        if choices:
+            arguments["choices"] = [str(c) for c in choices]
+        return {"content": await self.ask("ask_user", arguments, context)}
+
+    @Tool(
+        "approve",
+        description=(
+            "Ask the person you are talking with to approve an action before you take it, and "
+            "wait for their decision. Returns whether it was approved, and their reason."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "description": "What you are about to do, as the person will read it."},
+                "details": {"type": "string", "description": "What they should know to decide."},
+            },
+            "required": ["action"],
+        },
+        visibility="visible",
+    )
+    async def approve(self, action: str = "", details: str = "", **context: Any) -> dict:
+        arguments: dict = {"action": action}
+        if details:
+            arguments["details"] = details
+        return {"content": await self.ask("approve", arguments, context)}
+
+    @Tool(
+        "get_answer",
+        description="Wait again for the answer to a question asked before with ask_user or approve.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "question_id": {"type": "string", "description": "The question_id the earlier call returned."},
+            },
+            "required": ["question_id"],
+        },
+        visibility="visible",
+    )
+    async def get_answer(self, question_id: str = "", **context: Any) -> dict:
+        return {"content": await self.wait_for(question_id, None)}
+
+    async def ask(self, tool: str, arguments: dict, context: dict) -> str:
+        settings = self.settings()
+        if not settings.mcp_url:
+            return "hark's MCP server is not configured ([hark] mcp_url in the hark plugin's config.toml); nobody was asked."
+        platform = str(context.get("platform") or "")
+        person = str(context.get("user_id") or "")
+        group = str(context.get("group_id") or "")
+        if not platform or not person:
+            return "Could not ask through hark: MaiBot did not say who you are talking with."
+        arguments["owner"] = f"{hark_platform(platform)}:{person}"
+        if group:
+            arguments["chat"] = f"group:{group}"
+        # The same call made again (MaiBot retried it) is the same question, not a second one.
+        asked = json.dumps(arguments, sort_keys=True, ensure_ascii=False).encode()
+        arguments["request_id"] = (
+            f"maibot:{context.get('stream_id', '')}:{tool}:" + hashlib.sha256(asked).hexdigest()[:16]
+        )
+        deadline = asyncio.get_running_loop().time() + settings.ask_wait_s
+        try:
+            result = await self.call_mcp(tool, arguments)
+        except Exception as e:
+            self.ctx.logger.warning(f"hark's MCP server at {settings.mcp_url} failed: {e!r}")
+            return f"Could not ask through hark: {e}"
+        if result.get("status") == "waiting":
+            return await self.wait_for(result["question_id"], deadline)
+        return self.read(result)
+
+    async def wait_for(self, question_id: str, deadline: Optional[float]) -> str:
+        settings = self.settings()
+        if not settings.mcp_url:
+            return "hark's MCP server is not configured ([hark] mcp_url in the hark plugin's config.toml)."
+        loop = asyncio.get_running_loop()
+        deadline = deadline if deadline is not None else loop.time() + settings.ask_wait_s
+        result: dict = {"status": "waiting", "question_id": question_id}
+        while result.get("status") == "waiting":
+            left = deadline - loop.time()
+            if left < 1:
+                return (
+                    f"No answer yet; the question stays open in the chat. Call get_answer with "
+                    f'question_id "{question_id}" later; do not ask again.'
+                )
+            try:
+                result = await self.call_mcp("get_answer", {"question_id": question_id, "wait_s": int(left)})
+            except Exception as e:
+                self.ctx.logger.warning(f"hark's MCP server at {settings.mcp_url} failed: {e!r}")
+                return f'Could not reach hark: {e}. Call get_answer with question_id "{question_id}" later.'
+        return self.read(result)
+
+    @staticmethod
+    def read(result: dict) -> str:
+        """What the LLM reads of a tool's result."""
+        if "approved" in result:
+            verdict = "approved" if result["approved"] else "not approved"
+            reason = result.get("reason")
+            return f"{verdict}: {reason}" if reason else verdict
+        answer = result.get("answer")
+        if isinstance(answer, dict) and "decision" in answer:
+            verdict = "approved" if str(answer["decision"]).startswith("approve") else "not approved"
+            reason = answer.get("reason")
+            return f"{verdict}: {reason}" if reason else verdict
+        if result.get("text"):
+            return result["text"]
+        if result.get("status") == "answered":
+            return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
+        return f"The question was {result.get('status', 'closed')}; no answer will come."
+
+    async def call_mcp(self, tool: str, arguments: dict) -> dict:
+        """Calls one of hark's MCP tools; its structured result, with its text as `text`."""
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamablehttp_client
+
+        settings = self.settings()
+        headers = {"Authorization": f"Bearer {settings.mcp_token}"} if settings.mcp_token else {}
+        # hark holds a call for up to its mcp.hold before it says "waiting".
+        async with streamablehttp_client(settings.mcp_url, headers=headers, timeout=settings.ask_wait_s + 30) as (
+            read,
+            write,
+            _,
+        ):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                result = await session.call_tool(tool, arguments)
+        text = "".join(getattr(part, "text", "") for part in result.content)
+        if result.isError:
+            raise RuntimeError(text or "the tool failed")
+        out = dict(result.structuredContent or {})
+        out["text"] = text
+        return out
 
 
 def create_plugin() -> HarkPlugin:

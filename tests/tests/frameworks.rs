@@ -469,13 +469,21 @@ async fn a_nonebot_bots_llm_asks_through_the_plugins_tools_and_gets_the_owners_a
     the_bots_llm_asks_through_the_plugin(Framework::NoneBot).await;
 }
 
-/// The bot's LLM (an OpenAI-compatible server of the test's; AstrBot's own, or for NoneBot, which
-/// has none, a plugin of the bot's that runs one with the plugin's `TOOLS`) calls `ask_user`,
-/// which asks through hark's MCP server: the question comes to the owner's private chat through
-/// the framework, the owner's plain reply there is hark's and never reaches the LLM (which
-/// answers every private message), and the LLM gets that answer back and says so in the chat.
-async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
-    let (env, llm, mut processes) = hark_with(
+/// What [`asked_by_the_bots_llm`] leaves running.
+struct Asked {
+    env: Env,
+    llm: ScriptedLlm,
+    processes: Vec<hark_e2e::Process>,
+    peer: Peer,
+    chat: Chat,
+}
+
+/// hark with its MCP server open to the plugin, and the framework with its LLM at `llm` (the
+/// framework's variables and their URLs): the owner's private message wakes the bot's LLM, which
+/// asks them "Which room?" through the plugin's `ask_user`; the question has come to the owner's
+/// private chat through the framework, as the owner's.
+async fn asked_by_the_bots_llm(framework: Framework, llm: &[(&str, String)]) -> Asked {
+    let (env, hark_llm, processes) = hark_with(
         framework,
         &[
             ("HARK_CONTROL__API_TOKENS", MCP_TOKEN),
@@ -483,45 +491,25 @@ async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
         ],
     )
     .await;
-    let bots_llm = ScriptedLlm::with_default(Script::new(vec![
-        Step::call(
-            "ask_user",
-            serde_json::json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
-        ),
-        Step::say("Booked {answer}."),
-        Step::say("You are welcome."),
-    ]))
-    .await
-    .expect("the bot's scripted LLM");
     let mcp = format!(
         "http://{}/mcp",
         processes[0].addr("control.http_listen").await
     );
     let gateway_port = env.gateway_port().await;
-    let port = free_port();
-    let mut peer = Peer::start_with(
-        framework,
-        &env,
-        gateway_port,
-        port,
-        &[
-            (framework.llm_url_variable(), bots_llm.base_url()),
-            ("HARK_MCP_URL", mcp),
-            ("HARK_MCP_TOKEN", MCP_TOKEN.to_owned()),
-        ],
-    );
+    let mut extra = llm.to_vec();
+    extra.push(("HARK_MCP_URL", mcp));
+    extra.push(("HARK_MCP_TOKEN", MCP_TOKEN.to_owned()));
+    let peer = Peer::start_with(framework, &env, gateway_port, free_port(), &extra);
     let mut chat = Chat {
         bot: peer.connect().await,
         seen: Vec::new(),
     };
-    let private = format!("private:{OWNER}");
 
-    // The owner's message wakes the bot's LLM; it asks them through hark.
     chat.bot.private_message(OWNER, "book a room for me").await;
     let question = chat
         .expect("the question", |s| s.text.contains("Which room?"))
         .await;
-    assert_eq!(question.stream, private);
+    assert_eq!(question.stream, format!("private:{OWNER}"));
     assert!(
         question.text.contains("1) Blue") && question.text.contains("2) Green"),
         "{}",
@@ -532,6 +520,43 @@ async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
         format!("{}:{OWNER}", framework.platform()),
         "the question is the owner's"
     );
+    Asked {
+        env,
+        llm: hark_llm,
+        processes,
+        peer,
+        chat,
+    }
+}
+
+/// The bot's LLM (an OpenAI-compatible server of the test's; AstrBot's own, or for NoneBot, which
+/// has none, a plugin of the bot's that runs one with the plugin's `TOOLS`) calls `ask_user`,
+/// which asks through hark's MCP server: the question comes to the owner's private chat through
+/// the framework, the owner's plain reply there is hark's and never reaches the LLM (which
+/// answers every private message), and the LLM gets that answer back and says so in the chat.
+async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
+    let bots_llm = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            serde_json::json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
+        ),
+        Step::say("Booked {answer}."),
+        Step::say("You are welcome."),
+    ]))
+    .await
+    .expect("the bot's scripted LLM");
+    let Asked {
+        env,
+        llm,
+        mut processes,
+        mut peer,
+        mut chat,
+    } = asked_by_the_bots_llm(
+        framework,
+        &[(framework.llm_url_variable(), bots_llm.base_url())],
+    )
+    .await;
+    let private = format!("private:{OWNER}");
 
     // The owner's plain reply answers; the LLM reads the answer and goes on.
     chat.bot.private_message(OWNER, "2").await;
@@ -581,6 +606,98 @@ async fn the_bots_llm_asks_through_the_plugin(framework: Framework) {
         p.stop().await;
     }
     drop(bots_llm);
+    drop(llm);
+    env.cleanup().await;
+}
+
+/// MaiBot's own LLM (its planner, an OpenAI-compatible server of the test's; its replyer, which
+/// writes what MaiBot says, another) calls the plugin's `ask_user`, which asks through hark's MCP
+/// server: the question comes to the owner's private chat through MaiBot, the owner's plain reply
+/// there is hark's and never reaches MaiBot's chat loop, and the planner gets that answer back as
+/// the tool's result and goes on to reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maibots_own_llm_asks_through_the_plugins_ask_user_tool_and_gets_the_owners_answer() {
+    // The planner's turns: ask, then reply to the owner's first message (the adapter's message
+    // 1), then stop. The replyer says what MaiBot replies.
+    let planner = ScriptedLlm::with_default(Script::new(vec![
+        Step::call(
+            "ask_user",
+            serde_json::json!({"question": "Which room?", "choices": ["Blue", "Green"]}),
+        ),
+        Step::call(
+            "reply",
+            serde_json::json!({"msg_id": "1", "reply_reference": "the room the owner picked is booked"}),
+        ),
+        Step::call("stop", serde_json::json!({})),
+    ]))
+    .await
+    .expect("MaiBot's scripted planner");
+    let replyer = ScriptedLlm::with_default(Script::new(vec![Step::say("Booked it.")]))
+        .await
+        .expect("MaiBot's scripted replyer");
+    let Asked {
+        env,
+        llm,
+        mut processes,
+        mut peer,
+        mut chat,
+    } = asked_by_the_bots_llm(
+        Framework::MaiBot,
+        &[
+            (Framework::MaiBot.llm_url_variable(), planner.base_url()),
+            ("MAIBOT_REPLYER_URL", replyer.base_url()),
+        ],
+    )
+    .await;
+    let private = format!("private:{OWNER}");
+
+    // The owner's plain reply answers; the planner reads the answer and replies.
+    let answer = chat.bot.private_message(OWNER, "2").await;
+    let booked = chat
+        .expect("MaiBot's reply", |s| s.text.contains("Booked it."))
+        .await;
+    assert_eq!(booked.stream, private);
+    assert_eq!(
+        env.sql("SELECT state FROM tasks").await,
+        "completed",
+        "the question was answered"
+    );
+    let result = planner
+        .requests()
+        .iter()
+        .find_map(|r| hark_worker::scripted::last_tool_result(&r.body))
+        .expect("the planner was given the tool's result");
+    assert!(
+        result.contains("Green") && !result.contains("Blue"),
+        "the tool's result is the owner's answer: {result}"
+    );
+    // The owner's next message is MaiBot's again; once its planner has seen it, every request
+    // MaiBot made has been made, and none of them carried the answer hark took.
+    chat.bot.private_message(OWNER, "thanks").await;
+    planner
+        .wait_for(WAIT, |body| body.to_string().contains("thanks"))
+        .await
+        .expect("MaiBot's planner saw the owner's next message");
+    let answer_tag = format!("msg_id=\\\"{answer}\\\"");
+    for (who, requests) in [
+        ("planner", planner.requests()),
+        ("replyer", replyer.requests()),
+    ] {
+        for request in requests {
+            assert!(
+                !request.body.to_string().contains(&answer_tag),
+                "MaiBot's {who} heard the answer hark took: {}",
+                request.body
+            );
+        }
+    }
+
+    peer.kill().await;
+    for p in &mut processes {
+        p.stop().await;
+    }
+    drop(planner);
+    drop(replyer);
     drop(llm);
     env.cleanup().await;
 }

@@ -206,6 +206,8 @@ class HarkPlugin(MaiBotPlugin):
         platform = str(message.get("platform") or "")
         if not sender or not account or not platform or message.get("is_notify"):
             return None
+        if sender == account:
+            return None  # the bot's own message, as an adapter may report it back
         text = []
         quoted_id = quoted_text = quoted_sender = ""
         mentions: "list[str]" = []

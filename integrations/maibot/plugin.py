@@ -104,6 +104,9 @@ class HarkPlugin(MaiBotPlugin):
         self.sent: "collections.OrderedDict[str, None]" = collections.OrderedDict()
         # (platform, account, hark stream) -> MaiBot's session of that chat.
         self.sessions: "dict[tuple[str, str, str], str]" = {}
+        # platform -> the account a message stands for when its adapter named none, as MaiBot's
+        # own [bot] settings are its fallback for such an adapter (Napcat's does not name one).
+        self.fallback: "dict[str, str]" = {}
 
     def settings(self) -> HarkSection:
         return self.config.hark
@@ -121,6 +124,7 @@ class HarkPlugin(MaiBotPlugin):
 
     async def on_load(self) -> None:
         for platform, account in await self.accounts():
+            self.fallback.setdefault(platform, account)
             self.start_delivery(platform, account)
 
     async def on_unload(self) -> None:
@@ -202,8 +206,8 @@ class HarkPlugin(MaiBotPlugin):
         user = info.get("user_info") or {}
         group = info.get("group_info") or {}
         sender = str(user.get("user_id") or "")
-        account = str(message.get("account_id") or "")
         platform = str(message.get("platform") or "")
+        account = str(message.get("account_id") or self.fallback.get(platform, ""))
         if not sender or not account or not platform or message.get("is_notify"):
             return None
         if sender == account:
@@ -213,6 +217,8 @@ class HarkPlugin(MaiBotPlugin):
         mentions: "list[str]" = []
         mentions_bot = False
         for part in message.get("raw_message") or []:
+            if not isinstance(part, dict):
+                continue
             kind, data = part.get("type"), part.get("data")
             if kind == "text" and isinstance(data, str):
                 text.append(data)
@@ -274,15 +280,24 @@ class HarkPlugin(MaiBotPlugin):
                 pause = min(pause * 2, 30.0)
                 continue
             for message in body.get("messages", []):
-                if message["id"] in self.sent:
-                    await self.acknowledge(name, account, message)
-                    continue
-                if not await self.send(platform, account, message):
-                    continue  # not acknowledged: hark hands it out again
-                self.sent[message["id"]] = None
-                while len(self.sent) > SENT_KEPT:
-                    self.sent.popitem(last=False)
-                await self.acknowledge(name, account, message)
+                try:
+                    await self.deliver_one(platform, name, account, message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    # One message hark's API gave in a shape not understood stops no other.
+                    self.ctx.logger.warning(f"cannot deliver hark's message {message!r}: {e!r}")
+
+    async def deliver_one(self, platform: str, name: str, account: str, message: dict) -> None:
+        if message["id"] in self.sent:
+            await self.acknowledge(name, account, message)
+            return
+        if not await self.send(platform, account, message):
+            return  # not acknowledged: hark hands it out again
+        self.sent[message["id"]] = None
+        while len(self.sent) > SENT_KEPT:
+            self.sent.popitem(last=False)
+        await self.acknowledge(name, account, message)
 
     async def stream_id(self, platform: str, account: str, stream: str) -> str:
         """MaiBot's session of one of hark's streams (`group:<id>` or `private:<id>`), opened

@@ -9,6 +9,22 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
 
+/// Writes each frame sent to the returned channel to `sink`, in order, until the connection ends.
+pub(crate) fn writer<S>(mut sink: S) -> mpsc::Sender<String>
+where
+    S: futures_util::Sink<Message> + Unpin + Send + 'static,
+{
+    let (frames, mut outgoing) = mpsc::channel::<String>(64);
+    tokio::spawn(async move {
+        while let Some(text) = outgoing.recv().await {
+            if sink.send(Message::text(text)).await.is_err() {
+                return;
+            }
+        }
+    });
+    frames
+}
+
 /// A message the bot posted in a chat on hark's behalf.
 #[derive(Debug, Clone)]
 pub struct Sent {
@@ -75,17 +91,10 @@ impl Bot {
         }
         let socket = socket
             .unwrap_or_else(|| panic!("the gateway did not accept a bot on {url} within 30s"));
-        let (mut sink, mut stream) = socket.split();
-        let (to_gateway, mut outgoing) = mpsc::channel::<String>(64);
+        let (sink, mut stream) = socket.split();
+        let to_gateway = writer(sink);
         let (sent_tx, sent) = mpsc::channel(256);
         let replies = to_gateway.clone();
-        tokio::spawn(async move {
-            while let Some(text) = outgoing.recv().await {
-                if sink.send(Message::text(text)).await.is_err() {
-                    return;
-                }
-            }
-        });
         let own_id = self_id;
         tokio::spawn(async move {
             let mut next_message_id = 9000i64;

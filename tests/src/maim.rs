@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
@@ -32,17 +32,10 @@ pub async fn connect(port: u16, platform: &str, account: i64) -> Bot {
     }
     let socket =
         socket.unwrap_or_else(|| panic!("MaiBot did not accept an adapter on {url} within 120s"));
-    let (mut sink, mut stream) = socket.split();
-    let (to_maibot, mut outgoing) = mpsc::channel::<String>(64);
+    let (sink, mut stream) = socket.split();
+    let to_maibot = crate::bot::writer(sink);
     let (sent_tx, sent) = mpsc::channel(256);
     let echoes = to_maibot.clone();
-    tokio::spawn(async move {
-        while let Some(text) = outgoing.recv().await {
-            if sink.send(Message::text(text)).await.is_err() {
-                return;
-            }
-        }
-    });
     tokio::spawn(async move {
         let mut next_message_id = 9000i64;
         while let Some(Ok(frame)) = stream.next().await {
@@ -99,7 +92,9 @@ pub async fn connect(port: u16, platform: &str, account: i64) -> Bot {
 }
 
 /// A message of the chat as the adapter hands it to MaiBot: `user` writes `text` in `group` (or
-/// to the bot), quoting the platform message `quote` and mentioning `mentions`.
+/// to the bot), quoting the platform message `quote` and mentioning `mentions`. It names the bot's
+/// `account` at its top level, where MaiBot 1.3 asks adapters to (MaiBot's own replies that quote
+/// need it).
 #[expect(clippy::too_many_arguments, reason = "one message's fields")]
 pub(crate) fn message(
     platform: &str,
@@ -122,12 +117,12 @@ pub(crate) fn message(
     let mut info = json!({"platform": platform, "message_id": id.to_string(),
         "time": 1_700_000_000 + id,
         "user_info": {"platform": platform, "user_id": user.to_string(), "user_nickname": format!("member {user}")},
-        "format_info": {"content_format": ["text"], "accept_format": ["text", "reply", "at"]},
-        "additional_config": {"platform_io_account_id": account.to_string()}});
+        "format_info": {"content_format": ["text"], "accept_format": ["text", "reply", "at"]}});
     if let Some(group) = group {
         info["group_info"] = json!({"platform": platform, "group_id": group.to_string(), "group_name": format!("group {group}")});
     }
-    json!({"message_info": info, "message_segment": {"type": "seglist", "data": segments}})
+    json!({"message_info": info, "message_segment": {"type": "seglist", "data": segments},
+        "account_id": account.to_string()})
 }
 
 /// The text, quote and mentions of a maim_message segment (a `seglist` of them, nested).

@@ -35,6 +35,10 @@ from astrbot.api.star import Context, Star
 SENT_KEPT = 2048
 
 
+class CannotSend(Exception):
+    """A message of hark's that this platform can never send: its chat is not one of it."""
+
+
 def hark_platform(adapter: str) -> str:
     """The platform id hark knows an AstrBot adapter by."""
     name = "".join(c if c.isalnum() or c in "-_" else "-" for c in adapter.lower())
@@ -155,31 +159,53 @@ class Hark(Star):
                 pause = min(pause * 2, 30.0)
                 continue
             for message in body.get("messages", []):
-                if message["id"] in self.sent:
-                    await self.acknowledge(name, bot, message, None)
-                    continue
-                sent = await self.send(platform, message)
-                if sent is False:
-                    continue  # not acknowledged: hark hands it out again
-                self.sent[message["id"]] = None
-                while len(self.sent) > SENT_KEPT:
-                    self.sent.popitem(last=False)
-                await self.acknowledge(name, bot, message, sent)
+                try:
+                    await self.deliver_one(platform, name, bot, message)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    # One message in a shape not understood stops none of the others.
+                    logger.warning(f"cannot send hark's message {message!r:.200}: {e!r}")
+                    await self.acknowledge(name, bot, message, failed=repr(e), retry=False)
+
+    async def deliver_one(self, platform, name: str, bot: str, message: dict) -> None:
+        if message["id"] in self.sent:
+            await self.acknowledge(name, bot, message)
+            return
+        try:
+            sent = await self.send(platform, message)
+        except CannotSend as e:
+            logger.warning(f"hark's message {message['id']} can never be sent here: {e}")
+            await self.acknowledge(name, bot, message, failed=str(e), retry=False)
+            return
+        except Exception as e:
+            # hark hands it out again after a while, and sets it aside after a few times.
+            await self.acknowledge(name, bot, message, failed=repr(e))
+            return
+        self.sent[message["id"]] = None
+        while len(self.sent) > SENT_KEPT:
+            self.sent.popitem(last=False)
+        await self.acknowledge(name, bot, message, message_id=sent)
 
     async def send(self, platform, message: dict):
-        """Sends one of hark's messages; the platform's id of it, None when it gave none, or
-        False when it could not be sent (the bot is not connected yet: tried for a while)."""
+        """Sends one of hark's messages; the platform's id of it, or None when it gave none.
+        Raises CannotSend for a message this platform can never send, and the last error when
+        it could not be sent now (the bot is not connected yet: tried for a moment)."""
         kind, _, target = message["stream"].partition(":")
         reply_to = message.get("reply_to_message_id") or ""
-        for attempt in range(10):
+        text = message["text"]
+        onebot = platform.meta().name == "aiocqhttp"
+        if kind not in ("group", "private") or (onebot and not target.lstrip("-").isdigit()):
+            raise CannotSend(f"{message['stream']!r} is not a chat of {platform.meta().name}")
+        for attempt in range(3):
             try:
-                if platform.meta().name == "aiocqhttp":
+                if onebot:
                     # Through the OneBot connection itself: its answer names the message, so a
                     # quote of a question finds it.
                     segments = []
                     if reply_to.lstrip("-").isdigit():
                         segments.append({"type": "reply", "data": {"id": reply_to}})
-                    segments.append({"type": "text", "data": {"text": message["text"]}})
+                    segments.append({"type": "text", "data": {"text": text}})
                     client = platform.get_client()
                     if kind == "group":
                         result = await client.send_group_msg(group_id=int(target), message=segments)
@@ -188,20 +214,30 @@ class Hark(Star):
                     return (result or {}).get("message_id")
                 message_type = "GroupMessage" if kind == "group" else "FriendMessage"
                 origin = f"{platform.meta().id}:{message_type}:{target}"
-                chain = MessageChain().message(message["text"])
+                chain = MessageChain().message(text)
                 await self.context.send_message(origin, chain)
                 return None
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 logger.info(f"cannot send hark's message {message['id']} yet: {e!r}")
-                await asyncio.sleep(min(0.2 * (attempt + 1), 1.0))
-        return False
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
 
-    async def acknowledge(self, name: str, bot: str, message: dict, message_id) -> None:
+    async def acknowledge(
+        self, name: str, bot: str, message: dict, message_id=None, failed=None, retry=True
+    ) -> None:
+        """Tells hark a message was sent, or with `failed`, why it was not: hark then hands it
+        out again later (`retry`), or sets it aside."""
+        if not isinstance(message, dict) or "ack" not in message:
+            return
         entry = {"ack": message["ack"]}
         if message_id is not None:
             entry["message_id"] = message_id
+        if failed is not None:
+            entry["failed"] = failed[:500]
+            entry["retry"] = retry
         try:
             async with self.session().post(
                 f"{self.url}/api/v1/outbound/ack",
@@ -210,7 +246,7 @@ class Hark(Star):
                 if response.status != 200:
                     logger.warning(f"hark refused an acknowledgement: {await response.text()}")
         except Exception as e:
-            logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+            logger.warning(f"cannot acknowledge hark's message {message.get('id')}: {e!r}")
 
     # AstrBot's LLM asks through hark's MCP server.
 

@@ -34,6 +34,10 @@ from maibot_sdk.types import HookMode, HookOrder
 SENT_KEPT = 2048
 
 
+class CannotSend(Exception):
+    """A message of hark's that can never be sent here: its stream is not a chat of MaiBot's."""
+
+
 def hark_platform(platform: str) -> str:
     """The platform id hark knows a MaiBot platform by."""
     name = "".join(c if c.isalnum() or c in "-_" else "-" for c in platform.lower())
@@ -286,14 +290,23 @@ class HarkPlugin(MaiBotPlugin):
                     raise
                 except Exception as e:
                     # One message hark's API gave in a shape not understood stops no other.
-                    self.ctx.logger.warning(f"cannot deliver hark's message {message!r}: {e!r}")
+                    self.ctx.logger.warning(f"cannot deliver hark's message {message!r:.200}: {e!r}")
+                    await self.acknowledge(name, account, message, failed=repr(e), retry=False)
 
     async def deliver_one(self, platform: str, name: str, account: str, message: dict) -> None:
         if message["id"] in self.sent:
             await self.acknowledge(name, account, message)
             return
-        if not await self.send(platform, account, message):
-            return  # not acknowledged: hark hands it out again
+        try:
+            await self.send(platform, account, message)
+        except CannotSend as e:
+            self.ctx.logger.warning(f"hark's message {message['id']} can never be sent here: {e}")
+            await self.acknowledge(name, account, message, failed=str(e), retry=False)
+            return
+        except Exception as e:
+            # hark hands it out again after a while, and sets it aside after a few times.
+            await self.acknowledge(name, account, message, failed=repr(e))
+            return
         self.sent[message["id"]] = None
         while len(self.sent) > SENT_KEPT:
             self.sent.popitem(last=False)
@@ -307,7 +320,7 @@ class HarkPlugin(MaiBotPlugin):
             return self.sessions[key]
         kind, _, target = stream.partition(":")
         if kind not in ("group", "private") or not target:
-            raise ValueError(f"hark's stream {stream!r} is neither group:<id> nor private:<id>")
+            raise CannotSend(f"hark's stream {stream!r} is neither group:<id> nor private:<id>")
         opened = await self.ctx.chat.open_session(
             platform=platform,
             chat_type=kind,
@@ -321,33 +334,45 @@ class HarkPlugin(MaiBotPlugin):
         self.sessions[key] = str(session)
         return str(session)
 
-    async def send(self, platform: str, account: str, message: dict) -> bool:
-        """Sends one of hark's messages; False when it could not be sent (tried for a while)."""
-        for attempt in range(10):
+    async def send(self, platform: str, account: str, message: dict) -> None:
+        """Sends one of hark's messages. Raises CannotSend for one that can never be sent here,
+        and the last error when it could not be sent now (tried for a moment)."""
+        for attempt in range(3):
             try:
                 stream_id = await self.stream_id(platform, account, message["stream"])
                 result = await self.ctx.send.text(message["text"], stream_id, storage_message=True)
                 sent = result.get("sent") if isinstance(result, dict) else bool(result)
                 if sent:
-                    return True
+                    return
                 raise RuntimeError(f"MaiBot did not send it: {result!r}")
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, CannotSend):
                 raise
             except Exception as e:
                 self.ctx.logger.info(f"cannot send hark's message {message['id']} yet: {e!r}")
-                await asyncio.sleep(min(0.2 * (attempt + 1), 1.0))
-        return False
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
 
-    async def acknowledge(self, name: str, account: str, message: dict) -> None:
+    async def acknowledge(
+        self, name: str, account: str, message: dict, failed: Optional[str] = None, retry: bool = True
+    ) -> None:
+        """Tells hark a message was sent, or with `failed`, why not: hark then hands it out again
+        later (`retry`), or sets it aside."""
+        if not isinstance(message, dict) or "ack" not in message:
+            return
+        entry: dict = {"ack": message["ack"]}
+        if failed is not None:
+            entry["failed"] = failed[:500]
+            entry["retry"] = retry
         try:
             async with self.session().post(
                 f"{self.url()}/api/v1/outbound/ack",
-                json={"platform": name, "bot_id": account, "acks": [{"ack": message["ack"]}]},
+                json={"platform": name, "bot_id": account, "acks": [entry]},
             ) as response:
                 if response.status != 200:
                     self.ctx.logger.warning(f"hark refused an acknowledgement: {await response.text()}")
         except Exception as e:
-            self.ctx.logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+            self.ctx.logger.warning(f"cannot acknowledge hark's message {message.get('id')}: {e!r}")
 
 
     # MaiBot's LLM asks through hark's MCP server.

@@ -284,6 +284,28 @@ async fn a_maibot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_
 /// hark's and no other handler's; a stranger's reply and a message when nothing is asked reach
 /// the framework's handler untouched; a kill -9 of the framework loses none of hark's messages
 /// and repeats none.
+/// The reason the first message set aside as a dead letter was, once there is one.
+async fn set_aside(env: &Env) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(mut dead) = env.js.get_stream(env.names.dead_letter_stream()).await
+            && dead.info().await.is_ok_and(|i| i.state.messages > 0)
+        {
+            let letter = dead.get_raw_message(1).await.expect("the dead letter");
+            return letter
+                .headers
+                .get(hark_core::consume::REASON_HEADER)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing was set aside within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn hark_in_front_of(framework: Framework) {
     let (env, llm, mut processes) = hark(framework).await;
     let gateway_port = env.gateway_port().await;
@@ -343,6 +365,36 @@ async fn hark_in_front_of(framework: Framework) {
     // Nothing open: the owner's message is the bot's.
     chat.bot.group_message(GROUP, OWNER, "hello bot").await;
     chat.expect("the echo of the owner", |s| s.text == "echo: hello bot")
+        .await;
+
+    // A question to a chat the bot does not have: the plugin says it can never send it, and
+    // hark sets it aside at once, with the plugin's reason. The bot's other messages go on.
+    env.client()
+        .await
+        .create_task(pb::CreateTaskRequest {
+            owner: format!("{}:{OWNER}", framework.platform()),
+            goal: "paint the shed".into(),
+            chat: Some(pb::ChatRoute {
+                platform: framework.platform().into(),
+                bot_id: framework.bot_id(),
+                stream: "channel:nowhere".into(),
+                origin_message_id: String::new(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("created");
+    let reason = set_aside(&env).await;
+    assert!(
+        reason.contains(&format!(
+            "{}:{} could not send it (attempt 1)",
+            framework.platform(),
+            framework.bot_id()
+        )) && reason.contains("channel:nowhere"),
+        "{reason}"
+    );
+    chat.bot.group_message(GROUP, STRANGER, "still here").await;
+    chat.expect("the echo after it", |s| s.text == "echo: still here")
         .await;
 
     // The plugin dies; meanwhile hark asks in its chat.
@@ -444,7 +496,12 @@ async fn hark_in_front_of(framework: Framework) {
         .collect();
     assert_eq!(
         echoes,
-        ["echo: blue", "echo: hello bot", "echo: bye"],
+        [
+            "echo: blue",
+            "echo: hello bot",
+            "echo: still here",
+            "echo: bye"
+        ],
         "the bot's handler saw only what hark did not take"
     );
 

@@ -134,9 +134,15 @@ async def _taken(state: T_State) -> None:
     logger.debug(f"hark took a message as {state['hark'].get('as')}")
 
 
+class CannotSend(Exception):
+    """A message of hark's that this bot can never send: its chat is not a QQ chat."""
+
+
 async def _send(bot: Bot, message: dict) -> Optional[int]:
     """Sends one of hark's messages through the bot; the platform's id of it."""
     kind, _, target = message["stream"].partition(":")
+    if kind not in ("group", "private") or not target.lstrip("-").isdigit():
+        raise CannotSend(f"{message['stream']!r} is not a chat this bot can reach")
     # As text: what hark says (a task's goal, an answer) is never read as CQ codes.
     body = Message(MessageSegment.text(message["text"]))
     reply_to = message.get("reply_to_message_id") or ""
@@ -144,10 +150,8 @@ async def _send(bot: Bot, message: dict) -> Optional[int]:
         body = MessageSegment.reply(int(reply_to)) + body
     if kind == "group":
         result = await bot.send_group_msg(group_id=int(target), message=body)
-    elif kind == "private":
-        result = await bot.send_private_msg(user_id=int(target), message=body)
     else:
-        raise ValueError(f"hark sent to a chat this plugin cannot reach: {message['stream']}")
+        result = await bot.send_private_msg(user_id=int(target), message=body)
     return (result or {}).get("message_id")
 
 
@@ -166,30 +170,54 @@ async def _deliver(bot: Bot) -> None:
             pause = min(pause * 2, 30.0)
             continue
         for message in messages:
-            if message["id"] in _sent:
-                await _acknowledge(bot, message, None)
-                continue
             try:
-                message_id = await _send(bot, message)
+                await _deliver_one(bot, message)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                # Not acknowledged: hark hands it out again.
-                logger.warning(f"cannot send hark's message {message['id']}: {e!r}")
-                continue
-            _sent[message["id"]] = None
-            while len(_sent) > _SENT_KEPT:
-                _sent.popitem(last=False)
-            await _acknowledge(bot, message, message_id)
+                # One message in a shape not understood stops none of the others.
+                logger.warning(f"cannot send hark's message {message!r:.200}: {e!r}")
+                await _acknowledge(bot, message, failed=repr(e), retry=False)
 
 
-async def _acknowledge(bot: Bot, message: dict, message_id: Optional[int]) -> None:
+async def _deliver_one(bot: Bot, message: dict) -> None:
+    if message["id"] in _sent:
+        await _acknowledge(bot, message)
+        return
     try:
-        await hark.ack(bot.self_id, message["ack"], message_id)
+        message_id = await _send(bot, message)
+    except CannotSend as e:
+        logger.warning(f"hark's message {message['id']} can never be sent here: {e}")
+        await _acknowledge(bot, message, failed=str(e), retry=False)
+        return
+    except Exception as e:
+        # hark hands it out again after a while, and sets it aside after a few times.
+        logger.warning(f"cannot send hark's message {message['id']}: {e!r}")
+        await _acknowledge(bot, message, failed=repr(e))
+        return
+    _sent[message["id"]] = None
+    while len(_sent) > _SENT_KEPT:
+        _sent.popitem(last=False)
+    await _acknowledge(bot, message, message_id)
+
+
+async def _acknowledge(
+    bot: Bot,
+    message: dict,
+    message_id: Optional[int] = None,
+    failed: Optional[str] = None,
+    retry: bool = True,
+) -> None:
+    """Tells hark the message was sent, or with `failed`, why not: hark then hands it out again
+    later (`retry`), or sets it aside."""
+    if not isinstance(message, dict) or "ack" not in message:
+        return
+    try:
+        await hark.ack(bot.self_id, message["ack"], message_id, failed, retry)
     except asyncio.CancelledError:
         raise
     except Exception as e:
-        logger.warning(f"cannot acknowledge hark's message {message['id']}: {e!r}")
+        logger.warning(f"cannot acknowledge hark's message {message.get('id')}: {e!r}")
 
 
 @driver.on_bot_connect

@@ -46,11 +46,22 @@ class Hark:
             raise HarkError(f"hark refused the pull ({response.status_code}): {response.text}")
         return response.json()["messages"]
 
-    async def ack(self, bot_id: str, ack: str, message_id: Optional[Any]) -> bool:
-        """Tells hark the message was sent, with the id the platform gave it."""
+    async def ack(
+        self,
+        bot_id: str,
+        ack: str,
+        message_id: Optional[Any],
+        failed: Optional[str] = None,
+        retry: bool = True,
+    ) -> bool:
+        """Tells hark the message was sent, with the id the platform gave it; or with `failed`,
+        that it could not be, and whether sending it again may help."""
         entry: dict = {"ack": ack}
         if message_id is not None:
             entry["message_id"] = message_id
+        if failed is not None:
+            entry["failed"] = failed[:500]
+            entry["retry"] = retry
         response = await self.http.post(
             f"{self.url}/api/v1/outbound/ack",
             json={"platform": self.platform, "bot_id": bot_id, "acks": [entry]},

@@ -556,6 +556,9 @@ pub struct PulledJson {
     /// Given back to `POST /api/v1/outbound/ack` once the message is sent; a message not
     /// acknowledged within `gateway.send_timeout` + 5 s is pulled again.
     pub ack: String,
+    /// How many times this message was handed out, this time included. One handed out
+    /// [`outbound::MAX_ATTEMPTS`] times and never sent is set aside instead of a further time.
+    pub attempt: u64,
 }
 
 /// The bot a pull or an acknowledgement is for, checked: one of `gateway.http.bots`, delivered
@@ -645,17 +648,29 @@ pub async fn pull(
         let outbound: pb::OutboundMessage = match hark_core::codec::decode(&message.payload) {
             Ok(m) => m,
             Err(e) => {
-                hub.dead
-                    .set_aside(
-                        "chat_out",
-                        &message,
-                        &format!("undecodable outbound message: {e}"),
-                        std::time::Duration::from_secs(5),
-                    )
-                    .await;
+                set_aside(hub, &message, &format!("undecodable outbound message: {e}")).await;
                 continue;
             }
         };
+        let attempt = message.info().map_or(1, |i| i.delivered.max(1) as u64);
+        if attempt > outbound::MAX_ATTEMPTS {
+            // Handed out that often and never sent: the app cannot send it (it fails on it,
+            // or stops on it), and it would keep coming back.
+            hub.metrics.given_up.of(&query.platform).inc();
+            let reason = format!(
+                "handed out {} times to {}:{} and never acknowledged",
+                attempt - 1,
+                query.platform,
+                query.bot_id
+            );
+            tracing::error!(
+                id = outbound.id,
+                reason,
+                "setting an outbound message aside"
+            );
+            set_aside(hub, &message, &reason).await;
+            continue;
+        }
         let ack = AckToken {
             reply,
             id: outbound.id.clone(),
@@ -665,9 +680,22 @@ pub async fn pull(
         pulled.push(PulledJson {
             message: OutboundJson::from(&outbound),
             ack,
+            attempt,
         });
     }
     Json(json!({"messages": pulled})).into_response()
+}
+
+/// Keeps a pulled message that can never be sent in the dead-letter stream, and terminates it.
+async fn set_aside(hub: &Hub, message: &async_nats::jetstream::Message, reason: &str) {
+    hub.dead
+        .set_aside(
+            outbound::SOURCE,
+            message,
+            reason,
+            std::time::Duration::from_secs(5),
+        )
+        .await;
 }
 
 /// What an acknowledgement token carries: the JetStream acknowledgement subject of the pulled
@@ -709,6 +737,18 @@ impl AckToken {
             question_id: question_id.to_owned(),
         })
     }
+
+    /// How many times the delivery was handed out and the message's place in the stream, read
+    /// from the acknowledgement subject: `…<stream>.<consumer>.<delivered>.<stream sequence>.…`.
+    fn delivery(&self, stream: &str, consumer: &str) -> Option<(u64, u64)> {
+        let tokens: Vec<&str> = self.reply.split('.').collect();
+        let at = tokens
+            .windows(2)
+            .position(|pair| pair[0] == stream && pair[1] == consumer)?;
+        let delivered = tokens.get(at + 2)?.parse().ok()?;
+        let sequence = tokens.get(at + 3)?.parse().ok()?;
+        Some((delivered, sequence))
+    }
 }
 
 /// `POST /api/v1/outbound/ack`.
@@ -728,6 +768,14 @@ pub struct AckJson {
     /// is matched by it.
     #[serde(default)]
     pub message_id: Option<Value>,
+    /// The app could not send the message, and why. It is handed out again after a while, up
+    /// to [`outbound::MAX_ATTEMPTS`] times in all, and then set aside with this reason.
+    #[serde(default)]
+    pub failed: Option<String>,
+    /// With `failed`: `false` when sending it again cannot help (its chat does not exist for
+    /// this bot, say), so it is set aside at once.
+    #[serde(default)]
+    pub retry: Option<bool>,
 }
 
 /// The most acknowledgements one request carries.
@@ -787,8 +835,12 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
     }
     // Each is confirmed apart, all at once: one JetStream does not answer holds up no other.
     let platform = acks.platform.as_str();
+    let (stream, consumer, acks) = (stream.as_str(), consumer.as_str(), &acks);
     let confirmed =
         futures_util::future::join_all(tokens.into_iter().map(|(token, entry)| async move {
+            if let Some(failed) = &entry.failed {
+                return not_sent(hub, acks, &token, (stream, consumer), failed, entry.retry).await;
+            }
             // A double acknowledgement: JetStream answers once it recorded it.
             let acked = tokio::time::timeout(
                 ACK_CONFIRM,
@@ -808,4 +860,106 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
         }))
         .await;
     Json(json!({"acks": confirmed})).into_response()
+}
+
+/// A pulled message the app could not send: handed out again after a while, or set aside when
+/// it was handed out [`outbound::MAX_ATTEMPTS`] times or `retry` is `false`.
+async fn not_sent(
+    hub: &Hub,
+    acks: &AcksJson,
+    token: &AckToken,
+    (stream, consumer): (&str, &str),
+    failed: &str,
+    retry: Option<bool>,
+) -> Value {
+    let platform = acks.platform.as_str();
+    let Some((attempt, sequence)) = token.delivery(stream, consumer) else {
+        return json!({"id": token.id, "acked": false});
+    };
+    let failed = ids::one_line(failed);
+    if retry != Some(false) && attempt < outbound::MAX_ATTEMPTS {
+        hub.metrics.send_failures.of(platform).inc();
+        tracing::warn!(
+            id = token.id,
+            attempt,
+            reason = failed,
+            "{platform}:{} could not send a message; it is handed out again",
+            acks.bot_id
+        );
+        return again(hub, token, attempt).await;
+    }
+    hub.metrics.given_up.of(platform).inc();
+    let reason = format!(
+        "{platform}:{} could not send it (attempt {attempt}): {failed}",
+        acks.bot_id
+    );
+    tracing::error!(id = token.id, reason, "setting an outbound message aside");
+    let kept = keep_pulled(hub, acks, sequence, &reason).await;
+    match kept {
+        Ok(()) => {
+            settle(hub, &token.reply, "+TERM".to_owned()).await;
+            json!({"id": token.id, "acked": true, "set_aside": true})
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, id = token.id, "cannot set a message aside; it comes back");
+            again(hub, token, attempt).await
+        }
+    }
+}
+
+/// Hands the delivery `token` acknowledges out again once the delay after its `attempt` passed.
+async fn again(hub: &Hub, token: &AckToken, attempt: u64) -> Value {
+    let delay = bus::retry_delay(i64::try_from(attempt).unwrap_or(i64::MAX));
+    let nak = format!("-NAK {{\"delay\":{}}}", delay.as_nanos());
+    settle(hub, &token.reply, nak).await;
+    json!({"id": token.id, "acked": false, "again_in_ms": delay.as_millis() as u64})
+}
+
+/// Copies the pulled message at `sequence` of the outbound stream into the dead letters, when it
+/// is a message of the bot `acks` speaks for.
+async fn keep_pulled(
+    hub: &Hub,
+    acks: &AcksJson,
+    sequence: u64,
+    reason: &str,
+) -> Result<(), String> {
+    let stream = hub.names.chat_out_stream();
+    let subject = hub
+        .names
+        .chat_out(&acks.platform, &acks.bot_id)
+        .map_err(|e| e.to_string())?;
+    let message = hub
+        .js
+        .get_stream_no_info(&stream)
+        .await
+        .map_err(|e| e.to_string())?
+        .get_raw_message(sequence)
+        .await
+        .map_err(|e| e.to_string())?;
+    if message.subject.as_str() != subject {
+        return Err(format!("message {sequence} is not one of {subject}"));
+    }
+    let msg_id = message
+        .headers
+        .get(bus::MSG_ID_HEADER)
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_else(|| format!("{stream}:{sequence}"));
+    let origin = hark_core::consume::Origin {
+        stream: &stream,
+        subject: &subject,
+        sequence,
+        msg_id: &msg_id,
+    };
+    hub.dead
+        .keep(outbound::SOURCE, origin, message.payload, reason)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Settles a pulled delivery with `kind` (`-NAK …`, `+TERM`); one that does not reach JetStream
+/// is handed out again once its acknowledgement wait ends.
+async fn settle(hub: &Hub, reply: &str, kind: String) {
+    if let Err(e) = hub.nats.publish(reply.to_owned(), kind.into()).await {
+        tracing::warn!(error = %e, "cannot settle a pulled message; it comes back");
+    }
 }

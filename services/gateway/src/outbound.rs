@@ -20,7 +20,7 @@ use crate::{
 pub const MAX_ATTEMPTS: u64 = 8;
 
 /// Where this consumer's messages come from, as dead letters and logs name it.
-const SOURCE: &str = "chat_out";
+pub(crate) const SOURCE: &str = "chat_out";
 
 /// Delivers the outbound messages of the bot `bot_id` of `platform` through `sender` until
 /// `closed`.

@@ -628,3 +628,141 @@ async fn pulled_messages_come_again_until_acknowledged_and_never_after() {
     assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
     gw.stop().await;
 }
+
+/// Pulls until a message comes, at most `within`.
+async fn pull_some(gw: &Gw, within: Duration) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let (status, body) = pull(gw, "main", 2_000).await;
+        assert_eq!(status, 200, "{body}");
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        if !messages.is_empty() {
+            return messages;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing was handed out again"
+        );
+    }
+}
+
+/// The reasons of the dead letters of this namespace, once there are `count`.
+async fn dead_reasons(gw: &Gw, count: u64) -> Vec<(String, String)> {
+    let mut dead = gw
+        .js
+        .get_stream(gw.names.dead_letter_stream())
+        .await
+        .expect("dead-letter stream");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while dead.info().await.expect("info").state.messages < count {
+        assert!(tokio::time::Instant::now() < deadline, "not set aside");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut letters = Vec::new();
+    for seq in 1..=count {
+        let letter = dead.get_raw_message(seq).await.expect("dead letter");
+        let reason = letter
+            .headers
+            .get(hark_core::consume::REASON_HEADER)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        let text = codec::decode::<pb::OutboundMessage>(&letter.payload)
+            .expect("the message itself")
+            .text;
+        letters.push((text, reason));
+    }
+    letters
+}
+
+#[tokio::test]
+async fn a_message_the_app_cannot_send_comes_again_and_is_set_aside_without_holding_up_the_rest() {
+    let gw = Gw::start(|c| {
+        c.gateway.send_timeout = hark_core::domain::HumanDuration::from_secs(1);
+    })
+    .await;
+    gw.publish_out("to a chat that does not exist", "").await;
+    gw.publish_out("fine", "").await;
+    let first = pull_some(&gw, Duration::from_secs(10)).await;
+    let texts: Vec<&str> = first.iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(texts, ["to a chat that does not exist", "fine"]);
+    assert_eq!(first[0]["attempt"], json!(1), "{first:?}");
+
+    // The app sends the second, and could not send the first: it comes again, after a while.
+    let (status, body) = ack(
+        &gw,
+        "main",
+        json!([
+            {"ack": first[0]["ack"], "failed": "the bot is not connected yet"},
+            {"ack": first[1]["ack"], "message_id": 9},
+        ]),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["acks"][0]["acked"], json!(false), "{body}");
+    assert_eq!(body["acks"][0]["again_in_ms"], json!(1000), "{body}");
+    assert_eq!(body["acks"][1]["acked"], json!(true), "{body}");
+    let again = pull_some(&gw, Duration::from_secs(10)).await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0]["id"], first[0]["id"]);
+    assert_eq!(again[0]["attempt"], json!(2), "{again:?}");
+
+    // It never can be: set aside at once, with the app's reason, and never handed out again.
+    let (status, body) = ack(
+        &gw,
+        "main",
+        json!([{"ack": again[0]["ack"], "failed": "group abc\ndoes not exist", "retry": false}]),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["acks"][0]["set_aside"], json!(true), "{body}");
+    let letters = dead_reasons(&gw, 1).await;
+    assert_eq!(letters[0].0, "to a chat that does not exist");
+    assert_eq!(
+        letters[0].1,
+        "myapp:main could not send it (attempt 2): group abc does not exist"
+    );
+    // Past the acknowledgement wait, nothing comes again.
+    let (_, body) = pull(&gw, "main", 7_000).await;
+    assert_eq!(body["messages"], json!([]), "{body}");
+
+    // An app that stops on a message, and so never acknowledges it, gets it so many times and
+    // then no more. (Each delivery is let go at once here, rather than after the wait.)
+    gw.publish_out("stops the app", "").await;
+    for attempt in 1..=hark_gateway::outbound::MAX_ATTEMPTS {
+        let (_, body) = pull(&gw, "main", 5_000).await;
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        assert_eq!(messages.len(), 1, "{body}");
+        assert_eq!(messages[0]["text"], json!("stops the app"), "{body}");
+        assert_eq!(messages[0]["attempt"], json!(attempt), "{body}");
+        let reply = messages[0]["ack"]
+            .as_str()
+            .and_then(|t| t.split(' ').next());
+        let nats = &gw.running.hub.nats;
+        nats.publish(reply.expect("a token").to_owned(), "-NAK".into())
+            .await
+            .expect("nak");
+        nats.flush().await.expect("flush");
+    }
+    gw.publish_out("after it", "").await;
+    let last = pull_some(&gw, Duration::from_secs(10)).await;
+    let texts: Vec<&str> = last.iter().filter_map(|m| m["text"].as_str()).collect();
+    assert_eq!(texts, ["after it"], "{last:?}");
+    let letters = dead_reasons(&gw, 2).await;
+    assert_eq!(letters[1].0, "stops the app");
+    assert_eq!(
+        letters[1].1,
+        format!(
+            "handed out {} times to myapp:main and never acknowledged",
+            hark_gateway::outbound::MAX_ATTEMPTS
+        )
+    );
+    // A failure reported for another bot's message, or with a made-up token, is refused.
+    let (status, _) = ack(
+        &gw,
+        "main",
+        json!([{"ack": "$JS.ACK.X.Y.1.2.3.4.5 a b", "failed": "no"}]),
+    )
+    .await;
+    assert_eq!(status, 400);
+    gw.stop().await;
+}

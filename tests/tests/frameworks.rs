@@ -306,6 +306,30 @@ async fn set_aside(env: &Env) -> String {
     }
 }
 
+/// Why the question of `task` never reached its chat, once task-control knows.
+async fn undelivered(env: &Env, task: &str) -> String {
+    let mut client = env.client().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let questions = client
+            .get_task(pb::GetTaskRequest {
+                task_id: task.to_owned(),
+            })
+            .await
+            .expect("get task")
+            .into_inner()
+            .questions;
+        if let Some(q) = questions.iter().find(|q| !q.undelivered.is_empty()) {
+            return q.undelivered.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the question does not say it was never delivered: {questions:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn hark_in_front_of(framework: Framework) {
     let (env, llm, mut processes) = hark(framework).await;
     let gateway_port = env.gateway_port().await;
@@ -368,8 +392,10 @@ async fn hark_in_front_of(framework: Framework) {
         .await;
 
     // A question to a chat the bot does not have: the plugin says it can never send it, and
-    // hark sets it aside at once, with the plugin's reason. The bot's other messages go on.
-    env.client()
+    // hark sets it aside at once, with the plugin's reason, which the question then shows. The
+    // bot's other messages go on.
+    let shed = env
+        .client()
         .await
         .create_task(pb::CreateTaskRequest {
             owner: format!("{}:{OWNER}", framework.platform()),
@@ -383,7 +409,10 @@ async fn hark_in_front_of(framework: Framework) {
             ..Default::default()
         })
         .await
-        .expect("created");
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
     let reason = set_aside(&env).await;
     assert!(
         reason.contains(&format!(
@@ -393,6 +422,8 @@ async fn hark_in_front_of(framework: Framework) {
         )) && reason.contains("channel:nowhere"),
         "{reason}"
     );
+    let shown = undelivered(&env, &shed.id).await;
+    assert_eq!(shown, reason);
     chat.bot.group_message(GROUP, STRANGER, "still here").await;
     chat.expect("the echo after it", |s| s.text == "echo: still here")
         .await;

@@ -669,6 +669,7 @@ pub async fn pull(
                 "setting an outbound message aside"
             );
             set_aside(hub, &message, &reason).await;
+            outbound::report_undelivered(hub, &outbound.id, &outbound.question_id, &reason).await;
             continue;
         }
         let ack = AckToken {
@@ -898,6 +899,7 @@ async fn not_sent(
     match kept {
         Ok(()) => {
             settle(hub, &token.reply, "+TERM".to_owned()).await;
+            outbound::report_undelivered(hub, &token.id, &token.question_id, &reason).await;
             json!({"id": token.id, "acked": true, "set_aside": true})
         }
         Err(e) => {

@@ -133,23 +133,39 @@ pub async fn consumer(
 /// Reports the platform's id of a delivered question's message, so that a quote of it finds the
 /// question.
 pub async fn report_receipt(hub: &Hub, outbound_id: &str, question_id: &str, platform_id: String) {
-    if question_id.is_empty() {
-        return;
-    }
     let receipt = pb::DeliveryReceipt {
         outbound_id: outbound_id.to_owned(),
         question_id: question_id.to_owned(),
         platform_message_id: platform_id,
         ..Default::default()
     };
+    publish_receipt(hub, receipt, outbound_id.to_owned()).await;
+}
+
+/// Reports that a question's message was set aside, never delivered, and why: whoever reads the
+/// question learns that nobody in its chat saw it.
+pub async fn report_undelivered(hub: &Hub, outbound_id: &str, question_id: &str, reason: &str) {
+    let receipt = pb::DeliveryReceipt {
+        outbound_id: outbound_id.to_owned(),
+        question_id: question_id.to_owned(),
+        failed: reason.to_owned(),
+        ..Default::default()
+    };
+    publish_receipt(hub, receipt, format!("{outbound_id}.undelivered")).await;
+}
+
+async fn publish_receipt(hub: &Hub, receipt: pb::DeliveryReceipt, msg_id: String) {
+    if receipt.question_id.is_empty() {
+        return;
+    }
     let receipt = publish::Outgoing {
         subject: hub.names.chat_receipt(),
-        msg_id: outbound_id,
+        msg_id: &msg_id,
         payload: codec::encode(receipt),
         trace: None,
     };
     if let Err(e) = publish::publish(&hub.js, receipt).await {
-        tracing::warn!(error = %e, "cannot report a delivered question's message id");
+        tracing::warn!(error = %e, "cannot report how a question's message was delivered");
     }
 }
 
@@ -238,12 +254,9 @@ async fn handle<P: Platform>(hub: &Hub, message: &Message, sender: &P) -> bool {
                 reason,
                 "giving up on an outbound message after {MAX_ATTEMPTS} attempts"
             );
-            set_aside(
-                hub,
-                message,
-                &format!("the platform refused it {attempt} times, last: {reason}"),
-            )
-            .await;
+            let reason = format!("the platform refused it {attempt} times, last: {reason}");
+            set_aside(hub, message, &reason).await;
+            report_undelivered(hub, &outbound.id, &outbound.question_id, &reason).await;
             true
         }
         Err(SendError::Retry(reason)) => {

@@ -43,6 +43,18 @@ impl Gw {
         self.running.stop().await;
     }
 
+    /// The next delivery receipt, as task-control would take it.
+    async fn next_receipt(&self) -> pb::DeliveryReceipt {
+        let receipts = self
+            .js
+            .get_consumer_from_stream(Names::CONTROL_CONSUMER, self.names.chat_receipt_stream())
+            .await
+            .expect("consumer");
+        common::next(&receipts, Duration::from_secs(10))
+            .await
+            .expect("a receipt")
+    }
+
     /// The next message on `CHAT_IN` within a second, if any.
     async fn try_next_chat_in(&self) -> Option<jetstream::Message> {
         let consumer = self
@@ -592,14 +604,7 @@ async fn pulled_messages_come_again_until_acknowledged_and_never_after() {
     let (_, body) = ack(&gw, "main", json!([{"ack": again[0]["ack"]}])).await;
     assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
     // The question's platform id was reported, for quotes.
-    let receipts = gw
-        .js
-        .get_consumer_from_stream(Names::CONTROL_CONSUMER, gw.names.chat_receipt_stream())
-        .await
-        .expect("consumer");
-    let receipt: pb::DeliveryReceipt = common::next(&receipts, Duration::from_secs(10))
-        .await
-        .expect("a receipt");
+    let receipt = gw.next_receipt().await;
     assert_eq!(
         (
             receipt.question_id.as_str(),
@@ -680,7 +685,7 @@ async fn a_message_the_app_cannot_send_comes_again_and_is_set_aside_without_hold
         c.gateway.send_timeout = hark_core::domain::HumanDuration::from_secs(1);
     })
     .await;
-    gw.publish_out("to a chat that does not exist", "").await;
+    gw.publish_out("to a chat that does not exist", "q-9").await;
     gw.publish_out("fine", "").await;
     let first = pull_some(&gw, Duration::from_secs(10)).await;
     let texts: Vec<&str> = first.iter().filter_map(|m| m["text"].as_str()).collect();
@@ -720,6 +725,16 @@ async fn a_message_the_app_cannot_send_comes_again_and_is_set_aside_without_hold
     assert_eq!(
         letters[0].1,
         "myapp:main could not send it (attempt 2): group abc does not exist"
+    );
+    // Its question learns why nobody in the chat saw it.
+    let receipt = gw.next_receipt().await;
+    assert_eq!(
+        (
+            receipt.question_id.as_str(),
+            receipt.platform_message_id.as_str(),
+            receipt.failed.as_str()
+        ),
+        ("q-9", "", letters[0].1.as_str())
     );
     // Past the acknowledgement wait, nothing comes again.
     let (_, body) = pull(&gw, "main", 7_000).await;

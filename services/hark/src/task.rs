@@ -513,6 +513,16 @@ fn print_question(q: &pb::Question) {
         line.push_str(&format!(" (deadline {})", time_of(&q.deadline)));
     }
     crate::out!("{line}   id {}", q.id);
+    if !q.undelivered.is_empty() {
+        crate::out!(
+            "{}",
+            crate::said!(
+                zh: "  没能发到会话：{}",
+                en: "  never reached the chat: {}",
+                q.undelivered
+            )
+        );
+    }
 }
 
 fn joined(words: &[String]) -> String {

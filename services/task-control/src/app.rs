@@ -600,7 +600,9 @@ async fn handle_chat(shared: &Shared, payload: &[u8]) -> Result<(), Failure> {
 async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Failure> {
     let receipt: pb::DeliveryReceipt = codec::decode(payload)
         .map_err(|e| Failure::new(Kind::Invalid, format!("undecodable delivery receipt: {e}")))?;
-    if receipt.question_id.is_empty() || receipt.platform_message_id.is_empty() {
+    if receipt.question_id.is_empty()
+        || (receipt.platform_message_id.is_empty() && receipt.failed.is_empty())
+    {
         return Ok(());
     }
     let question = receipt.question_id.parse::<QuestionId>().map_err(|_| {
@@ -612,13 +614,19 @@ async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Failure> 
             ),
         )
     })?;
-    shared
-        .store
-        .set_chat_message_id(question, &receipt.platform_message_id)
-        .await
-        .map(|_| ())
-        .map_err(|e| {
-            tracing::warn!(error = %e, "delivery receipt not recorded");
-            Failure::new(e.kind(), e.to_string())
-        })
+    let recorded = if receipt.platform_message_id.is_empty() {
+        let reason = hark_core::domain::ids::one_line(&receipt.failed);
+        let reason = &reason[..hark_core::domain::text::floor_char_boundary(&reason, 1000)];
+        tracing::warn!(%question, reason, "a question's chat message was never delivered");
+        shared.store.set_undelivered(question, reason).await
+    } else {
+        shared
+            .store
+            .set_chat_message_id(question, &receipt.platform_message_id)
+            .await
+    };
+    recorded.map(|_| ()).map_err(|e| {
+        tracing::warn!(error = %e, "delivery receipt not recorded");
+        Failure::new(e.kind(), e.to_string())
+    })
 }

@@ -153,6 +153,7 @@ pub fn question(q: &QuestionRow) -> pb::Question {
         ask_group: q.ask_group.map(|g| g.to_string()).unwrap_or_default(),
         need: u32::try_from(q.need).unwrap_or(1),
         askees: u32::try_from(q.askees).unwrap_or(1),
+        undelivered: q.undelivered.clone().unwrap_or_default(),
         ..shaped(&q.shape())
     }
 }

@@ -242,6 +242,8 @@ pub struct QuestionRow {
     /// once.
     pub need: i16,
     pub askees: i16,
+    /// Why its chat message could never be delivered, when none was.
+    pub undelivered: Option<String>,
 }
 
 /// Another open question of the same ask, put to someone else: told when an answer closes it.
@@ -338,6 +340,7 @@ impl QuestionRow {
             ask_group: None,
             need: 1,
             askees: 1,
+            undelivered: None,
         }
     }
 

@@ -1549,3 +1549,51 @@ async fn every_chat_message_tells_whether_hark_took_it_and_as_what() {
     assert_eq!(verdict_of(&tc, GROUP, "100", "hello all", "").await, "left");
     tc.stop().await;
 }
+
+#[tokio::test]
+async fn a_question_whose_message_was_set_aside_says_why_until_a_copy_reaches_the_chat() {
+    let tc = TestControl::start().await;
+    let id = tc.new_task_in_chat(GROUP, "100", "book a table").await;
+    tc.claim_and_ask("Which evening?", 0).await;
+    let shown = tc.out_containing("Which evening?").await;
+    let shown_undelivered = || async {
+        tc.client()
+            .await
+            .get_task(pb::GetTaskRequest {
+                task_id: id.clone(),
+            })
+            .await
+            .expect("get task")
+            .into_inner()
+            .questions[0]
+            .undelivered
+            .clone()
+    };
+    tc.undelivered(
+        &shown,
+        "myapp:main could not send it (attempt 8): the group is gone\nfor good",
+    )
+    .await;
+    tc.eventually(
+        "the question says why it never reached the chat",
+        || async { !shown_undelivered().await.is_empty() },
+    )
+    .await;
+    assert_eq!(
+        shown_undelivered().await,
+        "myapp:main could not send it (attempt 8): the group is gone for good"
+    );
+    // A copy that reached the chat after all (a reminder, say): it was seen.
+    tc.receipt(&shown, "bot-msg-1").await;
+    tc.eventually("a delivered copy clears it", || async {
+        shown_undelivered().await.is_empty()
+    })
+    .await;
+    let question = tc
+        .store
+        .open_question_of(task_id(&id))
+        .await
+        .expect("q")
+        .expect("open");
+    assert_eq!(question.chat_message_id.as_deref(), Some("bot-msg-1"));
+}

@@ -177,6 +177,7 @@ mod tests {
             ask_group: None,
             need: 1,
             askees: 1,
+            undelivered: None,
         }
     }
 

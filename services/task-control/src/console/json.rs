@@ -81,6 +81,7 @@ pub fn question(q: &pb::Question) -> Value {
         "ask_group": q.ask_group,
         "need": q.need,
         "askees": q.askees,
+        "undelivered": q.undelivered,
     })
 }
 

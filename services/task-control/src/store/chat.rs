@@ -147,6 +147,21 @@ impl Store {
         .await?)
     }
 
+    /// Records why the chat message of `question` could never be delivered, unless a copy of
+    /// it was; whether the question exists.
+    pub async fn set_undelivered(&self, question: QuestionId, reason: &str) -> Result<bool, Error> {
+        Ok(sqlx::query(
+            "UPDATE questions SET undelivered = $2
+             WHERE id = $1 AND chat_message_id IS NULL",
+        )
+        .bind(question.as_uuid())
+        .bind(reason)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0)
+    }
+
     /// Records the platform message id of a chat message that carried a question, so that quote
     /// replies to it are routed to the question. Every delivered copy is kept; the question
     /// shows the first.
@@ -157,7 +172,8 @@ impl Store {
     ) -> Result<bool, Error> {
         Ok(sqlx::query(
             "WITH q AS (
-                UPDATE questions SET chat_message_id = coalesce(chat_message_id, $2)
+                UPDATE questions SET chat_message_id = coalesce(chat_message_id, $2),
+                    undelivered = NULL
                 WHERE id = $1 RETURNING id, platform, stream
             )
             INSERT INTO question_messages (platform, stream, message_id, question_id)

@@ -412,7 +412,8 @@ macro_rules! question_columns {
     () => {
         "id, task_id, handle, text, context, tool_call_id, round, owner, platform, bot_id, \
     stream, outcome, asked_at, deadline, reminded_at, closed_at, answerer, answer, inbound_message_id, \
-    chat_message_id, choices, waits_for, escalate_to, escalate_at, ask_group, need, askees"
+    chat_message_id, choices, waits_for, escalate_to, escalate_at, ask_group, need, askees, \
+    undelivered"
     };
 }
 

@@ -202,12 +202,27 @@ impl TestControl {
     /// Reports, as the gateway would, that the question in `shown` was delivered as the platform
     /// message `platform_id`.
     pub async fn receipt(&self, shown: &pb::OutboundMessage, platform_id: &str) {
-        let receipt = pb::DeliveryReceipt {
+        self.publish_receipt(pb::DeliveryReceipt {
             outbound_id: format!("{}-{platform_id}", shown.id),
             question_id: shown.question_id.clone(),
             platform_message_id: platform_id.into(),
             ..Default::default()
-        };
+        })
+        .await;
+    }
+
+    /// Reports, as the gateway would, that the message `shown` was set aside for `reason`.
+    pub async fn undelivered(&self, shown: &pb::OutboundMessage, reason: &str) {
+        self.publish_receipt(pb::DeliveryReceipt {
+            outbound_id: format!("{}.undelivered", shown.id),
+            question_id: shown.question_id.clone(),
+            failed: reason.into(),
+            ..Default::default()
+        })
+        .await;
+    }
+
+    async fn publish_receipt(&self, receipt: pb::DeliveryReceipt) {
         hark_core::publish::publish(
             &self.js,
             hark_core::publish::Outgoing {

@@ -779,6 +779,9 @@ pub struct AckJson {
     pub retry: Option<bool>,
 }
 
+/// The most of an app's reason for a message it could not send that is kept.
+const MAX_FAILED_BYTES: usize = 500;
+
 /// The most acknowledgements one request carries.
 pub const MAX_ACKS: usize = 100;
 
@@ -877,7 +880,12 @@ async fn not_sent(
     let Some((attempt, sequence)) = token.delivery(stream, consumer) else {
         return json!({"id": token.id, "acked": false});
     };
-    let failed = ids::one_line(failed);
+    // What a person reads in a log line and a dead letter: one line, cut short.
+    let mut failed = ids::one_line(failed);
+    failed.truncate(hark_core::domain::text::floor_char_boundary(
+        &failed,
+        MAX_FAILED_BYTES,
+    ));
     if retry != Some(false) && attempt < outbound::MAX_ATTEMPTS {
         hub.metrics.send_failures.of(platform).inc();
         tracing::warn!(

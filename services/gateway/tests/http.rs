@@ -771,6 +771,24 @@ async fn a_message_the_app_cannot_send_comes_again_and_is_set_aside_without_hold
             hark_gateway::outbound::MAX_ATTEMPTS
         )
     );
+    // A reason of any length is kept short.
+    gw.publish_out("with a long story", "").await;
+    let long = pull_some(&gw, Duration::from_secs(10)).await;
+    let story = "why ".repeat(5_000);
+    let (_, body) = ack(
+        &gw,
+        "main",
+        json!([{"ack": long[0]["ack"], "failed": story, "retry": false}]),
+    )
+    .await;
+    assert_eq!(body["acks"][0]["set_aside"], json!(true), "{body}");
+    let letters = dead_reasons(&gw, 3).await;
+    assert_eq!(letters[2].0, "with a long story");
+    assert!(
+        letters[2].1.len() < 600 && letters[2].1.contains("why why"),
+        "{}",
+        letters[2].1
+    );
     // A failure reported for another bot's message, or with a made-up token, is refused.
     let (status, _) = ack(
         &gw,

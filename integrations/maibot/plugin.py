@@ -200,7 +200,7 @@ class HarkPlugin(MaiBotPlugin):
         except Exception as e:
             self.ctx.logger.warning(f"hark does not answer at {self.url()}; the message goes on: {e!r}")
             return {"action": "continue"}
-        if body.get("taken") is True:
+        if isinstance(body, dict) and body.get("taken") is True:
             return {"action": "abort"}
         return {"action": "continue"}
 

@@ -280,56 +280,54 @@ async fn a_maibot_bot_with_the_plugin_lets_hark_take_its_answers_and_leaves_the_
     hark_in_front_of(Framework::MaiBot).await;
 }
 
-/// A task started from the framework's chat asks there; the owner's plain reply and a quote are
-/// hark's and no other handler's; a stranger's reply and a message when nothing is asked reach
-/// the framework's handler untouched; a kill -9 of the framework loses none of hark's messages
-/// and repeats none.
 /// The reason the first message set aside as a dead letter was, once there is one.
 async fn set_aside(env: &Env) -> String {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Ok(mut dead) = env.js.get_stream(env.names.dead_letter_stream()).await
-            && dead.info().await.is_ok_and(|i| i.state.messages > 0)
-        {
-            let letter = dead.get_raw_message(1).await.expect("the dead letter");
-            return letter
-                .headers
-                .get(hark_core::consume::REASON_HEADER)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default();
+    let letter = hark_e2e::eventually("a message is set aside", WAIT, || async {
+        let mut dead = env
+            .js
+            .get_stream(env.names.dead_letter_stream())
+            .await
+            .ok()?;
+        if dead.info().await.ok()?.state.messages == 0 {
+            return None;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nothing was set aside within {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        dead.get_raw_message(1).await.ok()
+    })
+    .await;
+    letter
+        .headers
+        .get(hark_core::consume::REASON_HEADER)
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default()
 }
 
 /// Why the question of `task` never reached its chat, once task-control knows.
 async fn undelivered(env: &Env, task: &str) -> String {
-    let mut client = env.client().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let questions = client
-            .get_task(pb::GetTaskRequest {
-                task_id: task.to_owned(),
-            })
-            .await
-            .expect("get task")
-            .into_inner()
-            .questions;
-        if let Some(q) = questions.iter().find(|q| !q.undelivered.is_empty()) {
-            return q.undelivered.clone();
+    let client = env.client().await;
+    hark_e2e::eventually("the question says it was never delivered", WAIT, || {
+        let mut client = client.clone();
+        async move {
+            let questions = client
+                .get_task(pb::GetTaskRequest {
+                    task_id: task.to_owned(),
+                })
+                .await
+                .expect("get task")
+                .into_inner()
+                .questions;
+            questions
+                .into_iter()
+                .find(|q| !q.undelivered.is_empty())
+                .map(|q| q.undelivered)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the question does not say it was never delivered: {questions:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
+/// A task started from the framework's chat asks there; the owner's plain reply and a quote are
+/// hark's and no other handler's; a stranger's reply and a message when nothing is asked reach
+/// the framework's handler untouched; a kill -9 of the framework loses none of hark's messages
+/// and repeats none.
 async fn hark_in_front_of(framework: Framework) {
     let (env, llm, mut processes) = hark(framework).await;
     let gateway_port = env.gateway_port().await;

@@ -176,12 +176,7 @@ impl DeadLetters {
         let (stream, sequence) = message.info().map_or((String::new(), 0), |i| {
             (i.stream.to_owned(), i.stream_sequence)
         });
-        let msg_id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(bus::MSG_ID_HEADER))
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_else(|| format!("{stream}:{sequence}"));
+        let msg_id = msg_id_of(message.headers.as_ref(), &stream, sequence);
         let origin = Origin {
             stream: &stream,
             subject: message.subject.as_str(),
@@ -203,6 +198,35 @@ impl DeadLetters {
             }
         }
     }
+}
+
+impl DeadLetters {
+    /// Keeps the message stored at `stored.sequence` of `stream`, read back from the stream
+    /// (rather than delivered), with its reason. The caller settles its delivery.
+    pub async fn keep_stored(
+        &self,
+        source: &str,
+        stream: &str,
+        stored: jetstream::message::StreamMessage,
+        reason: &str,
+    ) -> Result<(), bus::Error> {
+        let msg_id = msg_id_of(Some(&stored.headers), stream, stored.sequence);
+        let origin = Origin {
+            stream,
+            subject: stored.subject.as_str(),
+            sequence: stored.sequence,
+            msg_id: &msg_id,
+        };
+        self.keep(source, origin, stored.payload, reason).await
+    }
+}
+
+/// What names a message across its copies: its `Nats-Msg-Id`, else its place in its stream.
+fn msg_id_of(headers: Option<&HeaderMap>, stream: &str, sequence: u64) -> String {
+    headers
+        .and_then(|h| h.get(bus::MSG_ID_HEADER))
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_else(|| format!("{stream}:{sequence}"))
 }
 
 async fn ack(message: &jetstream::Message, source: &str, kind: AckKind) {

@@ -11,6 +11,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use async_nats::jetstream::AckKind;
 use axum::{
     Json,
     body::Bytes,
@@ -648,7 +649,8 @@ pub async fn pull(
         let outbound: pb::OutboundMessage = match hark_core::codec::decode(&message.payload) {
             Ok(m) => m,
             Err(e) => {
-                set_aside(hub, &message, &format!("undecodable outbound message: {e}")).await;
+                outbound::set_aside(hub, &message, &format!("undecodable outbound message: {e}"))
+                    .await;
                 continue;
             }
         };
@@ -668,7 +670,7 @@ pub async fn pull(
                 reason,
                 "setting an outbound message aside"
             );
-            set_aside(hub, &message, &reason).await;
+            outbound::set_aside(hub, &message, &reason).await;
             outbound::report_undelivered(hub, &outbound.id, &outbound.question_id, &reason).await;
             continue;
         }
@@ -685,18 +687,6 @@ pub async fn pull(
         });
     }
     Json(json!({"messages": pulled})).into_response()
-}
-
-/// Keeps a pulled message that can never be sent in the dead-letter stream, and terminates it.
-async fn set_aside(hub: &Hub, message: &async_nats::jetstream::Message, reason: &str) {
-    hub.dead
-        .set_aside(
-            outbound::SOURCE,
-            message,
-            reason,
-            std::time::Duration::from_secs(5),
-        )
-        .await;
 }
 
 /// What an acknowledgement token carries: the JetStream acknowledgement subject of the pulled
@@ -906,7 +896,7 @@ async fn not_sent(
     let kept = keep_pulled(hub, acks, sequence, &reason).await;
     match kept {
         Ok(()) => {
-            settle(hub, &token.reply, "+TERM".to_owned()).await;
+            settle(hub, &token.reply, AckKind::Term).await;
             outbound::report_undelivered(hub, &token.id, &token.question_id, &reason).await;
             json!({"id": token.id, "acked": true, "set_aside": true})
         }
@@ -920,8 +910,7 @@ async fn not_sent(
 /// Hands the delivery `token` acknowledges out again once the delay after its `attempt` passed.
 async fn again(hub: &Hub, token: &AckToken, attempt: u64) -> Value {
     let delay = bus::retry_delay(i64::try_from(attempt).unwrap_or(i64::MAX));
-    let nak = format!("-NAK {{\"delay\":{}}}", delay.as_nanos());
-    settle(hub, &token.reply, nak).await;
+    settle(hub, &token.reply, AckKind::Nak(Some(delay))).await;
     json!({"id": token.id, "acked": false, "again_in_ms": delay.as_millis() as u64})
 }
 
@@ -938,7 +927,7 @@ async fn keep_pulled(
         .names
         .chat_out(&acks.platform, &acks.bot_id)
         .map_err(|e| e.to_string())?;
-    let message = hub
+    let stored = hub
         .js
         .get_stream_no_info(&stream)
         .await
@@ -946,29 +935,18 @@ async fn keep_pulled(
         .get_raw_message(sequence)
         .await
         .map_err(|e| e.to_string())?;
-    if message.subject.as_str() != subject {
+    if stored.subject.as_str() != subject {
         return Err(format!("message {sequence} is not one of {subject}"));
     }
-    let msg_id = message
-        .headers
-        .get(bus::MSG_ID_HEADER)
-        .map(|v| v.as_str().to_owned())
-        .unwrap_or_else(|| format!("{stream}:{sequence}"));
-    let origin = hark_core::consume::Origin {
-        stream: &stream,
-        subject: &subject,
-        sequence,
-        msg_id: &msg_id,
-    };
     hub.dead
-        .keep(outbound::SOURCE, origin, message.payload, reason)
+        .keep_stored(outbound::SOURCE, &stream, stored, reason)
         .await
         .map_err(|e| e.to_string())
 }
 
-/// Settles a pulled delivery with `kind` (`-NAK …`, `+TERM`); one that does not reach JetStream
+/// Settles a pulled delivery (`-NAK` with a delay, `+TERM`); one that does not reach JetStream
 /// is handed out again once its acknowledgement wait ends.
-async fn settle(hub: &Hub, reply: &str, kind: String) {
+async fn settle(hub: &Hub, reply: &str, kind: AckKind) {
     if let Err(e) = hub.nats.publish(reply.to_owned(), kind.into()).await {
         tracing::warn!(error = %e, "cannot settle a pulled message; it comes back");
     }

@@ -180,7 +180,7 @@ impl Drop for Forget<'_> {
 
 /// Keeps a message that can never be delivered in the dead-letter stream, then terminates it;
 /// one that cannot be kept yet comes back later.
-async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
+pub(crate) async fn set_aside(hub: &Hub, message: &Message, reason: &str) {
     hub.dead
         .set_aside(SOURCE, message, reason, Duration::from_secs(5))
         .await;

@@ -636,33 +636,27 @@ async fn pulled_messages_come_again_until_acknowledged_and_never_after() {
 
 /// Pulls until a message comes, at most `within`.
 async fn pull_some(gw: &Gw, within: Duration) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
+    hark_testkit::eventually("a message is handed out", within, || async {
         let (status, body) = pull(gw, "main", 2_000).await;
         assert_eq!(status, 200, "{body}");
         let messages = body["messages"].as_array().cloned().unwrap_or_default();
-        if !messages.is_empty() {
-            return messages;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nothing was handed out again"
-        );
-    }
+        (!messages.is_empty()).then_some(messages)
+    })
+    .await
 }
 
 /// The reasons of the dead letters of this namespace, once there are `count`.
 async fn dead_reasons(gw: &Gw, count: u64) -> Vec<(String, String)> {
-    let mut dead = gw
+    let dead = gw
         .js
         .get_stream(gw.names.dead_letter_stream())
         .await
         .expect("dead-letter stream");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while dead.info().await.expect("info").state.messages < count {
-        assert!(tokio::time::Instant::now() < deadline, "not set aside");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hark_testkit::eventually("set aside", Duration::from_secs(20), || {
+        let mut dead = dead.clone();
+        async move { (dead.info().await.ok()?.state.messages >= count).then_some(()) }
+    })
+    .await;
     let mut letters = Vec::new();
     for seq in 1..=count {
         let letter = dead.get_raw_message(seq).await.expect("dead letter");

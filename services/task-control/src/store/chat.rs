@@ -148,7 +148,7 @@ impl Store {
     }
 
     /// Records why the chat message of `question` could never be delivered, unless a copy of
-    /// it was; whether the question exists.
+    /// it was; whether it was recorded.
     pub async fn set_undelivered(&self, question: QuestionId, reason: &str) -> Result<bool, Error> {
         Ok(sqlx::query(
             "UPDATE questions SET undelivered = $2

@@ -272,7 +272,8 @@ async fn say(http: &reqwest::Client, base: &str, user: &str, text: &str) -> Stri
 }
 
 /// What hark says in a user's chat waits for their page, as a plugin's outbound does: said while
-/// no page of theirs listened (while another user's page did), it comes when theirs opens; a
+/// no page of theirs listened (while another user's page did, for as long as it did), it comes
+/// when theirs opens; a
 /// page that closed before it acknowledged a message leaves it to the next page; one
 /// acknowledged does not come again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,6 +300,49 @@ async fn the_playground_gets_what_hark_said_while_its_page_was_away_and_only_onc
     assert_eq!(got["reply_to_message_id"], anns, "{got}");
     assert_eq!(got["stream"], "private:ann", "{got}");
     acknowledge(&http, &base, &got).await;
+
+    // Meanwhile Ann's console puts Bob's reply off, again and again: more often than a message
+    // may be handed out unsent, and it is not set aside for that. (A copy of it goes to the end
+    // of the stream once it was handed out as often as a message may be.)
+    let chat_out = env
+        .js
+        .get_stream(env.names.chat_out_stream())
+        .await
+        .expect("the outbound stream");
+    let subject = env.names.chat_out("web", "playground").expect("subject");
+    let held = hark_e2e::eventually(
+        "Bob's reply put off more times than a message may be handed out unsent",
+        std::time::Duration::from_secs(120),
+        || {
+            let (chat_out, subject) = (chat_out.clone(), subject.clone());
+            async move {
+                let last = chat_out
+                    .get_last_raw_message_by_subject(&subject)
+                    .await
+                    .ok()?;
+                let id = last.headers.get("Nats-Msg-Id")?.as_str().to_owned();
+                id.starts_with("held:").then_some(last)
+            }
+        },
+    )
+    .await;
+    let copy: pb::OutboundMessage = hark_core::codec::decode(&held.payload).expect("a message");
+    assert_eq!(
+        copy.route.expect("its route").stream,
+        "private:bob",
+        "the copy is Bob's reply"
+    );
+    let dead = env
+        .js
+        .get_stream(env.names.dead_letter_stream())
+        .await
+        .expect("the dead-letter stream")
+        .info()
+        .await
+        .expect("its state")
+        .state
+        .messages;
+    assert_eq!(dead, 0, "nothing was set aside");
 
     // Bob's page opens later and gets his reply, but closes before it acknowledges it.
     let mut bob = Page::open(&http, &base, "bob").await;

@@ -30,6 +30,9 @@ use crate::domain::TaskId;
 /// The header JetStream deduplicates on.
 pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 
+/// How long `CHAT_OUT` keeps a message that no bot took.
+pub const CHAT_OUT_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
+
 /// Why a bus operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -613,7 +616,7 @@ impl Names {
                 self.chat_out_stream(),
                 vec![self.chat_out_all()],
                 RetentionPolicy::WorkQueue,
-                7 * day,
+                CHAT_OUT_MAX_AGE,
             ),
             base(
                 self.chat_receipt_stream(),

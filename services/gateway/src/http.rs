@@ -767,7 +767,16 @@ pub struct AckJson {
     /// this bot, say), so it is set aside at once.
     #[serde(default)]
     pub retry: Option<bool>,
+    /// Not sent, and not a failure: the app has nowhere to show it now (no page of its chat is
+    /// open, say) and wants it handed out again after this many milliseconds, at most
+    /// [`MAX_LATER`]. A message put off counts no attempt: it is never set aside for it, but
+    /// one held for longer than the outbound stream keeps messages ([`outbound::HELD_AT_MOST`]).
+    #[serde(default)]
+    pub later_ms: Option<u64>,
 }
+
+/// The longest an app may put a message off at a time.
+pub const MAX_LATER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The most of an app's reason for a message it could not send that is kept.
 const MAX_FAILED_BYTES: usize = 500;
@@ -814,6 +823,19 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
     let stream = hub.names.chat_out_stream();
     let mut tokens = Vec::with_capacity(acks.acks.len());
     for (i, entry) in acks.acks.iter().enumerate() {
+        if let Some(later) = entry.later_ms {
+            let verdicts = entry.failed.is_some() || entry.message_id.is_some();
+            if verdicts || later > MAX_LATER.as_millis() as u64 {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "acks[{i}].later_ms: a delay of at most {} ms, and without `failed` or \
+                         `message_id` (a message put off was neither sent nor failed)",
+                        MAX_LATER.as_millis()
+                    ),
+                );
+            }
+        }
         match AckToken::parse(&entry.ack, &stream, &consumer) {
             Some(token) => tokens.push((token, entry)),
             None => {
@@ -835,13 +857,11 @@ pub async fn ack(State(door): State<Door>, headers: HeaderMap, body: Bytes) -> R
             if let Some(failed) = &entry.failed {
                 return not_sent(hub, acks, &token, (stream, consumer), failed, entry.retry).await;
             }
-            // A double acknowledgement: JetStream answers once it recorded it.
-            let acked = tokio::time::timeout(
-                ACK_CONFIRM,
-                hub.nats.request(token.reply.clone(), "+ACK".into()),
-            )
-            .await;
-            let ok = matches!(acked, Ok(Ok(_)));
+            if let Some(later) = entry.later_ms {
+                let later = std::time::Duration::from_millis(later);
+                return put_off(hub, acks, &token, (stream, consumer), later).await;
+            }
+            let ok = confirmed_ack(hub, &token.reply).await;
             if ok {
                 hub.metrics.outbound.of(platform).inc();
                 if let Some(platform_id) = crate::platform::message_id(entry.message_id.as_ref()) {
@@ -893,16 +913,94 @@ async fn not_sent(
         acks.bot_id
     );
     tracing::error!(id = token.id, reason, "setting an outbound message aside");
-    let kept = keep_pulled(hub, acks, sequence, &reason).await;
+    let kept = match read_pulled(hub, acks, sequence).await {
+        Ok(stored) => set_pulled_aside(hub, token, stored, &reason).await,
+        Err(e) => Err(e),
+    };
     match kept {
-        Ok(()) => {
-            settle(hub, &token.reply, AckKind::Term).await;
-            outbound::report_undelivered(hub, &token.id, &token.question_id, &reason).await;
-            json!({"id": token.id, "acked": true, "set_aside": true})
-        }
+        Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, id = token.id, "cannot set a message aside; it comes back");
             again(hub, token, attempt).await
+        }
+    }
+}
+
+/// Keeps the pulled message `stored` in the dead letters for `reason`, lets its delivery go
+/// and tells its question; the answer for the app.
+async fn set_pulled_aside(
+    hub: &Hub,
+    token: &AckToken,
+    stored: async_nats::jetstream::message::StreamMessage,
+    reason: &str,
+) -> Result<Value, String> {
+    hub.dead
+        .keep_stored(
+            outbound::SOURCE,
+            &hub.names.chat_out_stream(),
+            stored,
+            reason,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    settle(hub, &token.reply, AckKind::Term).await;
+    outbound::report_undelivered(hub, &token.id, &token.question_id, reason).await;
+    Ok(json!({"id": token.id, "acked": true, "set_aside": true}))
+}
+
+/// A pulled message the app put off: handed out again after `later`. Its delivery is let go
+/// while it has attempts to spare; the one that would be its last is replaced by a copy of the
+/// message, which starts again from its first attempt.
+async fn put_off(
+    hub: &Hub,
+    acks: &AcksJson,
+    token: &AckToken,
+    (stream, consumer): (&str, &str),
+    later: std::time::Duration,
+) -> Value {
+    let Some((attempt, sequence)) = token.delivery(stream, consumer) else {
+        return json!({"id": token.id, "acked": false});
+    };
+    let again = json!({"id": token.id, "acked": false, "again_in_ms": later.as_millis() as u64});
+    if attempt < outbound::MAX_ATTEMPTS {
+        settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
+        return again;
+    }
+    let stored = match read_pulled(hub, acks, sequence).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            tracing::warn!(error = %e, id = token.id, "cannot put a message off; it comes back");
+            settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
+            return again;
+        }
+    };
+    match outbound::hold_over(hub, &stored).await {
+        Ok(outbound::Held::Again) => {
+            // Confirmed, so that the original does not come back as well, a last time.
+            if !confirmed_ack(hub, &token.reply).await {
+                tracing::warn!(
+                    id = token.id,
+                    "a message put off was copied, but its original was not let go"
+                );
+            }
+            json!({"id": token.id, "acked": false, "again_in_ms": 0})
+        }
+        Ok(outbound::Held::TooLong(reason)) => {
+            hub.metrics.given_up.of(&acks.platform).inc();
+            tracing::error!(id = token.id, reason, "setting an outbound message aside");
+            match set_pulled_aside(hub, token, stored, &reason).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    tracing::warn!(error = %e, id = token.id, "cannot set a message aside; it comes back");
+                    settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
+                    again
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, id = token.id, "cannot put a message off; it comes back");
+            settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
+            again
         }
     }
 }
@@ -914,14 +1012,13 @@ async fn again(hub: &Hub, token: &AckToken, attempt: u64) -> Value {
     json!({"id": token.id, "acked": false, "again_in_ms": delay.as_millis() as u64})
 }
 
-/// Copies the pulled message at `sequence` of the outbound stream into the dead letters, when it
-/// is a message of the bot `acks` speaks for.
-async fn keep_pulled(
+/// The pulled message at `sequence` of the outbound stream, read back, when it is a message of
+/// the bot `acks` speaks for.
+async fn read_pulled(
     hub: &Hub,
     acks: &AcksJson,
     sequence: u64,
-    reason: &str,
-) -> Result<(), String> {
+) -> Result<async_nats::jetstream::message::StreamMessage, String> {
     let stream = hub.names.chat_out_stream();
     let subject = hub
         .names
@@ -938,10 +1035,17 @@ async fn keep_pulled(
     if stored.subject.as_str() != subject {
         return Err(format!("message {sequence} is not one of {subject}"));
     }
-    hub.dead
-        .keep_stored(outbound::SOURCE, &stream, stored, reason)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(stored)
+}
+
+/// Acknowledges a pulled delivery twice over: whether JetStream answered that it recorded it.
+async fn confirmed_ack(hub: &Hub, reply: &str) -> bool {
+    let acked = tokio::time::timeout(
+        ACK_CONFIRM,
+        hub.nats.request(reply.to_owned(), "+ACK".into()),
+    )
+    .await;
+    matches!(acked, Ok(Ok(_)))
 }
 
 /// Settles a pulled delivery (`-NAK` with a delay, `+TERM`); one that does not reach JetStream

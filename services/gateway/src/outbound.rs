@@ -130,6 +130,64 @@ pub async fn consumer(
         .map_err(Opened::NotNow)
 }
 
+/// The most a message put off by an app ([`crate::http::AckJson::later_ms`]) is held, from when
+/// it was first published: as long as the stream keeps one that no bot took.
+pub const HELD_AT_MOST: Duration = bus::CHAT_OUT_MAX_AGE;
+
+/// When a message put off was first published, in seconds since the epoch, on its copies.
+const HELD_SINCE_HEADER: &str = "Hark-Held-Since";
+
+/// What became of a message put off once more than its attempts allow.
+#[derive(Debug)]
+pub enum Held {
+    /// A copy of it is in the stream, and will be handed out from its first attempt.
+    Again,
+    /// It was held longer than [`HELD_AT_MOST`]: set it aside, for this reason.
+    TooLong(String),
+}
+
+/// Puts a copy of `stored`, a message of `CHAT_OUT` read back, at the end of its stream, so that
+/// it is handed out again from its first attempt; the caller then acknowledges the original.
+/// A copy published twice is stored once.
+pub async fn hold_over(
+    hub: &Hub,
+    stored: &async_nats::jetstream::message::StreamMessage,
+) -> Result<Held, String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let since = stored
+        .headers
+        .get(HELD_SINCE_HEADER)
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .unwrap_or_else(|| u64::try_from(stored.time.unix_timestamp()).unwrap_or(now));
+    let held = Duration::from_secs(now.saturating_sub(since));
+    if held > HELD_AT_MOST {
+        return Ok(Held::TooLong(format!(
+            "put off by the app for {} days and never sent",
+            held.as_secs() / 86_400
+        )));
+    }
+    let mut headers = stored.headers.clone();
+    headers.insert(
+        bus::MSG_ID_HEADER,
+        format!("held:{}", stored.sequence).as_str(),
+    );
+    headers.insert(HELD_SINCE_HEADER, since.to_string().as_str());
+    let published = tokio::time::timeout(publish::ACK_WAIT, async {
+        hub.js
+            .publish_with_headers(stored.subject.clone(), headers, stored.payload.clone())
+            .await?
+            .await
+    })
+    .await;
+    match published {
+        Ok(Ok(_)) => Ok(Held::Again),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no acknowledgement within {:?}", publish::ACK_WAIT)),
+    }
+}
+
 /// Reports the platform's id of a delivered question's message, so that a quote of it finds the
 /// question.
 pub async fn report_receipt(hub: &Hub, outbound_id: &str, question_id: &str, platform_id: String) {

@@ -793,3 +793,130 @@ async fn a_message_the_app_cannot_send_comes_again_and_is_set_aside_without_hold
     assert_eq!(status, 400);
     gw.stop().await;
 }
+
+/// An app that has nowhere to show a message now puts it off: it comes again soon, as often as
+/// the app puts it off, and is never set aside for it, but once it was held for longer than the
+/// stream keeps messages.
+#[tokio::test]
+async fn a_message_put_off_comes_again_for_as_long_as_the_stream_keeps_it() {
+    let gw = Gw::start(|c| {
+        c.gateway.send_timeout = hark_core::domain::HumanDuration::from_secs(30);
+    })
+    .await;
+    gw.publish_out("for a page that is not open", "q-4").await;
+    let mut id = Value::Null;
+    for round in 1..=2 * hark_gateway::outbound::MAX_ATTEMPTS {
+        // Handed out again well before the acknowledgement wait (35 s) would.
+        let (_, body) = pull(&gw, "main", 10_000).await;
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        assert_eq!(messages.len(), 1, "round {round}: {body}");
+        assert_eq!(messages[0]["text"], json!("for a page that is not open"));
+        if round == 1 {
+            id = messages[0]["id"].clone();
+        }
+        assert_eq!(messages[0]["id"], id, "the same message, by its id");
+        let attempt = messages[0]["attempt"].as_u64().expect("attempt");
+        assert!(
+            attempt <= hark_gateway::outbound::MAX_ATTEMPTS,
+            "round {round}: attempt {attempt}"
+        );
+        let (status, body) = ack(
+            &gw,
+            "main",
+            json!([{"ack": messages[0]["ack"], "later_ms": 10}]),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["acks"][0]["acked"], json!(false), "{body}");
+        assert!(body["acks"][0]["set_aside"].is_null(), "{body}");
+    }
+    // Shown at last, it is acknowledged, and comes no more.
+    let shown = pull_some(&gw, Duration::from_secs(10)).await;
+    assert_eq!(shown[0]["id"], id);
+    let (_, body) = ack(&gw, "main", json!([{"ack": shown[0]["ack"]}])).await;
+    assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
+    let (_, body) = pull(&gw, "main", 500).await;
+    assert_eq!(body["messages"], json!([]), "{body}");
+    let dead = gw
+        .js
+        .get_stream(gw.names.dead_letter_stream())
+        .await
+        .expect("dead-letter stream")
+        .info()
+        .await
+        .expect("info")
+        .state
+        .messages;
+    assert_eq!(dead, 0, "nothing was set aside");
+
+    // A delay with another verdict, or longer than a minute, is refused.
+    gw.publish_out("put off wrongly", "").await;
+    let wrong = pull_some(&gw, Duration::from_secs(10)).await;
+    for entry in [
+        json!({"ack": wrong[0]["ack"], "later_ms": 10, "failed": "no"}),
+        json!({"ack": wrong[0]["ack"], "later_ms": 10, "message_id": 1}),
+        json!({"ack": wrong[0]["ack"], "later_ms": 60_001}),
+    ] {
+        let (status, body) = ack(&gw, "main", json!([entry])).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("later_ms")),
+            "{body}"
+        );
+    }
+    let (_, body) = ack(&gw, "main", json!([{"ack": wrong[0]["ack"]}])).await;
+    assert_eq!(body["acks"][0]["acked"], json!(true), "{body}");
+
+    // A message held since long ago (its copies say since when) is set aside once its attempts
+    // are spent, and its question learns why.
+    let old = pb::OutboundMessage {
+        id: "held-long".into(),
+        route: Some(pb::ChatRoute {
+            platform: "myapp".into(),
+            bot_id: "main".into(),
+            stream: "private:u1".into(),
+            origin_message_id: String::new(),
+        }),
+        text: "from long ago".into(),
+        question_id: "q-5".into(),
+        ..Default::default()
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Hark-Held-Since", "1000");
+    gw.js
+        .publish_with_headers(
+            gw.names.chat_out("myapp", "main").expect("subject"),
+            headers,
+            codec::encode(old),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let mut last = Value::Null;
+    for _ in 1..=hark_gateway::outbound::MAX_ATTEMPTS {
+        let got = pull_some(&gw, Duration::from_secs(10)).await;
+        assert_eq!(got[0]["text"], json!("from long ago"), "{got:?}");
+        let (_, body) = ack(&gw, "main", json!([{"ack": got[0]["ack"], "later_ms": 10}])).await;
+        last = body;
+    }
+    assert_eq!(last["acks"][0]["set_aside"], json!(true), "{last}");
+    let letters = dead_reasons(&gw, 1).await;
+    assert_eq!(letters[0].0, "from long ago");
+    assert!(
+        letters[0].1.starts_with("put off by the app for ")
+            && letters[0].1.ends_with(" days and never sent"),
+        "{}",
+        letters[0].1
+    );
+    let receipt = gw.next_receipt().await;
+    assert_eq!(
+        (receipt.question_id.as_str(), receipt.failed.as_str()),
+        ("q-5", letters[0].1.as_str())
+    );
+    let (_, body) = pull(&gw, "main", 500).await;
+    assert_eq!(body["messages"], json!([]), "{body}");
+    gw.stop().await;
+}

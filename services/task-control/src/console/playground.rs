@@ -6,9 +6,9 @@
 //! drops by its id one it is handed again. So a message of that user's chat said while no page
 //! listened, or passed on to a page that closed before it showed it, comes to the next page, and
 //! one shown is not handed out again. One pull serves every page open on this console. A
-//! message of a chat no page listens to is left unacknowledged, so that the adapter hands it out
-//! again (after `gateway.send_timeout` + 5 s), to a page opened since or to the console of
-//! another replica.
+//! message of a chat no page listens to is put off (`later_ms`), so that the adapter hands it
+//! out again a moment later, to a page opened since or to the console of another replica; being
+//! put off costs it none of its attempts.
 //!
 //! It takes the first bot of `gateway.http.bots` (pulled, so without `webhook_url`), at
 //! `control.playground_url` or else `gateway.listen` on this host, with `gateway.http.token`.
@@ -261,7 +261,7 @@ pub async fn stream(
         pages.open.entry(chat).or_default().push(tx);
         !std::mem::replace(&mut pages.pulling, true)
     };
-    pass_on(&console.playground, first);
+    pass_on(&console.playground, first).await;
     if start {
         tokio::spawn(pull(console.playground.clone()));
     }
@@ -291,7 +291,7 @@ async fn pull(playground: Arc<Playground>) {
             }
         }
         match target.pull(PULL_WAIT).await {
-            Ok(messages) => pass_on(&playground, messages),
+            Ok(messages) => pass_on(&playground, messages).await,
             Err(e) => {
                 tracing::debug!(
                     error = e.message,
@@ -306,19 +306,42 @@ async fn pull(playground: Arc<Playground>) {
     }
 }
 
+/// How long a message of a chat that no page of this console listens to is put off: a page of
+/// its chat opened since, here or on another replica's console, gets it this much later at
+/// most.
+const PUT_OFF: Duration = Duration::from_secs(2);
+
 /// Passes pulled messages on to the pages of their chats, which acknowledge what they show. A
-/// message of a chat no page listens to, or that a page too slow to take it missed, is not
-/// acknowledged and is handed out again later; no page holds up the others.
-fn pass_on(playground: &Playground, pulled: Vec<Value>) {
+/// message of a chat no page listens to is put off, to be handed out again soon, for as long as
+/// the stream keeps it; one that a page too slow to take it missed is not acknowledged, and is
+/// handed out again once its acknowledgement wait ends. No page holds up the others.
+async fn pass_on(playground: &Playground, pulled: Vec<Value>) {
+    let mut put_off = Vec::new();
     for message in pulled {
         let txs = message["stream"]
             .as_str()
             .and_then(|chat| playground.pages().open.get(chat).cloned())
             .unwrap_or_default();
+        if txs.is_empty() {
+            put_off.push(json!({"ack": message["ack"], "later_ms": PUT_OFF.as_millis() as u64}));
+            continue;
+        }
         let data = message.to_string();
         for tx in txs {
             let _ = tx.try_send(Ok(Event::default().event("message").data(data.clone())));
         }
+    }
+    if put_off.is_empty() {
+        return;
+    }
+    if let Ok(target) = playground.target.as_ref()
+        && let Err(e) = target.acknowledge(put_off).await
+    {
+        // Not put off: each comes again once its acknowledgement wait ends.
+        tracing::debug!(
+            error = e.message,
+            "the playground could not put off messages no page listens to"
+        );
     }
 }
 

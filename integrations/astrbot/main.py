@@ -86,7 +86,7 @@ class Hark(Star):
         except Exception as e:
             logger.warning(f"hark does not answer at {self.url}; the message goes on: {e!r}")
             return
-        if body.get("taken") is True:
+        if isinstance(body, dict) and body.get("taken") is True:
             event.stop_event()
 
     def normalise(self, event: AstrMessageEvent) -> dict:

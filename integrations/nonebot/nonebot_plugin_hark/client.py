@@ -33,7 +33,13 @@ class Hark:
             raise HarkError(f"hark at {self.url} does not answer: {e!r}") from e
         if response.status_code not in (200, 202):
             raise HarkError(f"hark refused the message ({response.status_code}): {response.text}")
-        return response.json()
+        try:
+            verdict = response.json()
+        except ValueError:
+            verdict = None
+        if not isinstance(verdict, dict):
+            raise HarkError(f"hark at {self.url} answered with something other than a JSON object: {response.text[:200]!r}")
+        return verdict
 
     async def pull(self, bot_id: str, wait_ms: int) -> list:
         """The bot's pending messages, waiting up to `wait_ms` for a first one."""

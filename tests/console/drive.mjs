@@ -3,7 +3,8 @@
 // Run by tests/tests/console.rs, which starts hark and checks the outcome again over gRPC.
 //
 // Environment: CONSOLE_URL (http://127.0.0.1:port/), CONSOLE_TOKEN, SHOTS (a directory for the
-// screenshots), CHROMIUM (default /usr/bin/chromium). Prints one JSON line of what it saw.
+// screenshots), CHROMIUM (default /usr/bin/chromium), UNDELIVERED_TASK (a task whose question
+// never reached its chat). Prints one JSON line of what it saw.
 
 import { chromium } from "playwright-core";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
@@ -86,6 +87,9 @@ try {
   await card.waitFor({ timeout: WAIT });
   seen.question_text = (await card.locator(".qtext").textContent()).trim();
   seen.badge = (await page.locator("nav .badge").textContent()).trim();
+  // A question whose chat message never reached its chat says so, and why.
+  const lost = page.locator(`[data-question][data-task="${process.env.UNDELIVERED_TASK}"] [data-undelivered]`);
+  seen.undelivered = (await lost.textContent({ timeout: WAIT })).trim();
   await shot(page, "inbox-question");
 
   // Answered in the browser, by its choice button; the card leaves when the task moves on.
@@ -151,6 +155,9 @@ try {
   await zhState.waitFor({ timeout: WAIT });
   seen.zh_state = (await zhState.textContent()).trim();
   await shot(page, "tasks-zh");
+  await page.click("nav a:has-text('待回答')");
+  seen.zh_undelivered = (await lost.textContent({ timeout: WAIT })).trim();
+  await shot(page, "inbox-zh");
   console.log(JSON.stringify(seen));
 } catch (e) {
   console.error(String(e && e.stack || e));

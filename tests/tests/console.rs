@@ -70,6 +70,8 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     let mut client = env.client().await;
     let console_port = control.addr("control.http_listen").await.port();
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
+    // Before any page listens: a question whose chat message the app could never send.
+    let (lost_task, lost_reason) = a_question_nobody_saw(&client, env.gateway_port().await).await;
 
     let shots = manifest_dir().join("../target/test-artifacts/console");
     let _ = std::fs::remove_dir_all(&shots);
@@ -79,6 +81,7 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
         .env("CONSOLE_TOKEN", TOKEN)
         .env("SHOTS", &shots)
         .env("CHROMIUM", &chromium)
+        .env("UNDELIVERED_TASK", &lost_task)
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -98,7 +101,18 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
 
     assert_eq!(seen["wrong_token_refused"], true);
     assert_eq!(seen["question_text"], "Pick a colour");
-    assert_eq!(seen["badge"], "1");
+    // The question nobody saw is in the inbox too, saying why, in English and in Chinese.
+    assert_eq!(seen["badge"], "2");
+    assert_eq!(
+        seen["undelivered"],
+        json!(format!("Never reached the chat: {lost_reason}")),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["zh_undelivered"],
+        json!(format!("没能发到会话：{lost_reason}")),
+        "{seen}"
+    );
     assert!(
         seen["output"].as_str().is_some_and(|o| o.contains("green")),
         "{seen}"
@@ -194,6 +208,88 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     control.stop().await;
     drop(llm);
     env.cleanup().await;
+}
+
+/// A task whose question's chat message the app reported it can never send: its id, and the
+/// reason its question shows.
+async fn a_question_nobody_saw(
+    client: &pb::task_service_client::TaskServiceClient<tonic::transport::Channel>,
+    gateway_port: u16,
+) -> (String, String) {
+    let task = client
+        .clone()
+        .create_task(authed(pb::CreateTaskRequest {
+            owner: "web:lost".into(),
+            goal: "choose a colour where nobody reads".into(),
+            chat: Some(pb::ChatRoute {
+                platform: "web".into(),
+                bot_id: "playground".into(),
+                stream: "private:lost".into(),
+                origin_message_id: String::new(),
+            }),
+            ..Default::default()
+        }))
+        .await
+        .expect("created")
+        .into_inner()
+        .task
+        .expect("task");
+    hark_core::install_crypto();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{gateway_port}/api/v1/outbound");
+    let wait = std::time::Duration::from_secs(60);
+    let question = hark_e2e::eventually("the question's chat message is handed out", wait, || {
+        let (http, base) = (&http, &base);
+        async move {
+            let pulled: Value = http
+                .get(format!(
+                    "{base}?platform=web&bot_id=playground&wait_ms=2000"
+                ))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            pulled["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["question_id"].as_str().is_some_and(|q| !q.is_empty()))
+                .cloned()
+        }
+    })
+    .await;
+    let acked: Value = http
+        .post(format!("{base}/ack"))
+        .json(&json!({
+            "platform": "web",
+            "bot_id": "playground",
+            "acks": [{"ack": question["ack"], "failed": "private:lost is gone", "retry": false}],
+        }))
+        .send()
+        .await
+        .expect("the gateway answers")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(acked["acks"][0]["set_aside"], true, "{acked}");
+    let reason = hark_e2e::eventually("the question says it was never delivered", wait, || {
+        let (mut client, id) = (client.clone(), task.id.clone());
+        async move {
+            client
+                .get_task(authed(pb::GetTaskRequest { task_id: id }))
+                .await
+                .ok()?
+                .into_inner()
+                .questions
+                .into_iter()
+                .find(|q| !q.undelivered.is_empty())
+                .map(|q| q.undelivered)
+        }
+    })
+    .await;
+    assert!(reason.contains("private:lost is gone"), "{reason}");
+    (task.id, reason)
 }
 
 /// A page of the playground, reading what hark says in its user's chat.

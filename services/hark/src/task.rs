@@ -386,6 +386,7 @@ fn question_json(q: &pb::Question) -> Value {
         "owner": q.owner, "chat": chat_json(&q.chat), "outcome": outcome_name(q.outcome),
         "asked_at": time_of(&q.asked_at), "deadline": time_of(&q.deadline), "closed_at": time_of(&q.closed_at),
         "answerer": q.answerer, "answer": q.answer, "choices": q.choices,
+        "undelivered": q.undelivered,
     })
 }
 
@@ -513,6 +514,11 @@ fn print_question(q: &pb::Question) {
         line.push_str(&format!(" (deadline {})", time_of(&q.deadline)));
     }
     crate::out!("{line}   id {}", q.id);
+    print_undelivered(q);
+}
+
+/// Why the question's chat message never reached its chat, when it did not.
+fn print_undelivered(q: &pb::Question) {
     if !q.undelivered.is_empty() {
         crate::out!(
             "{}",
@@ -1135,6 +1141,7 @@ fn print_event(event: &pb::TaskEvent) {
             "{}",
             crate::said!(zh: "  提问 #{}：{}", en: "  asks #{}: {}", q.handle, q.text)
         );
+        print_undelivered(q);
     }
     if !event.result.is_empty() {
         crate::out!(

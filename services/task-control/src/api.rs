@@ -1050,7 +1050,7 @@ impl TaskService for Api {
                         _ => continue,
                     },
                 };
-                if event.generation <= last {
+                if event.generation <= last && !crate::events::news_of_same_move(&event, last) {
                     continue;
                 }
                 last = event.generation;

@@ -618,7 +618,11 @@ async fn handle_receipt(shared: &Shared, payload: &[u8]) -> Result<(), Failure> 
         let reason = hark_core::domain::ids::one_line(&receipt.failed);
         let reason = &reason[..hark_core::domain::text::floor_char_boundary(&reason, 1000)];
         tracing::warn!(%question, reason, "a question's chat message was never delivered");
-        shared.store.set_undelivered(question, reason).await
+        let recorded = shared.store.set_undelivered(question, reason).await;
+        if matches!(recorded, Ok(true)) {
+            crate::events::told_undelivered(shared, question).await;
+        }
+        recorded
     } else {
         shared
             .store

@@ -82,6 +82,61 @@ pub async fn current(store: &Store, row: &TaskRow) -> Result<pb::TaskEvent, stor
     Ok(convert::event(row, "current", question))
 }
 
+/// What an event says when the chat message of an open question was set aside, never
+/// delivered: not a move, so it carries the generation of the task's last move.
+pub const UNDELIVERED: &str = "undelivered";
+
+/// Tells the task's watchers that the chat message of `question` was never delivered, with the
+/// question as it now stands, while it is open. Best effort, as every task event is: a watcher
+/// that misses it reads the reason with the question.
+pub async fn told_undelivered(shared: &Shared, question: QuestionId) {
+    let told = async {
+        let question = shared
+            .store
+            .get_question(question)
+            .await
+            .map_err(|e| e.to_string())?;
+        if question.outcome != hark_core::domain::QuestionOutcome::Open {
+            return Ok(());
+        }
+        let row = shared
+            .store
+            .get_task(question.task_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if row.state != TaskState::WaitingInput {
+            return Ok(());
+        }
+        let event = convert::event(&row, UNDELIVERED, Some(convert::question(&question)));
+        let msg_id = format!(
+            "{}:{UNDELIVERED}:{}",
+            hark_core::bus::Names::task_event_msg_id(row.id, row.generation as u64),
+            question.id
+        );
+        hark_core::publish::publish(
+            &shared.js,
+            hark_core::publish::Outgoing {
+                subject: shared.names.task_events(),
+                msg_id: &msg_id,
+                payload: codec::encode(event),
+                trace: None,
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok::<(), String>(())
+    };
+    if let Err(e) = told.await {
+        tracing::debug!(error = e, %question, "watchers were not told of an undelivered question");
+    }
+}
+
+/// Whether `event`, of the generation `last` already passed on, is still news: it says that a
+/// question of that move never reached its chat.
+pub fn news_of_same_move(event: &pb::TaskEvent, last: u64) -> bool {
+    event.generation == last && event.cause == UNDELIVERED
+}
+
 fn state_of(event: &pb::TaskEvent) -> Option<TaskState> {
     pb::TaskState::try_from(event.state)
         .ok()

@@ -499,3 +499,92 @@ async fn many_streams_of_many_tasks_share_one_consumer_and_give_nats_its_memory_
     .await;
     tc.stop().await;
 }
+
+/// The next event of `watch` with `cause`, passing over the others.
+async fn next_with_cause(
+    watch: &mut Streaming<pb::WatchTasksResponse>,
+    cause: &str,
+) -> pb::TaskEvent {
+    loop {
+        let event = next_of_many(watch).await.event.expect("event");
+        if event.cause == cause {
+            return event;
+        }
+    }
+}
+
+/// A question whose chat message was never delivered: the task's watchers are told why, though
+/// the task did not move; one stream is told once.
+#[tokio::test]
+async fn watchers_learn_that_a_question_never_reached_its_chat() {
+    let tc = TestControl::start().await;
+    let id = tc
+        .new_task_in_chat(common::control::GROUP, "100", "book a table")
+        .await;
+    tc.claim_and_ask("Which evening?", 0).await;
+    let shown = tc.out_containing("Which evening?").await;
+    let mut api = tc.client().await;
+    let mut many = api
+        .watch_tasks(pb::WatchTasksRequest {
+            task_ids: vec![id.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut one = api
+        .watch_task(pb::WatchTaskRequest {
+            task_id: id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let current = next_event(&mut one).await;
+    assert_eq!(current.state, pb::TaskState::WaitingInput as i32);
+    assert!(current.question.expect("question").undelivered.is_empty());
+
+    let reason = "myapp:main could not send it (attempt 1): the group is gone";
+    tc.undelivered(&shown, reason).await;
+    let told = next_with_cause(&mut many, "undelivered").await;
+    assert_eq!(told.task_id, id);
+    assert_eq!(told.state, pb::TaskState::WaitingInput as i32);
+    assert_eq!(told.generation, current.generation, "not a move");
+    assert_eq!(told.question.expect("question").undelivered, reason);
+    let told_one = next_event(&mut one).await;
+    assert_eq!(told_one.cause, "undelivered");
+    assert_eq!(told_one.question.expect("question").undelivered, reason);
+
+    // The same report again, as a redelivered receipt would be: told no second time.
+    tc.undelivered(&shown, reason).await;
+    tc.eventually("the question still says why", || async {
+        let questions = tc
+            .client()
+            .await
+            .get_task(pb::GetTaskRequest {
+                task_id: id.clone(),
+            })
+            .await
+            .expect("get task")
+            .into_inner()
+            .questions;
+        questions.first().is_some_and(|q| q.undelivered == reason)
+    })
+    .await;
+    // Then the task moves: that is the next thing each stream says.
+    let answered = api
+        .answer_question(pb::AnswerQuestionRequest {
+            task_id: id.clone(),
+            answer: "Friday".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    assert!(answered.task.is_some());
+    let next = next_of_many(&mut many).await.event.expect("event");
+    assert_eq!(next.cause, "answer", "{next:?}");
+    assert!(next.generation > current.generation);
+    let next_one = next_event(&mut one).await;
+    assert!(next_one.generation > current.generation, "{next_one:?}");
+    tc.stop().await;
+}

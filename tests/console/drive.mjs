@@ -3,8 +3,9 @@
 // Run by tests/tests/console.rs, which starts hark and checks the outcome again over gRPC.
 //
 // Environment: CONSOLE_URL (http://127.0.0.1:port/), CONSOLE_TOKEN, SHOTS (a directory for the
-// screenshots), CHROMIUM (default /usr/bin/chromium), UNDELIVERED_TASK (a task whose question
-// never reached its chat). Prints one JSON line of what it saw.
+// screenshots), CHROMIUM (default /usr/bin/chromium), UNDELIVERED_TASK (a task whose question's
+// chat message nobody pulled yet) and GATEWAY_URL (where the gateway's HTTP adapter listens).
+// Prints one JSON line of what it saw.
 
 import { chromium } from "playwright-core";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
@@ -16,6 +17,29 @@ const token = process.env.CONSOLE_TOKEN;
 const shots = process.env.SHOTS;
 const WAIT = 30_000;
 mkdirSync(shots, { recursive: true });
+
+// Pulls the lost task's question from the gateway's HTTP adapter, as an app would, and reports
+// that it can never be sent; whether the gateway set it aside.
+async function failLostQuestion() {
+  const base = `${process.env.GATEWAY_URL}/api/v1/outbound`;
+  const until = Date.now() + WAIT;
+  while (Date.now() < until) {
+    const pulled = await fetch(`${base}?platform=web&bot_id=playground&wait_ms=2000`).then((r) => r.json());
+    const question = (pulled.messages || []).find((m) => m.question_id);
+    if (!question) continue;
+    const acked = await fetch(`${base}/ack`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        platform: "web",
+        bot_id: "playground",
+        acks: [{ ack: question.ack, failed: "private:lost is gone", retry: false }],
+      }),
+    }).then((r) => r.json());
+    return acked.acks[0].set_aside === true;
+  }
+  throw new Error("the lost question's chat message was never handed out");
+}
 
 const profile = mkdtempSync(join(tmpdir(), "hark-chromium-"));
 // A new, empty profile (Chromium's --user-data-dir) for each run.
@@ -75,6 +99,15 @@ try {
   await page.locator("#live.on").waitFor({ timeout: WAIT });
   await shot(page, "inbox-empty");
 
+  // The question nobody saw: the app reports it can never send its chat message, and the open
+  // inbox says why without a reload.
+  const lostCard = page.locator(`[data-question][data-task="${process.env.UNDELIVERED_TASK}"]`);
+  await lostCard.waitFor({ timeout: WAIT });
+  seen.delivered_before = await lostCard.locator("[data-undelivered]").count();
+  seen.set_aside = await failLostQuestion();
+  const lost = lostCard.locator("[data-undelivered]");
+  seen.undelivered = (await lost.textContent({ timeout: WAIT })).trim();
+
   // A task is created from outside the page; its question appears without a reload.
   const created = await fetch(new URL("/api/tasks", url), {
     method: "POST",
@@ -87,9 +120,6 @@ try {
   await card.waitFor({ timeout: WAIT });
   seen.question_text = (await card.locator(".qtext").textContent()).trim();
   seen.badge = (await page.locator("nav .badge").textContent()).trim();
-  // A question whose chat message never reached its chat says so, and why.
-  const lost = page.locator(`[data-question][data-task="${process.env.UNDELIVERED_TASK}"] [data-undelivered]`);
-  seen.undelivered = (await lost.textContent({ timeout: WAIT })).trim();
   await shot(page, "inbox-question");
 
   // Answered in the browser, by its choice button; the card leaves when the task moves on.

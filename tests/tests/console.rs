@@ -70,8 +70,10 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     let mut client = env.client().await;
     let console_port = control.addr("control.http_listen").await.port();
     let mut worker = env.spawn(&["worker", "--id", "w1"], &[]);
-    // Before any page listens: a question whose chat message the app could never send.
-    let (lost_task, lost_reason) = a_question_nobody_saw(&client, env.gateway_port().await).await;
+    // Before any page listens: a question whose chat message waits for the playground's bot.
+    // The browser's driver reports it undeliverable, as an app would, while the inbox is open.
+    let lost_task = a_question_for_nobody(&client).await;
+    let gateway_url = format!("http://127.0.0.1:{}", env.gateway_port().await);
 
     let shots = manifest_dir().join("../target/test-artifacts/console");
     let _ = std::fs::remove_dir_all(&shots);
@@ -82,6 +84,7 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
         .env("SHOTS", &shots)
         .env("CHROMIUM", &chromium)
         .env("UNDELIVERED_TASK", &lost_task)
+        .env("GATEWAY_URL", &gateway_url)
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -101,8 +104,16 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
 
     assert_eq!(seen["wrong_token_refused"], true);
     assert_eq!(seen["question_text"], "Pick a colour");
-    // The question nobody saw is in the inbox too, saying why, in English and in Chinese.
+    // The question nobody saw is in the inbox too. Once the app reported that it can never send
+    // it, the open inbox said why, at once, in English; and in Chinese too.
     assert_eq!(seen["badge"], "2");
+    assert_eq!(seen["set_aside"], true, "{seen}");
+    assert_eq!(seen["delivered_before"], 0, "{seen}");
+    let lost_reason = undelivered_of(&client, &lost_task).await;
+    assert_eq!(
+        lost_reason,
+        "web:playground could not send it (attempt 1): private:lost is gone"
+    );
     assert_eq!(
         seen["undelivered"],
         json!(format!("Never reached the chat: {lost_reason}")),
@@ -210,12 +221,11 @@ async fn a_person_answers_in_the_console_and_plays_in_the_playground() {
     env.cleanup().await;
 }
 
-/// A task whose question's chat message the app reported it can never send: its id, and the
-/// reason its question shows.
-async fn a_question_nobody_saw(
+/// A task in a chat of the playground's bot that waits on its question, whose chat message
+/// nobody has pulled yet: its id.
+async fn a_question_for_nobody(
     client: &pb::task_service_client::TaskServiceClient<tonic::transport::Channel>,
-    gateway_port: u16,
-) -> (String, String) {
+) -> String {
     let task = client
         .clone()
         .create_task(authed(pb::CreateTaskRequest {
@@ -234,62 +244,40 @@ async fn a_question_nobody_saw(
         .into_inner()
         .task
         .expect("task");
-    hark_core::install_crypto();
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{gateway_port}/api/v1/outbound");
-    let wait = std::time::Duration::from_secs(60);
-    let question = hark_e2e::eventually("the question's chat message is handed out", wait, || {
-        let (http, base) = (&http, &base);
-        async move {
-            let pulled: Value = http
-                .get(format!(
-                    "{base}?platform=web&bot_id=playground&wait_ms=2000"
-                ))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            pulled["messages"]
-                .as_array()?
-                .iter()
-                .find(|m| m["question_id"].as_str().is_some_and(|q| !q.is_empty()))
-                .cloned()
-        }
-    })
-    .await;
-    let acked: Value = http
-        .post(format!("{base}/ack"))
-        .json(&json!({
-            "platform": "web",
-            "bot_id": "playground",
-            "acks": [{"ack": question["ack"], "failed": "private:lost is gone", "retry": false}],
-        }))
-        .send()
-        .await
-        .expect("the gateway answers")
-        .json()
-        .await
-        .expect("JSON");
-    assert_eq!(acked["acks"][0]["set_aside"], true, "{acked}");
-    let reason = hark_e2e::eventually("the question says it was never delivered", wait, || {
+    hark_e2e::eventually("the task asks", std::time::Duration::from_secs(60), || {
         let (mut client, id) = (client.clone(), task.id.clone());
         async move {
-            client
+            let task = client
                 .get_task(authed(pb::GetTaskRequest { task_id: id }))
                 .await
                 .ok()?
                 .into_inner()
-                .questions
-                .into_iter()
-                .find(|q| !q.undelivered.is_empty())
-                .map(|q| q.undelivered)
+                .task?;
+            (task.state == pb::TaskState::WaitingInput as i32).then_some(())
         }
     })
     .await;
-    assert!(reason.contains("private:lost is gone"), "{reason}");
-    (task.id, reason)
+    task.id
+}
+
+/// Why `task`'s question says it was never delivered.
+async fn undelivered_of(
+    client: &pb::task_service_client::TaskServiceClient<tonic::transport::Channel>,
+    task: &str,
+) -> String {
+    client
+        .clone()
+        .get_task(authed(pb::GetTaskRequest {
+            task_id: task.into(),
+        }))
+        .await
+        .expect("get task")
+        .into_inner()
+        .questions
+        .into_iter()
+        .map(|q| q.undelivered)
+        .find(|u| !u.is_empty())
+        .unwrap_or_default()
 }
 
 /// A page of the playground, reading what hark says in its user's chat.

@@ -112,7 +112,16 @@ impl Sent {
 
 /// Hands `message` to the server; [`Sent::acked`] then waits for the stream to store it.
 pub async fn send(js: &jetstream::Context, message: Outgoing<'_>) -> Result<Sent, Unsent> {
-    let sent = send_unacked(js, message).await;
+    send_with_headers(js, message, async_nats::HeaderMap::new()).await
+}
+
+/// [`send`], with `headers` of the caller's own beside the deduplication id and trace context.
+pub async fn send_with_headers(
+    js: &jetstream::Context,
+    message: Outgoing<'_>,
+    headers: async_nats::HeaderMap,
+) -> Result<Sent, Unsent> {
+    let sent = send_unacked(js, message, headers).await;
     if let Err(e) = &sent {
         collector().outcomes.of(refusal(e)).inc();
     }
@@ -127,7 +136,11 @@ pub async fn publish(
     send(js, message).await?.acked().await
 }
 
-async fn send_unacked(js: &jetstream::Context, message: Outgoing<'_>) -> Result<Sent, Unsent> {
+async fn send_unacked(
+    js: &jetstream::Context,
+    message: Outgoing<'_>,
+    mut headers: async_nats::HeaderMap,
+) -> Result<Sent, Unsent> {
     let Outgoing {
         subject,
         msg_id,
@@ -144,7 +157,6 @@ async fn send_unacked(js: &jetstream::Context, message: Outgoing<'_>) -> Result<
     let msg_id: async_nats::HeaderValue = msg_id
         .parse()
         .map_err(|_| never("its message id has a line break"))?;
-    let mut headers = async_nats::HeaderMap::new();
     headers.insert(MSG_ID_HEADER, msg_id);
     let (span, traceparent) = sending(&subject, continues);
     if let Some(value) = traceparent

@@ -913,11 +913,11 @@ async fn not_sent(
         acks.bot_id
     );
     tracing::error!(id = token.id, reason, "setting an outbound message aside");
-    let kept = match read_pulled(hub, acks, sequence).await {
-        Ok(stored) => set_pulled_aside(hub, token, stored, &reason).await,
-        Err(e) => Err(e),
+    let kept = async {
+        let stored = read_pulled(hub, acks, sequence).await?;
+        set_pulled_aside(hub, token, stored, &reason).await
     };
-    match kept {
+    match kept.await {
         Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, id = token.id, "cannot set a message aside; it comes back");
@@ -966,37 +966,28 @@ async fn put_off(
         settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
         return again;
     }
-    let stored = match read_pulled(hub, acks, sequence).await {
-        Ok(stored) => stored,
-        Err(e) => {
-            tracing::warn!(error = %e, id = token.id, "cannot put a message off; it comes back");
-            settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
-            return again;
+    let held = async {
+        let stored = read_pulled(hub, acks, sequence).await?;
+        match outbound::hold_over(hub, &stored).await? {
+            outbound::Held::Again => {
+                // Confirmed, so that the original does not come back as well, a last time.
+                if !confirmed_ack(hub, &token.reply).await {
+                    tracing::warn!(
+                        id = token.id,
+                        "a message put off was copied, but its original was not let go"
+                    );
+                }
+                Ok(json!({"id": token.id, "acked": false, "again_in_ms": 0}))
+            }
+            outbound::Held::TooLong(reason) => {
+                hub.metrics.given_up.of(&acks.platform).inc();
+                tracing::error!(id = token.id, reason, "setting an outbound message aside");
+                set_pulled_aside(hub, token, stored, &reason).await
+            }
         }
     };
-    match outbound::hold_over(hub, &stored).await {
-        Ok(outbound::Held::Again) => {
-            // Confirmed, so that the original does not come back as well, a last time.
-            if !confirmed_ack(hub, &token.reply).await {
-                tracing::warn!(
-                    id = token.id,
-                    "a message put off was copied, but its original was not let go"
-                );
-            }
-            json!({"id": token.id, "acked": false, "again_in_ms": 0})
-        }
-        Ok(outbound::Held::TooLong(reason)) => {
-            hub.metrics.given_up.of(&acks.platform).inc();
-            tracing::error!(id = token.id, reason, "setting an outbound message aside");
-            match set_pulled_aside(hub, token, stored, &reason).await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    tracing::warn!(error = %e, id = token.id, "cannot set a message aside; it comes back");
-                    settle(hub, &token.reply, AckKind::Nak(Some(later))).await;
-                    again
-                }
-            }
-        }
+    match held.await {
+        Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, id = token.id, "cannot put a message off; it comes back");
             settle(hub, &token.reply, AckKind::Nak(Some(later))).await;

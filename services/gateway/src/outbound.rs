@@ -168,24 +168,24 @@ pub async fn hold_over(
             held.as_secs() / 86_400
         )));
     }
-    let mut headers = stored.headers.clone();
-    headers.insert(
-        bus::MSG_ID_HEADER,
-        format!("held:{}", stored.sequence).as_str(),
-    );
+    let mut headers = async_nats::HeaderMap::new();
     headers.insert(HELD_SINCE_HEADER, since.to_string().as_str());
-    let published = tokio::time::timeout(publish::ACK_WAIT, async {
-        hub.js
-            .publish_with_headers(stored.subject.clone(), headers, stored.payload.clone())
-            .await?
-            .await
-    })
-    .await;
-    match published {
-        Ok(Ok(_)) => Ok(Held::Again),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no acknowledgement within {:?}", publish::ACK_WAIT)),
-    }
+    let copy = publish::Outgoing {
+        subject: stored.subject.to_string(),
+        msg_id: &format!("held:{}", stored.sequence),
+        payload: stored.payload.clone(),
+        trace: stored
+            .headers
+            .get(hark_core::trace::HEADER)
+            .map(|v| v.as_str()),
+    };
+    publish::send_with_headers(&hub.js, copy, headers)
+        .await
+        .map_err(|e| e.to_string())?
+        .acked()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Held::Again)
 }
 
 /// Reports the platform's id of a delivered question's message, so that a quote of it finds the

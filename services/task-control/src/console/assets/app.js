@@ -224,16 +224,20 @@ async function reload() {
 }
 
 function onEvent(e) {
-  // Not a move: one question of the task learned that its chat never saw it; the task's other
-  // questions stand as they were.
   if (e.cause === "undelivered") {
+    // Not a move: one question of the task learned that its chat never saw it; the task and its
+    // other questions stand as they were.
     if (e.question) app.questions.set(e.question.id, e.question);
-    if (app.detail && app.detail.task.id === e.task_id) {
-      loadDetail(e.task_id).then(() => { if (route().view === "task") render(); });
-    }
-    render();
-    return;
+  } else {
+    onMove(e);
   }
+  if (app.detail && app.detail.task.id === e.task_id) {
+    loadDetail(e.task_id).then(() => { if (route().view === "task") render(); });
+  }
+  render();
+}
+
+function onMove(e) {
   for (const [id, q] of app.questions) if (q.task_id === e.task_id) app.questions.delete(id);
   if (e.state === "waiting_input" && e.question) app.questions.set(e.question.id, e.question);
   const known = app.tasks.find((x) => x.id === e.task_id);
@@ -246,10 +250,6 @@ function onEvent(e) {
       if (route().view === "tasks") render();
     }).catch(() => {});
   }
-  if (app.detail && app.detail.task.id === e.task_id) {
-    loadDetail(e.task_id).then(() => { if (route().view === "task") render(); });
-  }
-  render();
 }
 
 function passes(e) {
